@@ -1,0 +1,34 @@
+# Two entry points: `make probe` (the main job) and `make test`. Each creates
+# .venv and installs what it needs on first use (torch pinned: 2.13.0 is the
+# CPU build this kind of machine carries).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.kvref-installed
+SEED_SHAPES := 'bf16[512,3,2048]' 'bf16[512,6144]' 's8[512,12288]' 'bf16[1024,32,576]' 'bf16[512,16,2048]'
+
+.PHONY: probe test bench refresh-layouts clean
+
+$(STAMP): pyproject.toml CMakeLists.txt $(wildcard csrc/*)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" "torch==2.13.0"
+	$(BIN)/python -m pip install -q --no-build-isolation -e ".[dev,oracle,torch]"
+	touch $@
+
+probe: $(STAMP)
+	mkdir -p reports/explain
+	$(BIN)/kvprobe explain $(SEED_SHAPES) --generation all \
+		--png 'reports/explain/{shape}.png' | tee reports/explain/seed-shapes.txt
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python -m probes.bench_layout
+
+refresh-layouts: $(STAMP)
+	$(BIN)/python -m kvref.oracle.refresh
+
+clean:
+	rm -rf $(VENV) build

@@ -1,0 +1,77 @@
+// nanobind bindings of the kvref core. Errors become ValueError/OverflowError.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <string>
+
+#include "pack.h"
+#include "tiled_layout.h"
+
+namespace nb = nanobind;
+using kvref::TiledLayout;
+
+namespace {
+
+using Bytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using ReadOnlyBytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+nb::ndarray<nb::numpy, int64_t> to_numpy(std::vector<int64_t> values) {
+  auto* data = new std::vector<int64_t>(std::move(values));
+  nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
+  return nb::ndarray<nb::numpy, int64_t>(data->data(), {data->size()}, owner);
+}
+
+void check_size(const char* what, size_t got, int64_t want) {
+  if (static_cast<int64_t>(got) != want)
+    throw std::invalid_argument(std::string(what) + " has " + std::to_string(got) +
+                                " bytes, expected " + std::to_string(want));
+}
+
+int64_t logical_bytes(const TiledLayout& layout, int itemsize) {
+  return kvref::checked_mul(layout.logical_elements(), itemsize, "logical byte count");
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "C++ core of kvref: XLA tiled-layout placement, pack and unpack.";
+
+  nb::class_<TiledLayout>(m, "TiledLayout")
+      .def(nb::init<std::vector<int64_t>, std::vector<int64_t>,
+                    std::vector<std::vector<int64_t>>, int>(),
+           nb::arg("dims"), nb::arg("minor_to_major"), nb::arg("tiles"),
+           nb::arg("element_bits"))
+      .def_prop_ro("logical_elements", &TiledLayout::logical_elements)
+      .def_prop_ro("physical_elements", &TiledLayout::physical_elements)
+      .def_prop_ro("physical_bytes", &TiledLayout::physical_bytes)
+      .def_prop_ro("element_bits", &TiledLayout::element_bits)
+      .def("dim_table",
+           [](const TiledLayout& l, int d) { return to_numpy(l.dim_table(d)); },
+           nb::arg("dim"),
+           "Physical element index contributed by each coordinate of one dim.")
+      .def("element_indices",
+           [](const TiledLayout& l) {
+             std::vector<int64_t> out(l.logical_elements());
+             l.element_indices(out.data());
+             return to_numpy(std::move(out));
+           },
+           "Physical element index of every logical element, row-major.")
+      .def("pack",
+           [](const TiledLayout& l, ReadOnlyBytes logical, Bytes physical, int itemsize) {
+             check_size("logical buffer", logical.size(), logical_bytes(l, itemsize));
+             check_size("physical buffer", physical.size(), l.physical_bytes());
+             nb::gil_scoped_release release;
+             kvref::pack(l, logical.data(), physical.data(), itemsize);
+           },
+           nb::arg("logical"), nb::arg("physical"), nb::arg("itemsize"))
+      .def("unpack",
+           [](const TiledLayout& l, ReadOnlyBytes physical, Bytes logical, int itemsize) {
+             check_size("physical buffer", physical.size(), l.physical_bytes());
+             check_size("logical buffer", logical.size(), logical_bytes(l, itemsize));
+             nb::gil_scoped_release release;
+             kvref::unpack(l, physical.data(), logical.data(), itemsize);
+           },
+           nb::arg("physical"), nb::arg("logical"), nb::arg("itemsize"));
+}

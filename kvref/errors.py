@@ -1,0 +1,6 @@
+"""Exceptions kvref raises."""
+
+
+class LayoutError(ValueError):
+    """A layout is malformed, or cannot do what was asked of it (for example,
+    its dim-0 rows are not contiguous byte ranges)."""

@@ -1,0 +1,52 @@
+"""Rebuild the shipped layout table from the live compiler:
+`python -m kvref.oracle.refresh [--generation G ...]`.
+
+Every answer's physical size from kvref's layout model must equal the size the
+compiler reports; a mismatch stops the refresh, since the table would then
+teach the model something false."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+
+from kvref.generations import GENERATIONS
+from kvref.oracle import compiler, table
+from kvref.oracle.matrix import table_shapes
+
+
+def refresh(generations=GENERATIONS, out=table.TABLE_PATH) -> dict:
+    data = {
+        "versions": compiler.versions(),
+        "generated": datetime.date.today().isoformat(),
+        "generations": {},
+    }
+    shapes = table_shapes()
+    for gen in generations:
+        start = time.perf_counter()
+        layouts, kind = {}, ""
+        for dtype, dims in shapes:
+            answer = compiler.compile_layout(dtype, dims, gen)
+            if answer.shape.physical_size_bytes != answer.output_bytes:
+                raise SystemExit(f"{gen}: model size {answer.shape.physical_size_bytes} != compiler "
+                                 f"size {answer.output_bytes} for {answer.shape}")
+            layouts[table.shape_key(answer.shape.dtype, dims)] = [str(answer.shape), answer.output_bytes]
+            kind = answer.device_kind
+        data["generations"][gen] = {"device_kind": kind, "layouts": layouts}
+        print(f"{gen}: {len(layouts)} shapes in {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    table.save(data, out)
+    return data
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--generation", action="append", choices=GENERATIONS,
+                        help="generations to compile (default: all)")
+    args = parser.parse_args(argv)
+    refresh(tuple(args.generation or GENERATIONS))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Where each element of a laid-out array lives: byte offsets, pack, unpack."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvref.dtypes import element_type
+from kvref.shape import Shape
+
+
+def element_physical_indices(shape: Shape) -> np.ndarray:
+    """Physical element index of every logical element (int64, logical shape)."""
+    return shape._core.element_indices().reshape(shape.dims)
+
+
+def element_bit_offsets(shape: Shape) -> np.ndarray:
+    """Bit offset of every logical element in the physical buffer."""
+    return element_physical_indices(shape) * shape.element_bits
+
+
+def element_byte_offsets(shape: Shape) -> np.ndarray:
+    """Byte offset of every logical element (int64, logical shape). Sub-byte
+    elements sharing a byte share its offset."""
+    return element_bit_offsets(shape) // 8
+
+
+def dim_tables(shape: Shape) -> list[np.ndarray]:
+    """Per logical dim, the physical element index each coordinate adds; an
+    element's index is the sum over its coordinates."""
+    return [shape._core.dim_table(d) for d in range(shape.rank)]
+
+
+def pack(array, shape: Shape) -> np.ndarray:
+    """Logical array -> its physical bytes (uint8, `physical_size_bytes` long),
+    padding zero. Accepts NumPy arrays and torch tensors."""
+    logical = _as_logical(array, shape)
+    physical = np.empty(shape.physical_size_bytes, dtype=np.uint8)
+    shape._core.pack(logical.reshape(-1).view(np.uint8), physical, shape.element.numpy.itemsize)
+    return physical
+
+
+def unpack(buffer, shape: Shape) -> np.ndarray:
+    """Physical bytes -> the logical NumPy array."""
+    physical = _as_bytes(buffer, shape)
+    logical = np.empty(shape.dims, dtype=shape.element.numpy)
+    shape._core.unpack(physical, logical.reshape(-1).view(np.uint8), shape.element.numpy.itemsize)
+    return logical
+
+
+def _as_logical(array, shape: Shape) -> np.ndarray:
+    if type(array).__module__.startswith("torch"):
+        array = _torch_to_numpy(array)
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"pack expects a NumPy array or torch tensor, got {type(array).__name__}")
+    try:
+        got = element_type(array.dtype).name
+    except ValueError:
+        got = str(array.dtype)
+    if got != shape.dtype or tuple(array.shape) != shape.dims:
+        raise ValueError(f"array {got}{list(array.shape)} does not match the layout "
+                         f"{shape}; expected {shape.dtype}{list(shape.dims)}")
+    return np.ascontiguousarray(array)
+
+
+def _torch_to_numpy(tensor) -> np.ndarray:
+    t = element_type(tensor.dtype)
+    host = tensor.detach().cpu().contiguous()
+    if t.numpy.kind in "biuf" and t.name not in ("bf16", "f8e4m3fn", "f8e5m2", "s4", "u4"):
+        return host.numpy()
+    import torch
+
+    raw = host.view(torch.uint8) if t.numpy.itemsize == 1 else host.view(torch.int16)
+    return raw.numpy().view(t.numpy)
+
+
+def _as_bytes(buffer, shape: Shape) -> np.ndarray:
+    if isinstance(buffer, (bytes, bytearray, memoryview)):
+        buffer = np.frombuffer(buffer, dtype=np.uint8)
+    if not isinstance(buffer, np.ndarray):
+        raise TypeError(f"unpack expects bytes or a uint8 NumPy array, got {type(buffer).__name__}")
+    if buffer.dtype != np.uint8 or buffer.ndim != 1:
+        raise ValueError(f"unpack expects a 1-D uint8 buffer, got {buffer.dtype}{list(buffer.shape)}")
+    if buffer.size != shape.physical_size_bytes:
+        raise ValueError(f"buffer has {buffer.size} bytes but {shape} takes "
+                         f"{shape.physical_size_bytes}")
+    return np.ascontiguousarray(buffer)

@@ -1,0 +1,184 @@
+"""XLA shapes with layouts: `bf16[512,3,2048]{2,0,1:T(8,128)(2,1)}`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from kvref import _core
+from kvref.dtypes import ELEMENT_TYPES, ElementType, element_type
+from kvref.errors import LayoutError
+
+_INT64_MAX = 2**63 - 1
+_SHAPE_RE = re.compile(r"^\s*([a-z][a-z0-9]*)\[([^\]]*)\](?:\{([^{}]*)\})?\s*$")
+_TILE_RE = re.compile(r"T((?:\([^()]*\))+)")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """minor_to_major, tiles applied in order, and element size in bits
+    (0: the type's natural storage size)."""
+
+    minor_to_major: tuple[int, ...]
+    tiles: tuple[tuple[int, ...], ...] = ()
+    element_bits: int = 0
+
+    def __post_init__(self):
+        object.__setattr__(self, "minor_to_major", tuple(_as_int(d, "minor_to_major") for d in self.minor_to_major))
+        object.__setattr__(self, "tiles", tuple(tuple(_as_int(t, "tile") for t in tile) for tile in self.tiles))
+        object.__setattr__(self, "element_bits", _as_int(self.element_bits, "element_bits"))
+        if sorted(self.minor_to_major) != list(range(len(self.minor_to_major))):
+            raise LayoutError(f"minor_to_major {list(self.minor_to_major)} is not a permutation "
+                              f"of 0..{len(self.minor_to_major) - 1}")
+        for tile in self.tiles:
+            if not tile or any(t <= 0 for t in tile):
+                raise LayoutError(f"tile {tile} must have one or more positive sizes")
+        if self.element_bits < 0:
+            raise LayoutError(f"element size E({self.element_bits}) must not be negative")
+
+    @classmethod
+    def default(cls, rank: int) -> "Layout":
+        return cls(tuple(range(rank - 1, -1, -1)))
+
+    def __str__(self) -> str:
+        text = ",".join(map(str, self.minor_to_major))
+        extra = "".join("(" + ",".join(map(str, t)) + ")" for t in self.tiles)
+        extra = ("T" + extra if extra else "") + (f"E({self.element_bits})" if self.element_bits else "")
+        return "{" + text + (":" + extra if extra else "") + "}"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """An array type with its layout. `Shape.parse(text)` reads XLA's text form;
+    `str(shape)` prints it back."""
+
+    dtype: str
+    dims: tuple[int, ...]
+    layout: Layout = None
+    _core: _core.TiledLayout = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        element = element_type(self.dtype)
+        object.__setattr__(self, "dtype", element.name)
+        dims = tuple(_as_int(d, "dim") for d in self.dims)
+        object.__setattr__(self, "dims", dims)
+        if any(d < 0 for d in dims):
+            raise LayoutError(f"dims {list(dims)} must not be negative")
+        layout = self.layout if self.layout is not None else Layout.default(len(dims))
+        object.__setattr__(self, "layout", layout)
+        if len(layout.minor_to_major) != len(dims):
+            raise LayoutError(f"layout {layout} has {len(layout.minor_to_major)} dims but the "
+                              f"shape {element.name}{list(dims)} has {len(dims)}")
+        _check_element_bits(element, layout.element_bits, self)
+        try:
+            core = _core.TiledLayout(list(dims), list(layout.minor_to_major),
+                                     [list(t) for t in layout.tiles], self.element_bits)
+        except (ValueError, OverflowError) as e:
+            raise LayoutError(f"{self}: {e}") from None
+        object.__setattr__(self, "_core", core)
+
+    @classmethod
+    def parse(cls, text: str) -> "Shape":
+        if not isinstance(text, str):
+            raise TypeError(f"Shape.parse expects str, got {type(text).__name__}")
+        try:
+            return cls._parse(text)
+        except LayoutError as e:
+            if repr(text) in str(e):
+                raise
+            raise LayoutError(f"{e} (in {text!r})") from None
+
+    @classmethod
+    def _parse(cls, text: str) -> "Shape":
+        m = _SHAPE_RE.match(text)
+        if not m:
+            raise LayoutError(f"malformed shape text {text!r}; expected XLA form such as "
+                              "'bf16[512,3,2048]{2,0,1:T(8,128)(2,1)}'")
+        dtype, dims_text, layout_text = m.groups()
+        if dtype not in ELEMENT_TYPES:
+            raise LayoutError(f"unknown element type {dtype!r} in {text!r}; expected one of "
+                              f"{', '.join(ELEMENT_TYPES)}")
+        dims = _parse_ints(dims_text, text, "dims")
+        layout = _parse_layout(layout_text, text) if layout_text is not None else None
+        return cls(dtype, dims, layout)
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{','.join(map(str, self.dims))}]{self.layout}"
+
+    @property
+    def element(self) -> ElementType:
+        return ELEMENT_TYPES[self.dtype]
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    @property
+    def element_bits(self) -> int:
+        """Bits one element takes in the physical buffer."""
+        return self.layout.element_bits or self.element.storage_bits
+
+    @cached_property
+    def physical_size_bytes(self) -> int:
+        return self._core.physical_bytes
+
+    @property
+    def logical_elements(self) -> int:
+        return self._core.logical_elements
+
+    @property
+    def physical_order(self) -> tuple[int, ...]:
+        """Logical dims from the physically major-most to the minor-most."""
+        return tuple(reversed(self.layout.minor_to_major))
+
+
+def _check_element_bits(element: ElementType, bits: int, shape) -> None:
+    if bits == 0 or bits == element.storage_bits:
+        return
+    if element.is_sub_byte and element.bit_width <= bits < 8 and 8 % bits == 0:
+        return
+    allowed = [b for b in range(element.bit_width, 8) if 8 % b == 0] if element.is_sub_byte else []
+    raise LayoutError(f"element size E({bits}) does not fit {element.name}; expected "
+                      f"{' or '.join(f'E({b})' for b in allowed + [element.storage_bits])} or none")
+
+
+def _as_int(value, what: str) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise LayoutError(f"{what} {value!r} is not an integer")
+    value = int(value)
+    if not -_INT64_MAX <= value <= _INT64_MAX:
+        raise LayoutError(f"{what} {value} does not fit in int64")
+    return value
+
+
+def _parse_ints(text: str, whole: str, what: str) -> tuple[int, ...]:
+    text = text.strip()
+    if not text:
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise LayoutError(f"malformed {what} {text!r} in {whole!r}; expected comma-separated "
+                          "integers") from None
+
+
+def _parse_layout(text: str, whole: str) -> Layout:
+    order_text, _, extra = text.partition(":")
+    minor_to_major = _parse_ints(order_text, whole, "minor_to_major")
+    tiles: tuple = ()
+    element_bits = 0
+    rest = extra.strip()
+    m = _TILE_RE.match(rest)
+    if m:
+        groups = re.findall(r"\(([^()]*)\)", m.group(1))
+        tiles = tuple(_parse_ints(g, whole, "tile") for g in groups)
+        rest = rest[m.end():]
+    m = re.match(r"E\((\d+)\)", rest)
+    if m:
+        element_bits = int(m.group(1))
+        rest = rest[m.end():]
+    if rest:
+        raise LayoutError(f"unsupported layout part {rest!r} in {whole!r}; expected "
+                          "T(...)(...) tiles and an optional E(bits)")
+    return Layout(minor_to_major, tiles, element_bits)

@@ -9,6 +9,8 @@ namespace {
 // Walks the physical loop nest, skipping padding and handing each innermost
 // run of valid elements to Op::run(phys, log, n, phys_stride, log_stride).
 // Op::pad(phys, count) receives every padding range (in elements).
+constexpr size_t kMaxAncestors = 32;
+
 template <class Op>
 class Walker {
  public:
@@ -18,6 +20,9 @@ class Walker {
 
   void run() {
     if (layout_.logical_elements() == 0) return;
+    for (const Loop& loop : loops_)
+      if (loop.ancestors.size() > kMaxAncestors)
+        throw std::invalid_argument("too many tile levels");
     if (loops_.empty()) {
       op_.run(0, 0, 1, 1, 1);
       return;
@@ -38,7 +43,7 @@ class Walker {
     return n;
   }
 
-  void set(const Loop& loop, int64_t k, std::vector<int64_t>& saved) {
+  void set(const Loop& loop, int64_t k, const int64_t* saved) {
     for (size_t i = 0; i < loop.ancestors.size(); ++i) {
       const auto& [digit, mult] = loop.ancestors[i];
       value_[digit] = saved[i] + k * mult;
@@ -55,16 +60,19 @@ class Walker {
       // The inner loop's valid count does not depend on this loop: one 2-D run.
       const Loop& inner = loops_[last];
       const int64_t m = valid_count(inner);
-      for (int64_t k = 0; k < n; ++k) {
-        const int64_t p = phys + k * loop.phys_stride;
-        op_.run(p, log + k * loop.logical_stride, m, inner.phys_stride,
-                inner.logical_stride);
-        if (m < inner.extent)
+      if (m == inner.extent) {
+        op_.run2(phys, log, n, loop.phys_stride, loop.logical_stride, m, inner.phys_stride,
+                 inner.logical_stride);
+      } else {
+        for (int64_t k = 0; k < n; ++k) {
+          const int64_t p = phys + k * loop.phys_stride;
+          op_.run(p, log + k * loop.logical_stride, m, inner.phys_stride, inner.logical_stride);
           op_.pad(p + m * inner.phys_stride, (inner.extent - m) * inner.phys_stride);
+        }
       }
     } else {
-      std::vector<int64_t> saved(loop.ancestors.size());
-      for (size_t i = 0; i < saved.size(); ++i) saved[i] = value_[loop.ancestors[i].first];
+      int64_t saved[kMaxAncestors];
+      for (size_t i = 0; i < loop.ancestors.size(); ++i) saved[i] = value_[loop.ancestors[i].first];
       for (int64_t k = 0; k < n; ++k) {
         set(loop, k, saved);
         walk(l + 1, phys + k * loop.phys_stride, log + k * loop.logical_stride);
@@ -97,6 +105,27 @@ struct CopyOp {
       else lp[k * ls] = pp[k * ps];
     }
   }
+  // n x m elements: outer steps (ps, ls), inner steps (ips, ils).
+  void run2(int64_t p, int64_t l, int64_t n, int64_t ps, int64_t ls, int64_t m, int64_t ips,
+            int64_t ils) {
+    if (ips == 1 && ps == m && ls == 1) {
+      // Sub-tiles: m rows interleaved element by element, e.g. bf16 (2,1).
+      switch (m) {
+        case 2: return interleave<2>(phys + p, log + l, n, ils);
+        case 4: return interleave<4>(phys + p, log + l, n, ils);
+        case 8: return interleave<8>(phys + p, log + l, n, ils);
+      }
+    }
+    for (int64_t k = 0; k < n; ++k) run(p + k * ps, l + k * ls, m, ips, ils);
+  }
+  template <int M>
+  static void interleave(T* __restrict pp, T* __restrict lp, int64_t n, int64_t row) {
+    for (int64_t k = 0; k < n; ++k)
+      for (int j = 0; j < M; ++j) {
+        if (kPack) pp[k * M + j] = lp[j * row + k];
+        else lp[j * row + k] = pp[k * M + j];
+      }
+  }
   void pad(int64_t p, int64_t count) {
     if (kPack) std::memset(phys + p, 0, count * sizeof(T));
   }
@@ -118,6 +147,10 @@ struct SubByteOp {
       if (kPack) byte = static_cast<uint8_t>((byte & ~(mask << shift)) | ((value & mask) << shift));
       else value = static_cast<uint8_t>((byte >> shift) & mask);
     }
+  }
+  void run2(int64_t p, int64_t l, int64_t n, int64_t ps, int64_t ls, int64_t m, int64_t ips,
+            int64_t ils) {
+    for (int64_t k = 0; k < n; ++k) run(p + k * ps, l + k * ls, m, ips, ils);
   }
   // pack zeroes the whole buffer first, so padding needs no work here.
   void pad(int64_t, int64_t) {}

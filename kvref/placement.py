@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvref.dtypes import element_type
+from kvref.dtypes import element_type, host_numpy, is_torch_tensor
 from kvref.shape import Shape
 
 
@@ -48,8 +48,8 @@ def unpack(buffer, shape: Shape) -> np.ndarray:
 
 
 def _as_logical(array, shape: Shape) -> np.ndarray:
-    if type(array).__module__.startswith("torch"):
-        array = _torch_to_numpy(array)
+    if is_torch_tensor(array):
+        array = host_numpy(array)
     if not isinstance(array, np.ndarray):
         raise TypeError(f"pack expects a NumPy array or torch tensor, got {type(array).__name__}")
     try:
@@ -60,17 +60,6 @@ def _as_logical(array, shape: Shape) -> np.ndarray:
         raise ValueError(f"array {got}{list(array.shape)} does not match the layout "
                          f"{shape}; expected {shape.dtype}{list(shape.dims)}")
     return np.ascontiguousarray(array)
-
-
-def _torch_to_numpy(tensor) -> np.ndarray:
-    t = element_type(tensor.dtype)
-    host = tensor.detach().cpu().contiguous()
-    if t.numpy.kind in "biuf" and t.name not in ("bf16", "f8e4m3fn", "f8e5m2", "s4", "u4"):
-        return host.numpy()
-    import torch
-
-    raw = host.view(torch.uint8) if t.numpy.itemsize == 1 else host.view(torch.int16)
-    return raw.numpy().view(t.numpy)
 
 
 def _as_bytes(buffer, shape: Shape) -> np.ndarray:

@@ -1,32 +1,22 @@
-// nanobind bindings of the kvref core. Errors become ValueError/OverflowError.
-#include <nanobind/nanobind.h>
-#include <nanobind/ndarray.h>
+// Bindings of the tiled-layout model. Errors become ValueError/OverflowError.
 #include <nanobind/stl/vector.h>
 
-#include <cstring>
-#include <string>
+#include <vector>
 
+#include "bindings.h"
 #include "pack.h"
 #include "tiled_layout.h"
 
-namespace nb = nanobind;
+namespace kvref_bind {
+
 using kvref::TiledLayout;
 
 namespace {
-
-using Bytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using ReadOnlyBytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 nb::ndarray<nb::numpy, int64_t> to_numpy(std::vector<int64_t> values) {
   auto* data = new std::vector<int64_t>(std::move(values));
   nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
   return nb::ndarray<nb::numpy, int64_t>(data->data(), {data->size()}, owner);
-}
-
-void check_size(const char* what, size_t got, int64_t want) {
-  if (static_cast<int64_t>(got) != want)
-    throw std::invalid_argument(std::string(what) + " has " + std::to_string(got) +
-                                " bytes, expected " + std::to_string(want));
 }
 
 int64_t logical_bytes(const TiledLayout& layout, int itemsize) {
@@ -35,9 +25,7 @@ int64_t logical_bytes(const TiledLayout& layout, int itemsize) {
 
 }  // namespace
 
-NB_MODULE(_core, m) {
-  m.doc() = "C++ core of kvref: XLA tiled-layout placement, pack and unpack.";
-
+void bind_layout(nb::module_& m) {
   nb::class_<TiledLayout>(m, "TiledLayout")
       .def(nb::init<std::vector<int64_t>, std::vector<int64_t>,
                     std::vector<std::vector<int64_t>>, int>(),
@@ -75,3 +63,5 @@ NB_MODULE(_core, m) {
            },
            nb::arg("physical"), nb::arg("logical"), nb::arg("itemsize"));
 }
+
+}  // namespace kvref_bind

@@ -1,0 +1,97 @@
+// Bindings of the simulated device and its buffers.
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "bindings.h"
+#include "device.h"
+#include "pack.h"
+#include "tiled_layout.h"
+
+namespace kvref_bind {
+
+using kvref::BufferState;
+using kvref::DeviceBuffer;
+using kvref::SimDevice;
+
+namespace {
+
+// An op that packs a logical host array into the buffer's physical bytes.
+DeviceBuffer::Op pack_op(const kvref::TiledLayout& layout, ReadOnlyBytes logical, int itemsize) {
+  auto data = std::make_shared<std::vector<uint8_t>>(logical.data(), logical.data() + logical.size());
+  return [layout, data, itemsize](uint8_t* dst) { kvref::pack(layout, data->data(), dst, itemsize); };
+}
+
+}  // namespace
+
+void bind_device(nb::module_& m) {
+  nb::enum_<BufferState>(m, "BufferState")
+      .value("PLACEHOLDER", BufferState::kPlaceholder)
+      .value("DEFERRED", BufferState::kDeferred)
+      .value("EXECUTING", BufferState::kExecuting)
+      .value("MATERIALIZING", BufferState::kMaterializing)
+      .value("MATERIALIZED", BufferState::kMaterialized)
+      .value("FAILED", BufferState::kFailed);
+
+  nb::class_<SimDevice>(m, "SimDevice")
+      .def(nb::init<int>(), nb::arg("id"))
+      .def_prop_ro("id", &SimDevice::id)
+      .def("sync", &SimDevice::sync, nb::call_guard<nb::gil_scoped_release>())
+      .def("set_dma_faults", &SimDevice::set_dma_faults, nb::arg("delay_us"), nb::arg("fail_every"))
+      .def_prop_ro("dma_count", &SimDevice::dma_count);
+
+  nb::class_<DeviceBuffer>(m, "DeviceBuffer")
+      .def_static(
+          "create",
+          [](std::shared_ptr<SimDevice> device, const kvref::TiledLayout& layout,
+             ReadOnlyBytes logical, int itemsize, const std::string& mode) {
+            check_size("logical array", logical.size(), layout.logical_elements() * itemsize);
+            auto buffer = std::make_shared<DeviceBuffer>(device, layout.physical_bytes());
+            auto op = pack_op(layout, logical, itemsize);
+            if (mode == "defer") {
+              buffer->defer(std::move(op));
+            } else if (mode == "eager") {
+              buffer->launch(std::move(op), BufferState::kExecuting);
+            } else if (mode == "put") {
+              // A host-to-device copy: it waits on the DMA engine, then lands.
+              buffer->launch([device, op](uint8_t* dst) {
+                device->before_dma("host-to-device put");
+                op(dst);
+              }, BufferState::kMaterializing);
+            } else {
+              throw std::invalid_argument("mode must be 'defer', 'eager' or 'put', got '" + mode + "'");
+            }
+            return buffer;
+          },
+          nb::arg("device"), nb::arg("layout"), nb::arg("logical"), nb::arg("itemsize"),
+          nb::arg("mode"))
+      .def("overwrite",
+           [](DeviceBuffer& b, const kvref::TiledLayout& layout, ReadOnlyBytes logical,
+              int itemsize, bool defer) {
+             check_size("logical array", logical.size(), layout.logical_elements() * itemsize);
+             auto op = pack_op(layout, logical, itemsize);
+             if (defer) b.defer(std::move(op));
+             else b.launch(std::move(op), BufferState::kExecuting);
+           },
+           "An in-place device op writing new contents.")
+      .def_prop_ro("state", &DeviceBuffer::state)
+      .def_prop_ro("size", &DeviceBuffer::size)
+      .def("materialize", &DeviceBuffer::materialize)
+      // Deliberately keeps the GIL while waiting: a wait that nothing will end
+      // hangs the whole interpreter, exactly as the unpack bug did.
+      .def("await_", &DeviceBuffer::await, nb::arg("timeout_s") = -1.0)
+      .def("fail_dma_in", &DeviceBuffer::fail_dma_in, nb::arg("start"), nb::arg("end"))
+      .def("read_physical",
+           [](DeviceBuffer& b, Bytes out) {
+             check_size("output", out.size(), b.size());
+             if (b.state() != BufferState::kMaterialized)
+               throw kvref::DeviceError("read of a buffer that is not materialized");
+             std::memcpy(out.data(), b.unsafe_data(), out.size());
+           },
+           "Copy the physical bytes out (a debugging read; no DMA faults).");
+}
+
+}  // namespace kvref_bind

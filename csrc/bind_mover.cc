@@ -1,0 +1,84 @@
+// Bindings of the block mover (the manager's data path) and its futures.
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+
+#include "bindings.h"
+#include "block_mover.h"
+
+namespace kvref_bind {
+
+using kvref::BlockMover;
+using kvref::DeviceRegion;
+using kvref::LayerAddressing;
+using kvref::TransferFuture;
+
+void bind_mover(nb::module_& m) {
+  nb::class_<DeviceRegion>(m, "DeviceRegion")
+      .def_static("of_buffer", [](std::shared_ptr<kvref::DeviceBuffer> b) {
+        return DeviceRegion{b, nullptr, b->size()};
+      })
+      .def_static("of_pointer", [](uintptr_t address, int64_t size) {
+        if (!address && size) throw std::invalid_argument("null device pointer");
+        return DeviceRegion{nullptr, reinterpret_cast<uint8_t*>(address), size};
+      })
+      .def_prop_ro("size", [](const DeviceRegion& r) { return r.size; });
+
+  nb::class_<LayerAddressing>(m, "LayerAddressing")
+      .def(nb::init<>())
+      .def_rw("shards", &LayerAddressing::shards)
+      .def_rw("device_blocks", &LayerAddressing::device_blocks)
+      .def_rw("device_stride", &LayerAddressing::device_stride)
+      .def_rw("copy_bytes", &LayerAddressing::copy_bytes)
+      .def_rw("host_base", &LayerAddressing::host_base)
+      .def_rw("host_stride", &LayerAddressing::host_stride)
+      .def_rw("host_shard_stride", &LayerAddressing::host_shard_stride);
+
+  nb::class_<TransferFuture>(m, "TransferFuture")
+      .def("wait", &TransferFuture::wait, nb::arg("timeout_s") = -1.0,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("done", &TransferFuture::done)
+      .def("rethrow", &TransferFuture::rethrow);
+
+  nb::class_<BlockMover>(m, "BlockMover")
+      // Made through a shared_ptr: transfer tasks keep the mover alive.
+      .def(nb::new_([](std::vector<LayerAddressing> layers, int64_t host_blocks,
+                       int64_t host_bytes, uintptr_t external_host) {
+             return std::make_shared<BlockMover>(std::move(layers), host_blocks, host_bytes,
+                                                 reinterpret_cast<uint8_t*>(external_host));
+           }),
+           nb::arg("layers"), nb::arg("host_blocks"), nb::arg("host_bytes"),
+           nb::arg("external_host") = 0)
+      .def("copy",
+           [](BlockMover& mover, bool d2h, Int64s src, Int64s dst, Int64s counts) {
+             if (src.size() != dst.size() || src.size() != counts.size())
+               throw std::invalid_argument("offset and size lists differ in length");
+             return mover.copy(d2h ? kvref::Direction::kDeviceToHost
+                                   : kvref::Direction::kHostToDevice,
+                               src.data(), dst.data(), counts.data(), src.size());
+           },
+           nb::arg("d2h"), nb::arg("src"), nb::arg("dst"), nb::arg("counts"))
+      .def_prop_ro("host_bytes", &BlockMover::host_bytes)
+      .def("read_host_block",
+           [](BlockMover& mover, int layer, int shard, int64_t block) {
+             const uint8_t* p = mover.host_block(layer, shard, block);
+             return nb::bytes(reinterpret_cast<const char*>(p), mover.layers()[layer].copy_bytes);
+           })
+      .def("write_host_block",
+           [](BlockMover& mover, int layer, int shard, int64_t block, ReadOnlyBytes payload) {
+             uint8_t* p = mover.host_block(layer, shard, block);
+             check_size("payload", payload.size(), mover.layers()[layer].copy_bytes);
+             std::memcpy(p, payload.data(), payload.size());
+           })
+      .def("host_pool",
+           [](nb::handle_t<BlockMover> self) {
+             BlockMover& mover = nb::cast<BlockMover&>(self);
+             // The view keeps the mover (and so its pool) alive.
+             return nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(
+                 mover.host_data(), {static_cast<size_t>(mover.host_bytes())}, self);
+           },
+           "A NumPy view of the whole host pool (no copy).");
+}
+
+}  // namespace kvref_bind

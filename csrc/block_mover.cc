@@ -1,0 +1,210 @@
+#include "block_mover.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "thread_pool.h"
+
+namespace kvref {
+
+namespace {
+
+constexpr int64_t kChunkBytes = 256 << 10;  // aim for this much work per task
+
+std::string range_text(int64_t start, int64_t count) {
+  return "[" + std::to_string(start) + ", " + std::to_string(start + count) + ")";
+}
+
+}  // namespace
+
+void DeviceRegion::read(int64_t offset, int64_t n, uint8_t* dst) const {
+  if (sim) sim->dma_read(offset, n, dst);
+  else std::memcpy(dst, raw + offset, static_cast<size_t>(n));
+}
+
+void DeviceRegion::write(int64_t offset, int64_t n, const uint8_t* src) const {
+  if (sim) sim->dma_write(offset, n, src);
+  else std::memcpy(raw + offset, src, static_cast<size_t>(n));
+}
+
+void TransferFuture::finish_part(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error && !error_) error_ = error;
+    --remaining_;
+  }
+  cv_.notify_all();
+}
+
+bool TransferFuture::wait(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto finished = [this] { return remaining_ == 0; };
+  if (timeout_s < 0) {
+    cv_.wait(lock, finished);
+    return true;
+  }
+  return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), finished);
+}
+
+bool TransferFuture::done() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return remaining_ == 0;
+}
+
+void TransferFuture::rethrow() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error_) std::rethrow_exception(error_);
+}
+
+BlockMover::BlockMover(std::vector<LayerAddressing> layers, int64_t host_blocks,
+                       int64_t host_bytes, uint8_t* external_host)
+    : layers_(std::move(layers)), host_blocks_(host_blocks), host_size_(host_bytes) {
+  if (external_host) {
+    host_ = external_host;
+  } else {
+    owned_host_ = std::make_unique<PageBuffer>(host_bytes);
+    host_ = owned_host_->data();
+  }
+  if (layers_.empty()) throw std::invalid_argument("a manager needs at least one layer");
+  if (host_blocks <= 0) throw std::invalid_argument("host_blocks must be positive");
+  const size_t shards = layers_[0].shards.size();
+  for (const auto& layer : layers_) {
+    if (layer.shards.size() != shards || shards == 0)
+      throw std::invalid_argument("every layer needs the same, non-zero number of shards");
+    const int64_t last = layer.host_base + (shards - 1) * layer.host_shard_stride +
+                         (host_blocks - 1) * layer.host_stride + layer.copy_bytes;
+    if (layer.host_base < 0 || last > host_bytes)
+      throw std::invalid_argument("host addressing reaches past the host pool");
+  }
+}
+
+uint8_t* BlockMover::host_block(int layer, int shard, int64_t block) {
+  if (layer < 0 || static_cast<size_t>(layer) >= layers_.size())
+    throw std::out_of_range("layer " + std::to_string(layer) + " is out of range [0, " +
+                            std::to_string(layers_.size()) + ")");
+  const auto& l = layers_[layer];
+  if (shard < 0 || static_cast<size_t>(shard) >= l.shards.size())
+    throw std::out_of_range("shard " + std::to_string(shard) + " is out of range [0, " +
+                            std::to_string(l.shards.size()) + ")");
+  if (block < 0 || block >= host_blocks_)
+    throw std::out_of_range("host block " + std::to_string(block) + " is out of range [0, " +
+                            std::to_string(host_blocks_) + ")");
+  return host_ + l.host_base + shard * l.host_shard_stride + block * l.host_stride;
+}
+
+void BlockMover::validate(Direction dir, const int64_t* src, const int64_t* dst,
+                          const int64_t* counts, size_t n) const {
+  const bool d2h = dir == Direction::kDeviceToHost;
+  const char* src_name = d2h ? "device" : "host";
+  const char* dst_name = d2h ? "host" : "device";
+  for (size_t i = 0; i < n; ++i) {
+    const std::string at = " at index " + std::to_string(i);
+    if (counts[i] <= 0)
+      throw std::invalid_argument("copy size " + std::to_string(counts[i]) + at +
+                                  " must be at least one block");
+    for (int side = 0; side < 2; ++side) {
+      const int64_t start = side == 0 ? src[i] : dst[i];
+      const bool on_device = (side == 0) == d2h;
+      const char* name = side == 0 ? src_name : dst_name;
+      if (start < 0 || start > INT64_MAX - counts[i])
+        throw std::invalid_argument(std::string(name) + " block range " +
+                                    range_text(start, counts[i]) + at + " is out of range");
+      const int64_t end = start + counts[i];
+      if (!on_device) {
+        if (end > host_blocks_)
+          throw std::invalid_argument("host block range " + range_text(start, counts[i]) + at +
+                                      " exceeds the " + std::to_string(host_blocks_) +
+                                      " host blocks");
+        continue;
+      }
+      for (size_t l = 0; l < layers_.size(); ++l) {
+        const auto& layer = layers_[l];
+        const bool past_bytes = (end - 1) * layer.device_stride + layer.copy_bytes >
+                                layer.shards[0].size;
+        if (end > layer.device_blocks || past_bytes)
+          throw std::invalid_argument(
+              "device block range " + range_text(start, counts[i]) + at + " exceeds layer " +
+              std::to_string(l) + " (" + std::to_string(layer.device_blocks) + " blocks of " +
+              std::to_string(layer.device_stride) + " bytes in a " +
+              std::to_string(layer.shards[0].size) + "-byte buffer)");
+      }
+    }
+  }
+  // Destinations written by one call must not overlap.
+  std::vector<std::pair<int64_t, int64_t>> ranges(n);
+  for (size_t i = 0; i < n; ++i) ranges[i] = {dst[i], dst[i] + counts[i]};
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < n; ++i)
+    if (ranges[i].first < ranges[i - 1].second)
+      throw std::invalid_argument(std::string(dst_name) + " block ranges " +
+                                  range_text(ranges[i - 1].first,
+                                             ranges[i - 1].second - ranges[i - 1].first) +
+                                  " and " +
+                                  range_text(ranges[i].first, ranges[i].second - ranges[i].first) +
+                                  " overlap");
+}
+
+void BlockMover::move(Direction dir, const int64_t* src, const int64_t* dst,
+                      const int64_t* counts, int64_t first, int64_t last) const {
+  const int64_t shards = static_cast<int64_t>(layers_[0].shards.size());
+  const int64_t per_op = static_cast<int64_t>(layers_.size()) * shards;
+  for (int64_t item = first; item < last; ++item) {
+    const int64_t op = item / per_op;
+    const auto& layer = layers_[(item % per_op) / shards];
+    const int64_t shard = item % shards;
+    const DeviceRegion& region = layer.shards[shard];
+    const int64_t dev_block = dir == Direction::kDeviceToHost ? src[op] : dst[op];
+    const int64_t host_block = dir == Direction::kDeviceToHost ? dst[op] : src[op];
+    uint8_t* host = host_ + layer.host_base + shard * layer.host_shard_stride;
+    const bool contiguous =
+        layer.device_stride == layer.copy_bytes && layer.host_stride == layer.copy_bytes;
+    // A run of blocks contiguous on both sides moves as one copy.
+    const int64_t pieces = contiguous ? 1 : counts[op];
+    const int64_t bytes = contiguous ? counts[op] * layer.copy_bytes : layer.copy_bytes;
+    for (int64_t k = 0; k < pieces; ++k) {
+      const int64_t dev_off = (dev_block + k) * layer.device_stride;
+      uint8_t* host_ptr = host + (host_block + k) * layer.host_stride;
+      if (dir == Direction::kDeviceToHost) region.read(dev_off, bytes, host_ptr);
+      else region.write(dev_off, bytes, host_ptr);
+    }
+  }
+}
+
+std::shared_ptr<TransferFuture> BlockMover::copy(Direction dir, const int64_t* src,
+                                                 const int64_t* dst, const int64_t* counts,
+                                                 size_t n) {
+  validate(dir, src, dst, counts, n);
+  auto ops = std::make_shared<std::vector<int64_t>>();
+  ops->reserve(3 * n);
+  ops->insert(ops->end(), src, src + n);
+  ops->insert(ops->end(), dst, dst + n);
+  ops->insert(ops->end(), counts, counts + n);
+
+  const int64_t per_op = static_cast<int64_t>(layers_.size() * layers_[0].shards.size());
+  const int64_t items = static_cast<int64_t>(n) * per_op;
+  int64_t total_bytes = 0;
+  for (size_t i = 0; i < n; ++i) total_bytes += counts[i] * layers_[0].copy_bytes * per_op;
+  ThreadPool& pool = ThreadPool::shared();
+  const int64_t parts = std::clamp<int64_t>(
+      std::max<int64_t>(total_bytes / kChunkBytes, pool.size()), 1, std::max<int64_t>(items, 1));
+  auto future = std::make_shared<TransferFuture>(items == 0 ? 0 : parts);
+  if (items == 0) return future;
+  auto self = shared_from_this();
+  for (int64_t p = 0; p < parts; ++p) {
+    const int64_t first = items * p / parts, last = items * (p + 1) / parts;
+    pool.submit([self, ops, future, dir, n, first, last] {
+      std::exception_ptr error;
+      try {
+        const int64_t* base = ops->data();
+        self->move(dir, base, base + n, base + 2 * n, first, last);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      future->finish_part(error);
+    });
+  }
+  return future;
+}
+
+}  // namespace kvref

@@ -1,0 +1,86 @@
+// The reference manager's data path: a host pool and validated, chunked block
+// copies between it and every layer's device buffers, on the shared pool.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "device.h"
+
+namespace kvref {
+
+// One shard of one layer: a simulated buffer, or raw memory (a JAX CPU array).
+struct DeviceRegion {
+  std::shared_ptr<DeviceBuffer> sim;
+  uint8_t* raw = nullptr;
+  int64_t size = 0;
+  void read(int64_t offset, int64_t n, uint8_t* dst) const;
+  void write(int64_t offset, int64_t n, const uint8_t* src) const;
+};
+
+// How one layer's blocks are addressed on the device and in the host pool.
+struct LayerAddressing {
+  std::vector<DeviceRegion> shards;
+  int64_t device_blocks = 0;
+  int64_t device_stride = 0;  // bytes from one device block to the next
+  int64_t copy_bytes = 0;     // bytes moved per block
+  int64_t host_base = 0;      // host offset of shard 0, block 0
+  int64_t host_stride = 0;    // bytes from one host block to the next
+  int64_t host_shard_stride = 0;
+};
+
+class TransferFuture {
+ public:
+  explicit TransferFuture(int64_t parts) : remaining_(parts) {}
+  void finish_part(std::exception_ptr error);
+  // True once every part finished (timeout_s < 0: wait forever).
+  bool wait(double timeout_s);
+  bool done();
+  // Rethrows the first error, if any. Call after wait() returned true.
+  void rethrow();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t remaining_;
+  std::exception_ptr error_;
+};
+
+enum class Direction { kDeviceToHost, kHostToDevice };
+
+class BlockMover : public std::enable_shared_from_this<BlockMover> {
+ public:
+  // host_bytes: the pool to allocate (or, with external_host, memory the
+  // caller owns and keeps alive); every host range the layers address must
+  // fit in it (checked here).
+  BlockMover(std::vector<LayerAddressing> layers, int64_t host_blocks, int64_t host_bytes,
+             uint8_t* external_host = nullptr);
+
+  // src/dst/counts in blocks. Validates everything before moving a byte.
+  std::shared_ptr<TransferFuture> copy(Direction dir, const int64_t* src, const int64_t* dst,
+                                       const int64_t* counts, size_t n);
+  uint8_t* host_block(int layer, int shard, int64_t block);
+  int64_t host_bytes() const { return host_size_; }
+  uint8_t* host_data() const { return host_; }
+  const std::vector<LayerAddressing>& layers() const { return layers_; }
+  int64_t host_blocks() const { return host_blocks_; }
+
+ private:
+  void validate(Direction dir, const int64_t* src, const int64_t* dst, const int64_t* counts,
+                size_t n) const;
+  void move(Direction dir, const int64_t* src, const int64_t* dst, const int64_t* counts,
+            int64_t first, int64_t last) const;
+
+  std::vector<LayerAddressing> layers_;
+  int64_t host_blocks_;
+  std::unique_ptr<PageBuffer> owned_host_;
+  uint8_t* host_;
+  int64_t host_size_;
+};
+
+}  // namespace kvref

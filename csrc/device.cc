@@ -1,0 +1,192 @@
+#include "device.h"
+
+#include <sys/mman.h>
+
+#include <chrono>
+#include <cstring>
+
+namespace kvref {
+
+PageBuffer::PageBuffer(int64_t bytes) : size_(bytes) {
+  if (bytes < 0) throw std::invalid_argument("buffer size must not be negative");
+  if (bytes == 0) return;
+  void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  data_ = static_cast<uint8_t*>(p);
+}
+
+PageBuffer::~PageBuffer() {
+  if (data_) munmap(data_, static_cast<size_t>(size_));
+}
+
+SimDevice::SimDevice(int id) : id_(id), executor_([this] { run_executor(); }) {}
+
+SimDevice::~SimDevice() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  executor_.join();
+}
+
+void SimDevice::enqueue(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(task));
+  }
+  cv_.notify_all();
+}
+
+void SimDevice::run_executor() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, and nothing left to run
+    auto task = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    task();
+    lock.lock();
+    busy_ = false;
+    cv_.notify_all();
+  }
+}
+
+void SimDevice::track_deferred(const std::shared_ptr<DeviceBuffer>& buffer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  deferred_.push_back(buffer);
+}
+
+void SimDevice::sync() {
+  std::vector<std::weak_ptr<DeviceBuffer>> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending.swap(deferred_);
+  }
+  for (auto& weak : pending)
+    if (auto buffer = weak.lock()) buffer->materialize();
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return queue_.empty() && !busy_; });
+}
+
+void SimDevice::set_dma_faults(int64_t delay_us, int64_t fail_every) {
+  if (delay_us < 0 || fail_every < 0)
+    throw std::invalid_argument("DMA delay and failure period must not be negative");
+  delay_us_ = delay_us;
+  fail_every_ = fail_every;
+}
+
+void SimDevice::before_dma(const char* what) {
+  const int64_t n = ++dma_count_;
+  if (const int64_t delay = delay_us_.load())
+    std::this_thread::sleep_for(std::chrono::microseconds(delay));
+  const int64_t every = fail_every_.load();
+  if (every > 0 && n % every == 0)
+    throw DeviceError(std::string("injected DMA failure on device ") + std::to_string(id_) +
+                      " (" + what + " #" + std::to_string(n) + ")");
+}
+
+DeviceBuffer::DeviceBuffer(std::shared_ptr<SimDevice> device, int64_t bytes)
+    : device_(std::move(device)), bytes_(bytes) {}
+
+BufferState DeviceBuffer::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+void DeviceBuffer::defer(Op op) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_ = std::move(op);
+    state_ = BufferState::kDeferred;
+  }
+  device_->track_deferred(shared_from_this());
+}
+
+void DeviceBuffer::run(const Op& op) {
+  std::string error;
+  try {
+    op(bytes_.data());
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = error;
+    state_ = error.empty() ? BufferState::kMaterialized : BufferState::kFailed;
+  }
+  cv_.notify_all();
+}
+
+void DeviceBuffer::launch(Op op, BufferState running) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_ = running;
+  }
+  auto self = shared_from_this();
+  device_->enqueue([self, op = std::move(op)] { self->run(op); });
+}
+
+void DeviceBuffer::materialize() {
+  Op op;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ != BufferState::kDeferred) return;
+    op = std::move(pending_);
+    pending_ = nullptr;
+  }
+  launch(std::move(op), BufferState::kExecuting);
+}
+
+bool DeviceBuffer::await(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto ready = [this] {
+    return state_ == BufferState::kMaterialized || state_ == BufferState::kFailed;
+  };
+  if (timeout_s < 0) {
+    cv_.wait(lock, ready);
+  } else if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready)) {
+    return false;
+  }
+  if (state_ == BufferState::kFailed) throw DeviceError("device op failed: " + error_);
+  return true;
+}
+
+void DeviceBuffer::fail_dma_in(int64_t start, int64_t end) {
+  if (start < 0 || end < start || end > size())
+    throw std::invalid_argument("failure range must lie within the buffer");
+  std::lock_guard<std::mutex> lock(mu_);
+  failing_ranges_.emplace_back(start, end);
+}
+
+void DeviceBuffer::check_dma(int64_t offset, int64_t size, const char* what) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ != BufferState::kMaterialized)
+      throw DeviceError(std::string(what) + " of a buffer that is not materialized");
+    if (offset < 0 || size < 0 || offset + size > bytes_.size())
+      throw std::out_of_range(std::string(what) + " range is outside the buffer");
+    for (const auto& [start, end] : failing_ranges_)
+      if (offset < end && start < offset + size)
+        throw DeviceError(std::string("injected DMA failure: ") + what + " of bytes [" +
+                          std::to_string(offset) + ", " + std::to_string(offset + size) +
+                          ") touches failing range [" + std::to_string(start) + ", " +
+                          std::to_string(end) + ")");
+  }
+  device_->before_dma(what);
+}
+
+void DeviceBuffer::dma_read(int64_t offset, int64_t size, uint8_t* dst) {
+  check_dma(offset, size, "device-to-host copy");
+  std::memcpy(dst, bytes_.data() + offset, static_cast<size_t>(size));
+}
+
+void DeviceBuffer::dma_write(int64_t offset, int64_t size, const uint8_t* src) {
+  check_dma(offset, size, "host-to-device copy");
+  std::memcpy(bytes_.data() + offset, src, static_cast<size_t>(size));
+}
+
+}  // namespace kvref

@@ -1,0 +1,125 @@
+// A simulated TPU device: buffers in physical byte order, an executor thread
+// that runs recorded ops, and a DMA model with injectable delays and failures.
+//
+// Buffer lifecycle (as in TorchTPU): PLACEHOLDER -> DEFERRED (op recorded, not
+// run) -> EXECUTING (op launched) -> MATERIALIZED; a host->device put is
+// MATERIALIZING until its copy lands. await() waits and never launches.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace kvref {
+
+enum class BufferState : int {
+  kPlaceholder = 0,
+  kDeferred = 1,
+  kExecuting = 2,
+  kMaterializing = 3,
+  kMaterialized = 4,
+  kFailed = 5,
+};
+
+// A device-side copy failed (an injected fault, or a buffer not ready).
+class DeviceError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Page-aligned, zero-filled memory that is only committed when touched.
+class PageBuffer {
+ public:
+  explicit PageBuffer(int64_t bytes);
+  ~PageBuffer();
+  PageBuffer(const PageBuffer&) = delete;
+  PageBuffer& operator=(const PageBuffer&) = delete;
+  uint8_t* data() const { return data_; }
+  int64_t size() const { return size_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+class DeviceBuffer;
+
+class SimDevice : public std::enable_shared_from_this<SimDevice> {
+ public:
+  explicit SimDevice(int id);
+  ~SimDevice();
+  int id() const { return id_; }
+
+  void enqueue(std::function<void()> task);
+  // Launches every deferred buffer and waits until the executor is idle.
+  void sync();
+  void track_deferred(const std::shared_ptr<DeviceBuffer>& buffer);
+
+  // DMA model: every copy waits `delay_us`; every `fail_every`-th copy fails.
+  void set_dma_faults(int64_t delay_us, int64_t fail_every);
+  void before_dma(const char* what);  // throws DeviceError for injected failures
+  int64_t dma_count() const { return dma_count_.load(); }
+
+ private:
+  void run_executor();
+
+  const int id_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::vector<std::weak_ptr<DeviceBuffer>> deferred_;
+  std::atomic<int64_t> delay_us_{0}, fail_every_{0}, dma_count_{0};
+  std::thread executor_;
+};
+
+class DeviceBuffer : public std::enable_shared_from_this<DeviceBuffer> {
+ public:
+  using Op = std::function<void(uint8_t*)>;
+
+  DeviceBuffer(std::shared_ptr<SimDevice> device, int64_t bytes);
+  BufferState state() const;
+  int64_t size() const { return bytes_.size(); }
+  SimDevice& device() const { return *device_; }
+
+  // Records the op that produces this buffer; it runs on materialize().
+  void defer(Op op);
+  // Runs the op on the executor now; the buffer is `running` until it ends.
+  void launch(Op op, BufferState running);
+  // Launches the recorded op in place; does nothing unless DEFERRED.
+  void materialize();
+  // Waits until MATERIALIZED (true) or the timeout passes (false; < 0: never).
+  // Throws DeviceError if the op failed. Never launches anything.
+  bool await(double timeout_s);
+
+  // Raw copies of materialized bytes (the DMA engine).
+  void dma_read(int64_t offset, int64_t size, uint8_t* dst);
+  void dma_write(int64_t offset, int64_t size, const uint8_t* src);
+  // Any later DMA touching [start, end) of this buffer fails.
+  void fail_dma_in(int64_t start, int64_t end);
+  uint8_t* unsafe_data() { return bytes_.data(); }
+
+ private:
+  void check_dma(int64_t offset, int64_t size, const char* what);
+  void run(const Op& op);
+
+  std::shared_ptr<SimDevice> device_;
+  PageBuffer bytes_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  BufferState state_ = BufferState::kPlaceholder;
+  Op pending_;
+  std::string error_;
+  std::vector<std::pair<int64_t, int64_t>> failing_ranges_;
+};
+
+}  // namespace kvref

@@ -1,0 +1,22 @@
+// The kvref._core extension module.
+#include "bindings.h"
+#include "device.h"
+
+namespace kvref_bind {
+
+void check_size(const char* what, size_t got, int64_t want) {
+  if (static_cast<int64_t>(got) != want)
+    throw std::invalid_argument(std::string(what) + " has " + std::to_string(got) +
+                                " bytes, expected " + std::to_string(want));
+}
+
+}  // namespace kvref_bind
+
+NB_MODULE(_core, m) {
+  m.doc() = "C++ core of kvref: tiled layouts, the simulated device, block transfers, plans.";
+  nanobind::exception<kvref::DeviceError>(m, "DeviceError", PyExc_RuntimeError);
+  kvref_bind::bind_layout(m);
+  kvref_bind::bind_device(m);
+  kvref_bind::bind_mover(m);
+  kvref_bind::bind_plans(m);
+}

@@ -1,0 +1,58 @@
+"""Unpacking what a caller hands a manager into raw device regions.
+
+Every unpack caller (the manager, the raw transfer functions) goes through
+`unpack_buffer`: resolve the base buffer, materialize it in place, then await
+it. Awaiting alone waits for materialization but never triggers it; on a
+deferred tensor nothing else would, so it would wait forever (holding the GIL).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvref import _core
+from kvref.dtypes import element_type
+from kvref.shape import Layout, Shape
+from kvref.sim import DeviceArray
+
+
+@dataclass(frozen=True)
+class DeviceBufferView:
+    region: _core.DeviceRegion  # what the block mover reads and writes
+    shape: Shape
+    device: object  # identity of the device holding it
+    keepalive: object  # the caller's array, kept alive while in use
+
+
+def unpack_buffer(array, faults: frozenset[str] = frozenset()) -> DeviceBufferView:
+    if isinstance(array, DeviceArray):
+        if "no_materialize_before_await" not in faults:
+            array.materialize()
+        array._buffer.await_()
+        return DeviceBufferView(_core.DeviceRegion.of_buffer(array._buffer), array.shape,
+                                array.device, array)
+    if _is_jax_array(array):
+        return _unpack_jax(array)
+    raise TypeError(f"expected a kvref.sim.DeviceArray or a single-device jax.Array, "
+                    f"got {type(array).__module__}.{type(array).__name__}")
+
+
+def _is_jax_array(obj) -> bool:
+    return type(obj).__module__.startswith("jax") and hasattr(obj, "unsafe_buffer_pointer")
+
+
+def _unpack_jax(array) -> DeviceBufferView:
+    devices = array.devices()
+    if len(devices) != 1:
+        raise ValueError(f"a jax.Array on {len(devices)} devices; pass each shard as its own array")
+    (device,) = devices
+    if device.platform != "cpu":
+        raise ValueError(f"jax.Array on {device.platform}: only CPU arrays are read in place here")
+    # JAX's asynchronous dispatch always runs the computation: waiting suffices.
+    array.block_until_ready()
+    layout = array.format.layout
+    shape = Shape(element_type(array.dtype).name, tuple(array.shape),
+                  Layout(tuple(reversed(layout.major_to_minor)), tuple(tuple(t) for t in layout.tiling),
+                         layout.sub_byte_element_size_in_bits))
+    region = _core.DeviceRegion.of_pointer(array.unsafe_buffer_pointer(), shape.physical_size_bytes)
+    return DeviceBufferView(region, shape, device, array)

@@ -1,0 +1,178 @@
+"""The reference KVCacheManager: registers each layer's KV cache, checks that
+blocks are contiguous byte ranges, and moves blocks between the device and an
+aligned host pool."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from kvref import _core
+from kvref.addressing import SLICE_POLICIES, plan_host
+from kvref.buffers import DeviceBufferView, unpack_buffer
+from kvref.faults import parse_faults
+from kvref.futures import TransferFuture
+from kvref.offsets import transfer_lists
+from kvref.plans import request_bytes
+
+BUDGET_SHARE = 0.5  # default budget: this share of the memory available now
+
+
+class HostBudgetError(MemoryError):
+    """The host pool would exceed the budget; nothing was allocated."""
+
+
+class KVCacheManager:
+    def __init__(self, kv_caches, host_blocks: int, *, host_budget_bytes: int | None = None,
+                 slice_policy: str = "uniform", faults=()):
+        self.faults = parse_faults(faults)
+        if slice_policy not in SLICE_POLICIES:
+            raise ValueError(f"slice_policy {slice_policy!r} is not one of {SLICE_POLICIES}")
+        if isinstance(host_blocks, bool) or not isinstance(host_blocks, (int, np.integer)) \
+                or host_blocks <= 0:
+            raise ValueError(f"host_blocks must be a positive integer, got {host_blocks!r}")
+        layers = _layers(kv_caches)
+        views = [[unpack_buffer(a, self.faults) for a in layer] for layer in layers]
+        _check_devices(views)
+        plan = plan_host(views, int(host_blocks), slice_policy, self.faults)
+        budget = default_host_budget() if host_budget_bytes is None else int(host_budget_bytes)
+        if plan.host_bytes > budget:
+            raise HostBudgetError(
+                f"the host pool would take {plan.host_bytes:,} bytes ({plan.host_bytes / 2**30:.1f} "
+                f"GiB: {host_blocks} host blocks x {len(views)} layers x {len(views[0])} shards x "
+                f"{_sizes(plan.slice_bytes)} bytes per block), over the {budget:,}-byte budget; "
+                "nothing was allocated")
+        self._mover = _core.BlockMover(plan.layers, int(host_blocks), plan.allocate_bytes)
+        self._views = views
+        self._plans = _core.PlanRegistry(len(views), min(v[0].shape.dims[0] for v in views))
+        self.host_blocks = int(host_blocks)
+        self.host_bytes = plan.host_bytes
+        self.layer_bytes_per_block = plan.slice_bytes
+        self.slice_policy = slice_policy
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._views)
+
+    @property
+    def num_shards(self) -> int:
+        return len(self._views[0])
+
+    @property
+    def bytes_per_block(self) -> int:
+        sizes = set(self.layer_bytes_per_block)
+        if len(sizes) != 1:
+            raise ValueError(f"layers have different block sizes {self.layer_bytes_per_block}; "
+                             "see layer_bytes_per_block")
+        return sizes.pop()
+
+    def d2h(self, src_offsets, dst_offsets, copy_sizes=None) -> TransferFuture:
+        """Device blocks `src_offsets` -> host blocks `dst_offsets`, every layer
+        and shard; runs of `copy_sizes` blocks (default 1)."""
+        return self._copy(True, src_offsets, dst_offsets, copy_sizes)
+
+    def h2d(self, src_offsets, dst_offsets, copy_sizes=None) -> TransferFuture:
+        """Host blocks `src_offsets` -> device blocks `dst_offsets`."""
+        return self._copy(False, src_offsets, dst_offsets, copy_sizes)
+
+    def read_block_bytes(self, layer: int, block: int, shard: int = 0) -> bytes:
+        """One host block of one layer."""
+        return self._mover.read_host_block(*_indices(layer, shard, block))
+
+    def write_block_bytes(self, layer: int, block: int, payload, shard: int = 0) -> None:
+        """Overwrite one host block; `payload` is bytes-like of exactly the block size."""
+        if isinstance(payload, str) or not _is_bytes_like(payload):
+            raise TypeError(f"payload must be bytes-like (bytes, bytearray, memoryview or a "
+                            f"uint8 array), got {type(payload).__name__}")
+        data = np.frombuffer(memoryview(payload).cast("B"), dtype=np.uint8)
+        self._mover.write_host_block(*_indices(layer, shard, block), data)
+
+    def host_pool(self) -> np.ndarray:
+        """A view of the host pool's bytes (no copy)."""
+        return self._mover.host_pool()[: self.host_bytes]
+
+    def register_active_plan(self, uuid: str, request, is_sender: bool) -> None:
+        """`request`: a serialized StartTransferRequest (bytes) or the message."""
+        if not isinstance(uuid, str):
+            raise TypeError(f"uuid must be str, got {type(uuid).__name__}")
+        if "str_only_plan_binding" in self.faults:
+            # The old binding: std::string under nanobind, which takes only str.
+            payload = request.SerializeToString() if hasattr(request, "SerializeToString") else request
+            self._plans.add_str(uuid, payload, bool(is_sender))
+            return
+        self._plans.add(uuid, request_bytes(request), bool(is_sender))
+
+    def unregister_active_plan(self, uuid: str) -> None:
+        self._plans.remove(uuid)
+
+    def active_plan(self, uuid: str) -> dict:
+        return self._plans.get(uuid)
+
+    def __repr__(self) -> str:
+        return (f"KVCacheManager({self.num_layers} layers x {self.num_shards} shards, "
+                f"{self.host_blocks} host blocks, {self.host_bytes:,} host bytes)")
+
+    def _copy(self, d2h: bool, src, dst, sizes) -> TransferFuture:
+        src, dst, sizes = transfer_lists(src, dst, sizes)
+        return TransferFuture(self._mover.copy(d2h, src, dst, sizes), keepalive=self._views)
+
+
+def default_host_budget() -> int:
+    """BUDGET_SHARE of the memory available now."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        available = int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(available * BUDGET_SHARE)
+
+
+def _layers(kv_caches) -> list[list]:
+    if isinstance(kv_caches, (str, bytes)) or not hasattr(kv_caches, "__len__"):
+        raise TypeError(f"kv_caches must be a list of layers, got {type(kv_caches).__name__}")
+    if len(kv_caches) == 0:
+        raise ValueError("kv_caches is empty; expected at least one layer")
+    layers = [list(layer) if isinstance(layer, (list, tuple)) else [layer] for layer in kv_caches]
+    for i, layer in enumerate(layers):
+        if not layer:
+            raise ValueError(f"layer {i} has no shards")
+        if len(layer) != len(layers[0]):
+            raise ValueError(f"layer {i} has {len(layer)} shards but layer 0 has {len(layers[0])}; "
+                             "every layer needs the same shard count")
+    return layers
+
+
+def _check_devices(views: list[list[DeviceBufferView]]) -> None:
+    """Shard s of every layer must live on one device, the same as layer 0's
+    shard s; within a layer, shards must agree in shape."""
+    for i, layer in enumerate(views):
+        for s, view in enumerate(layer):
+            if view.device is not views[0][s].device:
+                raise ValueError(f"layer {i} shard {s} is on {view.device!r} but layer 0 shard {s} "
+                                 f"is on {views[0][s].device!r}; arrays from two devices")
+            if view.shape != layer[0].shape:
+                raise ValueError(f"layer {i} shard {s} is {view.shape} but shard 0 is {layer[0].shape}")
+        if len({id(v.device) for v in layer}) != len(layer):
+            raise ValueError(f"layer {i} has two shards on one device")
+
+
+def _indices(layer, shard, block) -> tuple[int, int, int]:
+    for name, value in (("layer", layer), ("shard", shard), ("block", block)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name} must be an integer, got {value!r}")
+    return int(layer), int(shard), int(block)
+
+
+def _is_bytes_like(obj) -> bool:
+    try:
+        memoryview(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def _sizes(sizes: tuple[int, ...]) -> str:
+    unique = sorted(set(sizes))
+    return str(unique[0]) if len(unique) == 1 else "/".join(map(str, unique))

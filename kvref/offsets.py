@@ -1,0 +1,27 @@
+"""Checking and converting the block-offset lists transfers take."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def block_list(values, name: str) -> np.ndarray:
+    """A 1-D int64 array from a list or array of integers, or a ValueError
+    naming the argument and what was wrong."""
+    if isinstance(values, (str, bytes)) or np.isscalar(values):
+        raise ValueError(f"{name} must be a list of block numbers, got {values!r}")
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
+    if array.size and (array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer)):
+        raise ValueError(f"{name} must hold integers, got {array.dtype}")
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def transfer_lists(src, dst, sizes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    src, dst = block_list(src, "src_offsets"), block_list(dst, "dst_offsets")
+    sizes = np.ones_like(src) if sizes is None else block_list(sizes, "copy_sizes")
+    if not (len(src) == len(dst) == len(sizes)):
+        raise ValueError(f"src_offsets, dst_offsets and copy_sizes must have equal lengths, "
+                         f"got {len(src)}, {len(dst)} and {len(sizes)}")
+    return src, dst, sizes

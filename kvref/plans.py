@@ -1,0 +1,20 @@
+"""Transfer plans: the StartTransferRequest message and its serialized form."""
+
+from __future__ import annotations
+
+from kvref.proto.transfer_pb2 import StartTransferRequest
+
+__all__ = ["StartTransferRequest", "request_bytes"]
+
+
+def request_bytes(request) -> bytes:
+    """The serialized request from bytes-like data or the message itself."""
+    if isinstance(request, str):
+        raise TypeError("a plan request must be the serialized StartTransferRequest as bytes "
+                        "(or the message), got str")
+    if isinstance(request, StartTransferRequest):
+        return request.SerializeToString()
+    if isinstance(request, (bytes, bytearray, memoryview)):
+        return bytes(request)
+    raise TypeError(f"a plan request must be bytes or a StartTransferRequest, "
+                    f"got {type(request).__name__}")

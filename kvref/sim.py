@@ -1,0 +1,184 @@
+"""A simulated TPU device: arrays laid out as the generation's compiler lays
+them out, bytes in physical order, and TorchTPU's deferred-buffer lifecycle."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import numpy as np
+
+from kvref import _core
+from kvref.dtypes import element_type, host_numpy, is_torch_tensor
+from kvref.generations import check_generation
+from kvref.oracle import tpu_layout
+from kvref.placement import unpack
+from kvref.shape import Shape
+
+BufferState = _core.BufferState
+DeviceError = _core.DeviceError
+
+
+class DeviceArray:
+    """An array on a SimDevice. `.shape` is its kvref.Shape (with layout)."""
+
+    def __init__(self, device: "SimDevice", shape: Shape, buffer):
+        self.device = device
+        self.shape = shape
+        self._buffer = buffer
+
+    @property
+    def state(self) -> BufferState:
+        return self._buffer.state
+
+    @property
+    def dtype(self) -> str:
+        return self.shape.dtype
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return self.shape.dims
+
+    @property
+    def nbytes(self) -> int:
+        """Physical bytes, padding included."""
+        return self.shape.physical_size_bytes
+
+    def materialize(self) -> None:
+        """Launch the pending graph that produces this array, in place."""
+        self._buffer.materialize()
+
+    def await_buffer(self, timeout: float | None = None) -> None:
+        """Wait until materialized; never launches anything. Raises
+        TimeoutError when a timeout is given and passes."""
+        if not self._buffer.await_(-1.0 if timeout is None else float(timeout)):
+            raise TimeoutError(f"{self!r} was not materialized within {timeout}s "
+                               f"(state {self.state.name})")
+
+    def write_(self, array) -> "DeviceArray":
+        """In-place op: overwrite the contents (recorded under defer_and_fuse)."""
+        logical = self.device._logical(array, self.shape)
+        self._buffer.overwrite(self.shape._core, logical, self.shape.element.numpy.itemsize,
+                               self.device.deferring)
+        return self
+
+    def fill_(self, value) -> "DeviceArray":
+        return self.write_(np.full(self.dims, value, dtype=self.shape.element.numpy))
+
+    def fail_dma_in(self, start: int, end: int) -> None:
+        """Any later DMA touching bytes [start, end) of this array fails."""
+        self._buffer.fail_dma_in(start, end)
+
+    def physical_bytes(self) -> np.ndarray:
+        """A copy of the physical bytes (materialized arrays only)."""
+        out = np.empty(self.nbytes, np.uint8)
+        self._buffer.read_physical(out)
+        return out
+
+    def __repr__(self) -> str:
+        return f"DeviceArray({self.shape}, {self.device.generation}:{self.device.id}, {self.state.name})"
+
+
+class SimDevice:
+    """One simulated TPU chip of `generation`. Buffers take that generation's
+    compiler layout unless a `shape=` with an explicit layout is given."""
+
+    def __init__(self, generation: str = "tpu7x", id: int = 0):
+        self.generation = check_generation(generation)
+        self.id = int(id)
+        self._core = _core.SimDevice(self.id)
+        self._local = threading.local()
+
+    @property
+    def deferring(self) -> bool:
+        return getattr(self._local, "depth", 0) > 0
+
+    @contextlib.contextmanager
+    def defer_and_fuse(self):
+        """Inside, ops are recorded (DEFERRED), not run, until materialized."""
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+        try:
+            yield self
+        finally:
+            self._local.depth -= 1
+
+    def zeros(self, dims, dtype="bf16", *, shape: Shape | None = None) -> DeviceArray:
+        return self.full(dims, 0, dtype, shape=shape)
+
+    def ones(self, dims, dtype="bf16", *, shape: Shape | None = None) -> DeviceArray:
+        return self.full(dims, 1, dtype, shape=shape)
+
+    def full(self, dims, value, dtype="bf16", *, shape: Shape | None = None) -> DeviceArray:
+        layout = self._layout(dtype, dims, shape)
+        return self._create(np.full(layout.dims, value, dtype=layout.element.numpy), layout, self._mode())
+
+    def arange(self, dims, dtype="bf16", *, shape: Shape | None = None) -> DeviceArray:
+        """Element i (row-major) holds i, wrapped to the dtype's range."""
+        layout = self._layout(dtype, dims, shape)
+        n = layout.logical_elements
+        values = np.arange(n, dtype=np.int64)
+        if layout.element.numpy.kind == "b":
+            values = values % 2
+        return self._create(values.astype(layout.element.numpy).reshape(layout.dims), layout, self._mode())
+
+    def put(self, host_array, *, shape: Shape | None = None) -> DeviceArray:
+        """Host -> device (`cpu_tensor.to(device)`): MATERIALIZING until it lands."""
+        array = _host_numpy(host_array)
+        layout = self._layout(array.dtype, array.shape, shape)
+        return self._create(array, layout, "put")
+
+    def fetch(self, array: DeviceArray) -> np.ndarray:
+        """Device -> host: the logical array (materializes and waits first)."""
+        self._check_own(array)
+        array.materialize()
+        array.await_buffer()
+        return unpack(array.physical_bytes(), array.shape)
+
+    def sync(self) -> None:
+        """Run everything pending on this device."""
+        self._core.sync()
+
+    def set_dma_faults(self, delay_us: int = 0, fail_every: int = 0) -> None:
+        """Every DMA waits `delay_us`; every `fail_every`-th DMA fails (0: never)."""
+        self._core.set_dma_faults(int(delay_us), int(fail_every))
+
+    @property
+    def dma_count(self) -> int:
+        return self._core.dma_count
+
+    def __repr__(self) -> str:
+        return f"SimDevice({self.generation!r}, id={self.id})"
+
+    def _mode(self) -> str:
+        return "defer" if self.deferring else "eager"
+
+    def _layout(self, dtype, dims, shape: Shape | None) -> Shape:
+        name = element_type(dtype).name
+        dims = tuple(int(d) for d in dims)
+        if shape is None:
+            return tpu_layout(name, dims, self.generation)
+        if not isinstance(shape, Shape):
+            raise TypeError(f"shape must be a kvref.Shape, got {type(shape).__name__}")
+        if shape.dtype != name or shape.dims != dims:
+            raise ValueError(f"shape {shape} does not match {name}{list(dims)}")
+        return shape
+
+    def _logical(self, array, shape: Shape) -> np.ndarray:
+        array = _host_numpy(array)
+        if element_type(array.dtype).name != shape.dtype or tuple(array.shape) != shape.dims:
+            raise ValueError(f"array {array.dtype}{list(array.shape)} does not match {shape}")
+        return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+    def _create(self, array: np.ndarray, shape: Shape, mode: str) -> DeviceArray:
+        logical = self._logical(array, shape)
+        buffer = _core.DeviceBuffer.create(self._core, shape._core, logical,
+                                           shape.element.numpy.itemsize, mode)
+        return DeviceArray(self, shape, buffer)
+
+    def _check_own(self, array) -> None:
+        if not isinstance(array, DeviceArray) or array.device is not self:
+            raise ValueError(f"{array!r} is not an array of {self!r}")
+
+
+def _host_numpy(array) -> np.ndarray:
+    return host_numpy(array) if is_torch_tensor(array) else np.asarray(array)

@@ -36,8 +36,10 @@ void bind_device(nb::module_& m) {
       .value("MATERIALIZED", BufferState::kMaterialized)
       .value("FAILED", BufferState::kFailed);
 
+  // C++ owns every device and buffer through std::shared_ptr, so releasing one
+  // from a C++ thread never needs the GIL.
   nb::class_<SimDevice>(m, "SimDevice")
-      .def(nb::init<int>(), nb::arg("id"))
+      .def(nb::new_([](int id) { return std::make_shared<SimDevice>(id); }), nb::arg("id"))
       .def_prop_ro("id", &SimDevice::id)
       .def("sync", &SimDevice::sync, nb::call_guard<nb::gil_scoped_release>())
       .def("set_dma_faults", &SimDevice::set_dma_faults, nb::arg("delay_us"), nb::arg("fail_every"))
@@ -46,8 +48,9 @@ void bind_device(nb::module_& m) {
   nb::class_<DeviceBuffer>(m, "DeviceBuffer")
       .def_static(
           "create",
-          [](std::shared_ptr<SimDevice> device, const kvref::TiledLayout& layout,
-             ReadOnlyBytes logical, int itemsize, const std::string& mode) {
+          [](SimDevice& device_ref, const kvref::TiledLayout& layout, ReadOnlyBytes logical,
+             int itemsize, const std::string& mode) {
+            std::shared_ptr<SimDevice> device = device_ref.shared_from_this();
             check_size("logical array", logical.size(), layout.logical_elements() * itemsize);
             auto buffer = std::make_shared<DeviceBuffer>(device, layout.physical_bytes());
             auto op = pack_op(layout, logical, itemsize);

@@ -16,8 +16,8 @@ using kvref::TransferFuture;
 
 void bind_mover(nb::module_& m) {
   nb::class_<DeviceRegion>(m, "DeviceRegion")
-      .def_static("of_buffer", [](std::shared_ptr<kvref::DeviceBuffer> b) {
-        return DeviceRegion{b, nullptr, b->size()};
+      .def_static("of_buffer", [](kvref::DeviceBuffer& b) {
+        return DeviceRegion{b.shared_from_this(), nullptr, b.size()};
       })
       .def_static("of_pointer", [](uintptr_t address, int64_t size) {
         if (!address && size) throw std::invalid_argument("null device pointer");

@@ -20,56 +20,61 @@ PageBuffer::~PageBuffer() {
   if (data_) munmap(data_, static_cast<size_t>(size_));
 }
 
-SimDevice::SimDevice(int id) : id_(id), executor_([this] { run_executor(); }) {}
+SimDevice::SimDevice(int id)
+    : id_(id), queue_(std::make_shared<ExecutorQueue>()), executor_(run_executor, queue_) {}
 
 SimDevice::~SimDevice() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    std::lock_guard<std::mutex> lock(queue_->mu);
+    queue_->stop = true;
   }
-  cv_.notify_all();
-  executor_.join();
+  queue_->cv.notify_all();
+  // The last owner may be a task finishing on the executor itself.
+  if (executor_.get_id() == std::this_thread::get_id()) executor_.detach();
+  else executor_.join();
 }
 
 void SimDevice::enqueue(std::function<void()> task) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(task));
+    std::lock_guard<std::mutex> lock(queue_->mu);
+    queue_->tasks.push_back(std::move(task));
   }
-  cv_.notify_all();
+  queue_->cv.notify_all();
 }
 
-void SimDevice::run_executor() {
-  std::unique_lock<std::mutex> lock(mu_);
+void SimDevice::run_executor(std::shared_ptr<ExecutorQueue> q) {
+  std::unique_lock<std::mutex> lock(q->mu);
   for (;;) {
-    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stopping, and nothing left to run
-    auto task = std::move(queue_.front());
-    queue_.pop_front();
-    busy_ = true;
-    lock.unlock();
-    task();
+    q->cv.wait(lock, [&q] { return q->stop || !q->tasks.empty(); });
+    if (q->tasks.empty()) return;  // stopping, and nothing left to run
+    {
+      auto task = std::move(q->tasks.front());
+      q->tasks.pop_front();
+      q->busy = true;
+      lock.unlock();
+      task();
+    }  // the task (and whatever it owned) is released without the lock held
     lock.lock();
-    busy_ = false;
-    cv_.notify_all();
+    q->busy = false;
+    q->cv.notify_all();
   }
 }
 
 void SimDevice::track_deferred(const std::shared_ptr<DeviceBuffer>& buffer) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(deferred_mu_);
   deferred_.push_back(buffer);
 }
 
 void SimDevice::sync() {
   std::vector<std::weak_ptr<DeviceBuffer>> pending;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(deferred_mu_);
     pending.swap(deferred_);
   }
   for (auto& weak : pending)
     if (auto buffer = weak.lock()) buffer->materialize();
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  std::unique_lock<std::mutex> lock(queue_->mu);
+  queue_->cv.wait(lock, [this] { return queue_->tasks.empty() && !queue_->busy; });
 }
 
 void SimDevice::set_dma_faults(int64_t delay_us, int64_t fail_every) {

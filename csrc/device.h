@@ -52,6 +52,17 @@ class PageBuffer {
 
 class DeviceBuffer;
 
+// The queue a device's executor thread drains. Shared with the thread, so the
+// thread may outlive the device when the device's last owner is its own task.
+struct ExecutorQueue {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> tasks;
+  bool busy = false;
+  bool stop = false;
+};
+
+// Always owned by a std::shared_ptr (buffers and their ops keep it alive).
 class SimDevice : public std::enable_shared_from_this<SimDevice> {
  public:
   explicit SimDevice(int id);
@@ -69,14 +80,11 @@ class SimDevice : public std::enable_shared_from_this<SimDevice> {
   int64_t dma_count() const { return dma_count_.load(); }
 
  private:
-  void run_executor();
+  static void run_executor(std::shared_ptr<ExecutorQueue> queue);
 
   const int id_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool busy_ = false;
-  bool stop_ = false;
+  std::shared_ptr<ExecutorQueue> queue_;
+  std::mutex deferred_mu_;
   std::vector<std::weak_ptr<DeviceBuffer>> deferred_;
   std::atomic<int64_t> delay_us_{0}, fail_every_{0}, dma_count_{0};
   std::thread executor_;

@@ -1,0 +1,101 @@
+"""The simulated device: layouts, physical bytes, lifecycle, DMA faults."""
+
+import numpy as np
+import pytest
+
+import kvref
+from kvref import BufferState
+
+
+def test_arrays_take_the_generations_layout_and_physical_order():
+    dev = kvref.SimDevice("tpu7x")
+    a = dev.arange((512, 6144), "bf16")
+    assert str(a.shape) == "bf16[512,6144]{1,0:T(8,128)(2,1)}"
+    host = dev.fetch(a)
+    assert host.dtype == kvref.element_type("bf16").numpy and host.shape == (512, 6144)
+    np.testing.assert_array_equal(a.physical_bytes(), kvref.pack(host, a.shape))
+    v3 = kvref.SimDevice("v3").zeros((512, 12288), "s8")
+    assert v3.shape.layout.tiles[0] == (8, 128)
+
+
+def test_explicit_shape_overrides_and_must_match():
+    dev = kvref.SimDevice("v5e")
+    shape = kvref.Shape.parse("f32[4,8]{0,1}")
+    a = dev.ones((4, 8), "f32", shape=shape)
+    assert a.shape == shape and dev.fetch(a).sum() == 32
+    with pytest.raises(ValueError, match=r"does not match f32\[4, 9\]"):
+        dev.ones((4, 9), "f32", shape=shape)
+
+
+def test_dtype_spellings():
+    import ml_dtypes
+
+    dev = kvref.SimDevice("tpu7x")
+    for dtype in ("bf16", ml_dtypes.bfloat16, np.dtype(ml_dtypes.bfloat16)):
+        assert dev.zeros((512, 6144), dtype).dtype == "bf16"
+    torch = pytest.importorskip("torch")
+    assert dev.zeros((512, 6144), torch.bfloat16).dtype == "bf16"
+    t = torch.arange(512 * 6144, dtype=torch.float32).reshape(512, 6144).to(torch.bfloat16)
+    np.testing.assert_array_equal(dev.fetch(dev.put(t)).astype(np.float32), t.float().numpy())
+
+
+def test_deferred_lifecycle():
+    dev = kvref.SimDevice("tpu7x")
+    with dev.defer_and_fuse():
+        a = dev.full((512, 6144), 3, "bf16")
+        assert a.state == BufferState.DEFERRED
+    with pytest.raises(TimeoutError, match="DEFERRED"):
+        a.await_buffer(timeout=0.2)  # awaiting never launches
+    assert a.state == BufferState.DEFERRED
+    a.materialize()
+    a.await_buffer(timeout=10)
+    assert a.state == BufferState.MATERIALIZED and dev.fetch(a)[7, 9] == 3
+
+
+def test_sync_runs_everything_pending():
+    dev = kvref.SimDevice("tpu7x")
+    with dev.defer_and_fuse():
+        arrays = [dev.ones((512, 6144), "bf16") for _ in range(3)]
+    dev.sync()
+    assert all(a.state == BufferState.MATERIALIZED for a in arrays)
+
+
+def test_in_place_op_is_deferred_too():
+    dev = kvref.SimDevice("tpu7x")
+    a = dev.ones((512, 6144), "bf16")
+    a.await_buffer()
+    with dev.defer_and_fuse():
+        a.fill_(5)
+    assert a.state == BufferState.DEFERRED
+    assert dev.fetch(a)[0, 0] == 5
+
+
+def test_put_is_materializing_until_the_copy_lands():
+    dev = kvref.SimDevice("tpu7x")
+    dev.set_dma_faults(delay_us=300_000)
+    a = dev.put(np.ones((512, 6144), kvref.element_type("bf16").numpy))
+    assert a.state == BufferState.MATERIALIZING
+    a.await_buffer(timeout=10)
+    assert a.state == BufferState.MATERIALIZED
+
+
+def test_failed_put_fails_the_buffer():
+    dev = kvref.SimDevice("tpu7x")
+    dev.set_dma_faults(fail_every=1)
+    a = dev.put(np.ones((8, 128), np.float32), shape=kvref.Shape.parse("f32[8,128]{1,0}"))
+    with pytest.raises(kvref.DeviceError, match="injected DMA failure"):
+        a.await_buffer(timeout=10)
+    assert a.state == BufferState.FAILED
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="unknown TPU generation 'v2'"):
+        kvref.SimDevice("v2")
+    dev = kvref.SimDevice("tpu7x")
+    with pytest.raises(ValueError, match="must not be negative"):
+        dev.set_dma_faults(delay_us=-1)
+    a = dev.zeros((512, 6144), "bf16")
+    with pytest.raises(ValueError, match="within the buffer"):
+        a.fail_dma_in(0, a.nbytes + 1)
+    with pytest.raises(ValueError, match="is not an array of"):
+        kvref.SimDevice("tpu7x").fetch(a)

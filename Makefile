@@ -7,9 +7,18 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvref-installed
 SEED_SHAPES := 'bf16[512,3,2048]' 'bf16[512,6144]' 's8[512,12288]' 'bf16[1024,32,576]' 'bf16[512,16,2048]'
 
-.PHONY: probe test bench refresh-layouts clean
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+SYSTEM_PACKAGES := libprotobuf-dev protobuf-compiler
 
-$(STAMP): pyproject.toml CMakeLists.txt $(wildcard csrc/*)
+.PHONY: probe test bench refresh-layouts clean system-deps
+
+# C++ protobuf for the plan binding comes from Debian.
+system-deps:
+	@command -v protoc >/dev/null && test -f /usr/include/google/protobuf/message.h || \
+	  { $(SUDO) apt-get install -y -q $(SYSTEM_PACKAGES) || \
+	    { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q $(SYSTEM_PACKAGES); }; }
+
+$(STAMP): pyproject.toml CMakeLists.txt $(wildcard csrc/*) kvref/proto/transfer.proto | system-deps
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" "torch==2.13.0"
@@ -26,6 +35,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m probes.bench_layout
+	$(BIN)/python -m probes.bench_manager
 
 refresh-layouts: $(STAMP)
 	$(BIN)/python -m kvref.oracle.refresh

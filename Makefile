@@ -5,12 +5,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvref-installed
-SEED_SHAPES := 'bf16[512,3,2048]' 'bf16[512,6144]' 's8[512,12288]' 'bf16[1024,32,576]' 'bf16[512,16,2048]'
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SYSTEM_PACKAGES := libprotobuf-dev protobuf-compiler
 
-.PHONY: probe test bench refresh-layouts clean system-deps
+.PHONY: probe test bench baseline refresh-layouts clean system-deps
 
 # C++ protobuf for the plan binding comes from Debian.
 system-deps:
@@ -26,9 +25,7 @@ $(STAMP): pyproject.toml CMakeLists.txt $(wildcard csrc/*) kvref/proto/transfer.
 	touch $@
 
 probe: $(STAMP)
-	mkdir -p reports/explain
-	$(BIN)/kvprobe explain $(SEED_SHAPES) --generation all \
-		--png 'reports/explain/{shape}.png' | tee reports/explain/seed-shapes.txt
+	$(BIN)/kvprobe run --generation all --out reports
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
@@ -36,6 +33,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m probes.bench_layout
 	$(BIN)/python -m probes.bench_manager
+
+# Rewrite the committed baselines from the latest run of each generation.
+baseline: $(STAMP)
+	$(BIN)/kvprobe report --out reports --update-baseline
 
 refresh-layouts: $(STAMP)
 	$(BIN)/python -m kvref.oracle.refresh

@@ -2,7 +2,9 @@
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <memory>
 #include <vector>
 
@@ -49,7 +51,7 @@ void bind_device(nb::module_& m) {
       .def_static(
           "create",
           [](SimDevice& device_ref, const kvref::TiledLayout& layout, ReadOnlyBytes logical,
-             int itemsize, const std::string& mode) {
+             int itemsize, const std::string& mode, int64_t land_after_us) {
             std::shared_ptr<SimDevice> device = device_ref.shared_from_this();
             check_size("logical array", logical.size(), layout.logical_elements() * itemsize);
             auto buffer = std::make_shared<DeviceBuffer>(device, layout.physical_bytes());
@@ -60,8 +62,9 @@ void bind_device(nb::module_& m) {
               buffer->launch(std::move(op), BufferState::kExecuting);
             } else if (mode == "put") {
               // A host-to-device copy: it waits on the DMA engine, then lands.
-              buffer->launch([device, op](uint8_t* dst) {
+              buffer->launch([device, op, land_after_us](uint8_t* dst) {
                 device->before_dma("host-to-device put");
+                std::this_thread::sleep_for(std::chrono::microseconds(land_after_us));
                 op(dst);
               }, BufferState::kMaterializing);
             } else {
@@ -70,7 +73,7 @@ void bind_device(nb::module_& m) {
             return buffer;
           },
           nb::arg("device"), nb::arg("layout"), nb::arg("logical"), nb::arg("itemsize"),
-          nb::arg("mode"))
+          nb::arg("mode"), nb::arg("land_after_us") = 0)
       .def("overwrite",
            [](DeviceBuffer& b, const kvref::TiledLayout& layout, ReadOnlyBytes logical,
               int itemsize, bool defer) {

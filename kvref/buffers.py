@@ -26,9 +26,10 @@ class DeviceBufferView:
 
 def unpack_buffer(array, faults: frozenset[str] = frozenset()) -> DeviceBufferView:
     if isinstance(array, DeviceArray):
-        if "no_materialize_before_await" not in faults:
-            array.materialize()
-        array._buffer.await_()
+        if "no_await_before_transfer" not in faults:
+            if "no_materialize_before_await" not in faults:
+                array.materialize()
+            array._buffer.await_()
         return DeviceBufferView(_core.DeviceRegion.of_buffer(array._buffer), array.shape,
                                 array.device, array)
     if _is_jax_array(array):

@@ -14,6 +14,10 @@ FAULTS: dict[str, str] = {
         "the plan binding takes std::string, so it refuses the bytes it is given",
     "allow_mixed_slices":
         "host allocation and host block offsets all come from layer 0's slice",
+    "no_await_before_transfer":
+        "unpack neither materializes nor awaits: transfers race host->device copies",
+    "no_host_budget":
+        "the host pool is allocated without checking it against a budget (host OOM)",
 }
 
 ENV_VAR = "KVREF_FAULTS"

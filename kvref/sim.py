@@ -121,11 +121,14 @@ class SimDevice:
             values = values % 2
         return self._create(values.astype(layout.element.numpy).reshape(layout.dims), layout, self._mode())
 
-    def put(self, host_array, *, shape: Shape | None = None) -> DeviceArray:
-        """Host -> device (`cpu_tensor.to(device)`): MATERIALIZING until it lands."""
+    def put(self, host_array, *, shape: Shape | None = None, land_after_us: int = 0) -> DeviceArray:
+        """Host -> device (`cpu_tensor.to(device)`): MATERIALIZING until the copy
+        lands, `land_after_us` after the DMA engine takes it."""
         array = _host_numpy(host_array)
         layout = self._layout(array.dtype, array.shape, shape)
-        return self._create(array, layout, "put")
+        if land_after_us < 0:
+            raise ValueError(f"land_after_us must not be negative, got {land_after_us}")
+        return self._create(array, layout, "put", int(land_after_us))
 
     def fetch(self, array: DeviceArray) -> np.ndarray:
         """Device -> host: the logical array (materializes and waits first)."""
@@ -169,10 +172,10 @@ class SimDevice:
             raise ValueError(f"array {array.dtype}{list(array.shape)} does not match {shape}")
         return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
-    def _create(self, array: np.ndarray, shape: Shape, mode: str) -> DeviceArray:
+    def _create(self, array: np.ndarray, shape: Shape, mode: str, land_after_us: int = 0) -> DeviceArray:
         logical = self._logical(array, shape)
         buffer = _core.DeviceBuffer.create(self._core, shape._core, logical,
-                                           shape.element.numpy.itemsize, mode)
+                                           shape.element.numpy.itemsize, mode, land_after_us)
         return DeviceArray(self, shape, buffer)
 
     def _check_own(self, array) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from kvref.generations import GENERATIONS
 
@@ -43,7 +44,90 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--png", help="draw the physical memory map to this file "
                     "(one shape and generation; use {generation} in the name for several)")
     ex.set_defaults(run=_explain)
+
+    run = sub.add_parser("run", help="run probe cases in watched workers; write CSVs and reports")
+    run.add_argument("--generation", "-g", type=_generations, default=list(GENERATIONS),
+                     help="one, several (comma-separated) or 'all' (default)")
+    run.add_argument("--iut", default="kvref-sim", help="implementation under test (kvref-sim, kvref-jax)")
+    run.add_argument("--matrix", default="default", help="shape matrix: 'default', 'seed' or a CSV file")
+    run.add_argument("--probe", type=_probes, default=None, help="comma-separated probes (default all)")
+    run.add_argument("--jobs", "-j", type=_positive, default=None, help="parallel workers (default: cores)")
+    run.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds per case")
+    run.add_argument("--faults", type=lambda v: [f for f in v.split(",") if f], default=[],
+                     help="comma-separated kvref fault models to switch on")
+    run.add_argument("--out", type=Path, default=Path("reports"), help="report directory")
+    run.set_defaults(run=_run)
+
+    rep = sub.add_parser("report", help="rewrite reports from each generation's latest run")
+    rep.add_argument("--out", type=Path, default=Path("reports"))
+    rep.add_argument("--update-baseline", action="store_true",
+                     help="also write each generation's baseline.csv from its latest run")
+    rep.set_defaults(run=_report)
+
+    diff = sub.add_parser("diff", help="what changed between two run CSVs")
+    diff.add_argument("a", type=Path)
+    diff.add_argument("b", type=Path)
+    diff.set_defaults(run=_diff)
     return parser
+
+
+def _probes(value: str) -> list[str]:
+    from probes.cases import PROBES
+
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = sorted(set(names) - set(PROBES))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown probe(s) {unknown or value!r}; expected any of "
+                                         f"{', '.join(PROBES)}")
+    return names
+
+
+def _positive_float(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        x = 0.0
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
+    return x
+
+
+def _run(args) -> int:
+    from rich.console import Console
+
+    from probes import run_command
+
+    console = Console(stderr=True)
+    frame = run_command.run(args.generation, args.iut, args.matrix, args.probe, args.jobs,
+                            args.timeout, args.faults, args.out, console)
+    Console().print(run_command.summary_table(frame))
+    print(f"reports: {args.out / 'README.md'}")
+    return 0
+
+
+def _report(args) -> int:
+    from probes import run_command
+
+    frames = run_command.write_reports(args.out)
+    print(f"reports for {', '.join(frames)} in {args.out}")
+    if args.update_baseline:
+        for path in run_command.update_baselines(args.out, frames):
+            print(f"baseline: {path}")
+    return 0
+
+
+def _diff(args) -> int:
+    from probes import diff, results
+
+    for path in (args.a, args.b):
+        if not path.exists():
+            raise ValueError(f"no such run file: {path}")
+    changes = diff.diff_runs(results.read_run(args.a), results.read_run(args.b))
+    if changes.empty:
+        print("no differences")
+        return 0
+    print(changes.to_markdown(index=False))
+    return 1
 
 
 def _explain(args) -> int:
@@ -74,7 +158,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, OSError) as e:
         print(f"kvprobe: error: {e}", file=sys.stderr)
         return 2
 

@@ -72,8 +72,7 @@ def test_in_place_op_is_deferred_too():
 
 def test_put_is_materializing_until_the_copy_lands():
     dev = kvref.SimDevice("tpu7x")
-    dev.set_dma_faults(delay_us=300_000)
-    a = dev.put(np.ones((512, 6144), kvref.element_type("bf16").numpy))
+    a = dev.put(np.ones((512, 6144), kvref.element_type("bf16").numpy), land_after_us=300_000)
     assert a.state == BufferState.MATERIALIZING
     a.await_buffer(timeout=10)
     assert a.state == BufferState.MATERIALIZED

@@ -1,0 +1,166 @@
+"""Implementations under test, behind one small interface.
+
+An adapter makes KV caches on its device, builds its manager, moves blocks,
+reads caches back as logical arrays and scrambles them. The probes only talk
+to this interface, so the same probe runs against the reference on the
+simulated device, the reference on JAX CPU arrays, or a production library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from importlib import metadata
+
+import numpy as np
+
+import kvref
+from kvref.oracle import lookup, table
+
+
+class Adapter:
+    name = ""
+    backend = ""
+
+    def __init__(self, generation: str, faults=()):
+        self.generation = generation
+        self.faults = tuple(faults)
+
+    @property
+    def version(self) -> str:
+        return metadata.version("kvref")
+
+    @property
+    def device_kind(self) -> str:
+        return ""
+
+    def skip_reason(self) -> str | None:
+        """Why this adapter cannot run here, or None."""
+        return None
+
+    @staticmethod
+    def layout_of(generation: str, dtype: str, dims) -> tuple[kvref.Shape, str]:
+        """The layout this IUT's device gives an array, and where it came from."""
+        raise NotImplementedError
+
+    def layout(self, dtype: str, dims) -> kvref.Shape:
+        return self.layout_of(self.generation, dtype, dims)[0]
+
+    def make_cache(self, dtype: str, dims, seed: int, mode: str = "put"):
+        """(device cache, its logical host contents). mode: put | deferred."""
+        raise NotImplementedError
+
+    def manager(self, caches, host_blocks: int, **options):
+        return kvref.KVCacheManager(caches, host_blocks, faults=self.faults, **options)
+
+    def d2h(self, manager, src, dst) -> None:
+        manager.d2h(src, dst).result(timeout=60)
+
+    def h2d(self, manager, src, dst) -> None:
+        manager.h2d(src, dst).result(timeout=60)
+
+    def fetch(self, cache) -> np.ndarray:
+        raise NotImplementedError
+
+    def scramble(self, cache) -> None:
+        raise NotImplementedError
+
+    def is_materialized(self, cache) -> bool:
+        return True
+
+
+def random_host(dtype: str, dims, seed: int) -> np.ndarray:
+    element = kvref.element_type(dtype)
+    raw = np.random.default_rng(seed).integers(
+        0, 256, int(np.prod(dims)) * element.numpy.itemsize, dtype=np.uint8)
+    return raw.view(element.numpy).reshape(dims)
+
+
+class KvrefSim(Adapter):
+    """The reference manager on the simulated TPU of the case's generation."""
+
+    name = "kvref-sim"
+    backend = "sim"
+    PUT_DELAY_US = 20_000  # host->device copies still landing at construction
+
+    def __init__(self, generation: str, faults=()):
+        super().__init__(generation, faults)
+        self.device = kvref.SimDevice(generation)
+
+    @property
+    def device_kind(self) -> str:
+        return table.load()["generations"].get(self.generation, {}).get("device_kind", "")
+
+    @staticmethod
+    def layout_of(generation, dtype, dims):
+        answer = lookup(dtype, dims, generation)
+        return answer.shape, f"{answer.source} ({answer.versions})"
+
+    def make_cache(self, dtype, dims, seed, mode="put"):
+        host = random_host(dtype, dims, seed)
+        if mode == "deferred":
+            with self.device.defer_and_fuse():
+                cache = self.device.zeros(dims, dtype)
+                cache.write_(host)
+            return cache, host
+        return self.device.put(host, shape=self.layout(dtype, dims),
+                               land_after_us=self.PUT_DELAY_US), host
+
+    def fetch(self, cache):
+        return self.device.fetch(cache)
+
+    def scramble(self, cache):
+        cache.fill_(0)
+        cache.await_buffer()
+
+    def is_materialized(self, cache):
+        return cache.state == kvref.BufferState.MATERIALIZED
+
+
+class KvrefJax(Adapter):
+    """The reference manager on JAX CPU arrays, read and written in place."""
+
+    name = "kvref-jax"
+    backend = "jax-cpu"
+
+    def skip_reason(self):
+        try:
+            import jax  # noqa: F401
+        except ImportError:
+            return "jax is not installed (pip install 'kvref[oracle]')"
+        return None
+
+    @property
+    def device_kind(self) -> str:
+        return "cpu"
+
+    @staticmethod
+    def layout_of(generation, dtype, dims):
+        return kvref.Shape(dtype, dims), "dense (JAX CPU)"
+
+    def make_cache(self, dtype, dims, seed, mode="put"):
+        import jax.numpy as jnp
+
+        host = random_host(dtype, dims, seed)
+        # jnp.asarray dispatches asynchronously: the array may still be landing.
+        return jnp.asarray(host), host
+
+    def fetch(self, cache):
+        return np.asarray(cache).copy()
+
+    def scramble(self, cache):
+        cache.block_until_ready()
+        ctypes.memset(cache.unsafe_buffer_pointer(), 0, cache.nbytes)
+
+
+ADAPTERS = {a.name: a for a in (KvrefSim, KvrefJax)}
+
+
+def adapter_class(iut: str) -> type[Adapter]:
+    if iut not in ADAPTERS:
+        raise ValueError(f"unknown implementation under test {iut!r}; expected one of "
+                         f"{sorted(ADAPTERS)}")
+    return ADAPTERS[iut]
+
+
+def adapter_for(iut: str, generation: str, faults=()) -> Adapter:
+    return adapter_class(iut)(generation, faults)

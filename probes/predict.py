@@ -1,0 +1,37 @@
+"""What the reference predicts for a case, and the layout facts behind it."""
+
+from __future__ import annotations
+
+import kvref
+from probes.cases import SHAPE_PROBES, Case
+from probes.definitions import SUBJECT_SHAPES
+from probes.iut import adapter_class
+from probes.verdicts import PASS, REJECTED
+
+FIXED_PREDICTIONS = {"mixed_slices": REJECTED, "plan_binding": PASS, "host_budget": REJECTED}
+
+
+def subject(case: Case) -> tuple[str, tuple[int, ...]]:
+    return (case.dtype, case.dims) if case.probe in SHAPE_PROBES else SUBJECT_SHAPES[case.probe]
+
+
+def describe(case: Case) -> dict:
+    """Layout columns and the predicted verdict for one case."""
+    dtype, dims = subject(case)
+    shape, source = adapter_class(case.iut).layout_of(case.generation, dtype, dims)
+    info = kvref.major_slice(shape)
+    if case.probe in SHAPE_PROBES:
+        predicted = PASS if info.addressable else REJECTED
+    else:
+        predicted = FIXED_PREDICTIONS[case.probe]
+    return {
+        "layout_source": source,
+        "dtype": dtype,
+        "dims": "x".join(map(str, dims)),
+        "layout": str(shape),
+        "physical_bytes": shape.physical_size_bytes,
+        "slice_bytes": info.slice_bytes,
+        "legacy_slice_bytes": kvref.legacy_major_slice_byte_size(shape),
+        "reason": info.reason,
+        "predicted": predicted,
+    }

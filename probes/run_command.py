@@ -1,0 +1,76 @@
+"""`kvprobe run` and `kvprobe report`: run cases, write CSVs and reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from kvref.faults import parse_faults
+from kvref.generations import GENERATIONS
+from probes import report, results
+from probes.cases import PROBES, build_cases, load_matrix
+from probes.iut import adapter_class
+from probes.runner import run_cases
+
+
+def run(generations, iut, matrix, probes, jobs, timeout, faults, out: Path, console) -> pd.DataFrame:
+    faults = sorted(parse_faults(faults, environ={}))
+    adapter_class(iut)  # refuse an unknown IUT before starting anything
+    cases = build_cases(generations, load_matrix(matrix), probes or PROBES, iut, faults, timeout)
+    if not cases:
+        raise ValueError("no cases: the matrix and --probe select nothing")
+    run_id = results.new_run_id()
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        task = progress.add_task(f"probing {iut}", total=len(cases))
+        found = run_cases(cases, jobs, progress=lambda r: progress.advance(task))
+    frame = results.to_frame(found, run_id)
+    results.write_runs(frame, out)
+    write_reports(out, {g: f for g, f in frame.groupby("generation", sort=False)})
+    return frame
+
+
+def write_reports(out: Path, frames: dict[str, pd.DataFrame] | None = None) -> dict[str, pd.DataFrame]:
+    """Reports from the given frames, or from each generation's latest run."""
+    out = Path(out)
+    if frames is None:
+        frames = {}
+        order = {g: i for i, g in enumerate(GENERATIONS)}
+        for gen_dir in sorted((p for p in out.iterdir() if p.is_dir()),
+                              key=lambda p: (order.get(p.name, len(order)), p.name)):
+            latest = results.latest_run(gen_dir)
+            if latest:
+                frames[gen_dir.name] = results.read_run(latest)
+    if not frames:
+        raise ValueError(f"no runs under {out}; run `kvprobe run` first")
+    for gen, frame in frames.items():
+        report.write_generation_report(frame, out / gen)
+    report.write_index(frames, out)
+    return frames
+
+
+def update_baselines(out: Path, frames: dict[str, pd.DataFrame]) -> list[Path]:
+    paths = []
+    for gen, frame in frames.items():
+        path = Path(out) / gen / "baseline.csv"
+        results.deterministic(frame).to_csv(path, index=False)
+        paths.append(path)
+    return paths
+
+
+def summary_table(frame: pd.DataFrame):
+    from rich.table import Table
+
+    table = Table(title=f"kvprobe run {frame['run_id'].iloc[0]}")
+    verdicts = [v for v in ("PASS", "REJECTED", "CORRUPT", "HANG", "CRASH", "ERROR", "SKIP")
+                if v in set(frame["verdict"])]
+    for col in ["generation", *verdicts, "disagreements"]:
+        table.add_column(col, justify="right")
+    for gen, part in frame.groupby("generation", sort=False):
+        counts = part["verdict"].value_counts()
+        table.add_row(gen, *[str(counts.get(v, 0)) for v in verdicts],
+                      str(int((part["verdict"] != part["predicted"]).sum())))
+    return table

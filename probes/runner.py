@@ -1,0 +1,88 @@
+"""Runs probe cases in watched worker processes, in parallel, and gives each
+exactly one verdict."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from probes.cases import Case
+from probes.verdicts import CRASH, ERROR, HANG, Outcome
+from probes.worker import RESULT_PREFIX
+
+GRACE_SECONDS = 1.0  # beyond the worker's own watchdog, before the parent kills it
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    outcome: Outcome
+    wall_seconds: float
+    stderr: str = ""
+
+
+def run_case(case: Case, python: str = sys.executable) -> CaseResult:
+    start = time.monotonic()
+    proc = subprocess.Popen([python, "-m", "probes.worker"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env=_worker_env())
+    try:
+        out, err = proc.communicate(case.to_json(), timeout=case.timeout + GRACE_SECONDS)
+        killed = False
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        out, err = proc.communicate()
+        killed = True
+    _kill_group(proc.pid)  # nothing the worker started may outlive it
+    outcome = classify(proc.returncode, out, err, killed, case.timeout)
+    return CaseResult(case, outcome, time.monotonic() - start, err)
+
+
+def classify(returncode: int, out: str, err: str, killed: bool, timeout: float) -> Outcome:
+    for line in reversed(out.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return Outcome(**json.loads(line[len(RESULT_PREFIX):]))
+    if killed:
+        return Outcome(HANG, f"no answer in {timeout}s; killed\n{err[-4000:]}", seconds=timeout)
+    if "Timeout (" in err and returncode == 1:
+        return Outcome(HANG, f"watchdog fired after {timeout}s; stacks:\n{err[-4000:]}", seconds=timeout)
+    if returncode < 0:
+        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
+        return Outcome(CRASH, f"killed by {name}\n{err[-4000:]}")
+    return Outcome(ERROR, f"worker exited {returncode} without a result\n{err[-4000:]}")
+
+
+def run_cases(cases: list[Case], jobs: int | None = None, python: str = sys.executable,
+              progress=None) -> list[CaseResult]:
+    """All cases, `jobs` at a time (default: the core count), in input order.
+    `progress(result)` is called as each finishes."""
+    jobs = jobs or os.cpu_count() or 1
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(run_case, case, python) for case in cases]
+        results = []
+        for future in futures:
+            result = future.result()
+            if progress:
+                progress(result)
+            results.append(result)
+    return results
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _worker_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    env.pop("KVREF_FAULTS", None)  # a case's faults travel in the case itself
+    return env

@@ -1,0 +1,60 @@
+"""Every probe, run through the watched runner, fails against the fault model
+it exists for and earns the predicted verdict against the fixed reference."""
+
+import pytest
+
+from probes.cases import Case
+from probes.predict import describe
+from probes.runner import run_case
+
+TEETH = [
+    # probe, dtype, dims, fault models, verdict under them
+    ("roundtrip", "bf16", (512, 6144), ["legacy_slice_formula"], "CORRUPT"),
+    ("roundtrip", "s8", (512, 12288), ["legacy_slice_formula"], "CORRUPT"),
+    ("deferred_construction", "bf16", (512, 16, 2048), ["no_materialize_before_await"], "HANG"),
+    ("host_transferred_construction", "bf16", (512, 16, 2048), ["no_await_before_transfer"], "ERROR"),
+    ("mixed_slices", "", (), ["allow_mixed_slices"], "CORRUPT"),
+    ("plan_binding", "", (), ["str_only_plan_binding"], "ERROR"),
+    ("host_budget", "", (), ["legacy_slice_formula", "no_host_budget"], "ERROR"),
+]
+
+
+def case(probe, dtype, dims, faults=(), timeout=20.0):
+    return Case(probe, "tpu7x", "kvref-sim", f"{dtype}{list(dims)}", dtype, tuple(dims),
+                tuple(faults), timeout)
+
+
+@pytest.mark.parametrize("probe, dtype, dims, faults, verdict", TEETH)
+def test_probe_catches_its_fault_model(probe, dtype, dims, faults, verdict):
+    c = case(probe, dtype, dims, faults, timeout=4.0 if verdict == "HANG" else 20.0)
+    result = run_case(c)
+    assert result.outcome.verdict == verdict, result.outcome.detail
+    assert describe(c)["predicted"] != verdict
+
+
+@pytest.mark.parametrize("probe, dtype, dims, faults, verdict", TEETH)
+def test_fixed_reference_earns_the_prediction(probe, dtype, dims, faults, verdict):
+    c = case(probe, dtype, dims)
+    result = run_case(c)
+    assert result.outcome.verdict == describe(c)["predicted"], result.outcome.detail
+
+
+@pytest.mark.parametrize("probe", ["roundtrip", "deferred_construction", "host_transferred_construction"])
+def test_addressable_shapes_pass(probe):
+    c = case(probe, "bf16", (512, 16, 2048))
+    assert describe(c)["predicted"] == "PASS"
+    assert run_case(c).outcome.verdict == "PASS"
+
+
+def test_hang_keeps_the_stacks():
+    result = run_case(case("deferred_construction", "bf16", (512, 16, 2048),
+                           ["no_materialize_before_await"], timeout=2.0))
+    assert result.outcome.verdict == "HANG"
+    assert "unpack_buffer" in result.outcome.detail and "most recent call first" in result.outcome.detail
+
+
+def test_reference_on_jax_cpu_arrays():
+    c = Case("roundtrip", "cpu", "kvref-jax", "f32", "f32", (64, 4, 128))
+    result = run_case(c)
+    assert result.outcome.verdict == "PASS", result.outcome.detail
+    assert result.outcome.backend == "jax-cpu"

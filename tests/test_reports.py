@@ -1,0 +1,120 @@
+"""kvprobe run/report/diff end to end, and the committed baselines."""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import kvref
+from probes import cli, results
+from probes.cases import build_cases, load_matrix
+from probes.runner import run_cases
+
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
+
+
+def fresh_run(generations) -> pd.DataFrame:
+    cases = build_cases(generations, load_matrix("default"))
+    return results.to_frame(run_cases(cases), "test")
+
+
+def _read_baseline(gen):
+    return results.read_run(REPORTS / gen / "baseline.csv")
+
+
+def assert_reproduces_baseline(gen):
+    fresh = results.deterministic(fresh_run([gen]))
+    pd.testing.assert_frame_equal(fresh, _read_baseline(gen).astype(fresh.dtypes.to_dict()))
+
+
+def test_fresh_run_reproduces_the_tpu7x_baseline():
+    assert_reproduces_baseline("tpu7x")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gen", [g for g in kvref.GENERATIONS if g != "tpu7x"])
+def test_fresh_run_reproduces_every_baseline(gen):
+    assert_reproduces_baseline(gen)
+
+
+def test_seed_refusals_in_the_committed_reports():
+    """The seed's three shapes and the MLA cache are refused on tpu7x."""
+    baseline = _read_baseline("tpu7x")
+    refused = set(baseline[(baseline.probe == "roundtrip") & (baseline.verdict == "REJECTED")].layout)
+    for layout in ("bf16[512,3,2048]{2,0,1:T(8,128)(2,1)}", "bf16[512,6144]{1,0:T(8,128)(2,1)}",
+                   "s8[512,12288]{1,0:T(32,128)(4,1)}", "bf16[1024,32,576]{0,2,1:T(8,128)(2,1)}"):
+        assert layout in refused
+    assert (REPORTS / "README.md").exists()
+    for gen in kvref.GENERATIONS:
+        assert (REPORTS / gen / "summary.md").exists() and (REPORTS / gen / "verdicts.png").exists()
+
+
+def test_run_report_and_diff(tmp_path, capsys):
+    out = tmp_path / "reports"
+    code = cli.main(["run", "-g", "v3,v4", "--matrix", "seed", "--probe", "roundtrip,plan_binding",
+                     "--out", str(out), "-j", "2"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "v3" in printed and "v4" in printed and "disagreements" in printed
+    v3_csv, v4_csv = (next((out / g / "runs").glob("*.csv")) for g in ("v3", "v4"))
+    frame = results.read_run(v3_csv)
+    assert list(frame.columns) == results.COLUMNS and len(frame) == 9
+    assert set(frame.verdict) <= {"PASS", "REJECTED"} and (frame.verdict == frame.predicted).all()
+    summary = (out / "v3" / "summary.md").read_text()
+    assert "## Refused shapes" in summary and "s8[512,12288]{1,0:T(8,128)(4,1)}" in summary
+    assert "[v3](v3/summary.md)" in (out / "README.md").read_text()
+    assert list((out / "v3").glob("memory-map-*.png"))
+
+    assert cli.main(["diff", str(v3_csv), str(v4_csv)]) == 1
+    diff = capsys.readouterr().out
+    assert "s8[512,12288]{1,0:T(8,128)(4,1)}" in diff and "s8[512,12288]{1,0:T(32,128)(4,1)}" in diff
+    assert cli.main(["diff", str(v3_csv), str(v3_csv)]) == 0
+    assert "no differences" in capsys.readouterr().out
+
+    (out / "v3" / "summary.md").unlink()
+    assert cli.main(["report", "--out", str(out)]) == 0
+    assert (out / "v3" / "summary.md").exists()
+
+
+def test_faulty_run_reports_disagreements(tmp_path, capsys):
+    out = tmp_path / "reports"
+    assert cli.main(["run", "-g", "tpu7x", "--matrix", "seed", "--probe", "roundtrip",
+                     "--faults", "legacy_slice_formula", "--out", str(out)]) == 0
+    summary = (out / "tpu7x" / "summary.md").read_text()
+    assert "CORRUPT" in summary and "legacy_slice_formula" in summary
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["run", "--probe", "nope"], "unknown probe(s) ['nope']"),
+    (["run", "--timeout", "0"], "expected a positive number"),
+    (["run", "-g", "v9"], "unknown generation 'v9'"),
+])
+def test_bad_run_arguments(capsys, argv, needle):
+    with pytest.raises(SystemExit):
+        cli.main(argv)
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["run", "--matrix", "nope"], "no shape matrix 'nope'"),
+    (["run", "--faults", "bogus"], "unknown fault model(s) ['bogus']"),
+    (["run", "--iut", "nope", "--matrix", "seed", "-g", "v3", "--probe", "plan_binding"],
+     "unknown implementation under test 'nope'"),
+    (["diff", "/nonexistent/a.csv", "/nonexistent/b.csv"], "no such run file"),
+])
+def test_bad_run_inputs_exit_2(capsys, tmp_path, argv, needle):
+    assert cli.main(argv + ["--out", str(tmp_path)] if argv[0] == "run" else argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_user_matrix_errors(tmp_path):
+    bad = tmp_path / "m.csv"
+    bad.write_text("name,dtype,dims\nx,bf16,512by3\n")
+    with pytest.raises(ValueError, match=r"m.csv:2: dims '512by3' must look like 512x3x2048"):
+        load_matrix(str(bad))
+    bad.write_text("name,dims\nx,512\n")
+    with pytest.raises(ValueError, match=r"missing column\(s\) \['dtype'\]"):
+        load_matrix(str(bad))
+    bad.write_text("name,dtype,dims,kind,probes\nx,bf16,512x8,rank2,roundtrip teleport\n")
+    with pytest.raises(ValueError, match=r"unknown probe\(s\) \['teleport'\]"):
+        load_matrix(str(bad))

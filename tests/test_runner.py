@@ -1,0 +1,74 @@
+"""The runner: one verdict per case, and no worker outlives its run."""
+
+import os
+import signal
+import stat
+import time
+
+import pytest
+
+from probes.cases import Case
+from probes.runner import GRACE_SECONDS, classify, run_case, run_cases
+
+
+def fake_python(tmp_path, body: str) -> str:
+    """An interpreter stand-in that ignores its arguments and runs `body`."""
+    path = tmp_path / "python"
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+def test_unresponsive_worker_costs_timeout_plus_a_second_and_leaves_nothing(tmp_path):
+    pids = tmp_path / "pids"
+    python = fake_python(tmp_path, f"sleep 1000 & echo $! >> {pids}\necho $$ >> {pids}\n"
+                                   "trap '' TERM\nwait")
+    c = Case("roundtrip", "tpu7x", timeout=1.0)
+    start = time.monotonic()
+    result = run_case(c, python=python)
+    elapsed = time.monotonic() - start
+    assert result.outcome.verdict == "HANG" and "killed" in result.outcome.detail
+    assert elapsed <= c.timeout + GRACE_SECONDS + 0.5
+    time.sleep(0.2)
+    for pid in map(int, pids.read_text().split()):
+        assert not alive(pid), f"process {pid} outlived its case"
+
+
+def test_crashing_worker_is_a_crash(tmp_path):
+    python = fake_python(tmp_path, "kill -SEGV $$")
+    result = run_case(Case("roundtrip", "tpu7x", timeout=5.0), python=python)
+    assert result.outcome.verdict == "CRASH" and "SIGSEGV" in result.outcome.detail
+
+
+def test_exit_without_result_is_an_error(tmp_path):
+    python = fake_python(tmp_path, "echo 'ImportError: no probes' >&2; exit 3")
+    result = run_case(Case("roundtrip", "tpu7x", timeout=5.0), python=python)
+    assert result.outcome.verdict == "ERROR" and "exited 3" in result.outcome.detail
+    assert "ImportError: no probes" in result.outcome.detail
+
+
+def test_classify_watchdog_exit():
+    err = "Timeout (0:00:02)!\nThread 0x1 (most recent call first):\n  File \"x.py\", line 1 in f\n"
+    outcome = classify(1, "", err, killed=False, timeout=2.0)
+    assert outcome.verdict == "HANG" and "x.py" in outcome.detail
+
+
+def test_parallel_runs_keep_input_order():
+    cases = [Case("plan_binding", gen, name=gen) for gen in ("v3", "v4", "v5e", "tpu7x")]
+    results = run_cases(cases, jobs=2)
+    assert [r.case.generation for r in results] == ["v3", "v4", "v5e", "tpu7x"]
+    assert all(r.outcome.verdict == "PASS" for r in results)
+
+
+def test_unknown_iut_is_an_error_verdict():
+    result = run_case(Case("roundtrip", "tpu7x", iut="nope", dtype="bf16", dims=(512, 16, 2048)))
+    assert result.outcome.verdict == "ERROR" and "unknown implementation under test 'nope'" in result.outcome.detail

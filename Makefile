@@ -33,6 +33,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m probes.bench_layout
 	$(BIN)/python -m probes.bench_manager
+	$(BIN)/python -m probes.bench_run
 
 # Rewrite the committed baselines from the latest run of each generation.
 baseline: $(STAMP)

@@ -4,21 +4,11 @@ to np.copyto of the same bytes measured in the same run."""
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
 import kvref
-
-
-def best_seconds(fn, repeats: int) -> float:
-    fn()  # warm up: page faults and caches
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+from probes.timing import best_seconds
 
 
 def main(argv=None) -> None:

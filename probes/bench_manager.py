@@ -5,21 +5,11 @@ the per-block overhead of small blocks."""
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
 import kvref
-
-
-def best_seconds(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+from probes.timing import best_seconds
 
 
 def manager_for(shape_text: str):

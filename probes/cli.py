@@ -18,14 +18,19 @@ def _generations(value: str) -> list[str]:
     return names
 
 
-def _positive(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
-    return n
+def _positive_number(cast):
+    def parse(value: str):
+        try:
+            number = cast(value)
+        except ValueError:
+            number = 0
+        if not number > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
+        return number
+    return parse
+
+
+_positive = _positive_number(int)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--matrix", default="default", help="shape matrix: 'default', 'seed' or a CSV file")
     run.add_argument("--probe", type=_probes, default=None, help="comma-separated probes (default all)")
     run.add_argument("--jobs", "-j", type=_positive, default=None, help="parallel workers (default: cores)")
-    run.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds per case")
+    run.add_argument("--timeout", type=_positive_number(float), default=30.0, help="seconds per case")
     run.add_argument("--faults", type=lambda v: [f for f in v.split(",") if f], default=[],
                      help="comma-separated kvref fault models to switch on")
     run.add_argument("--out", type=Path, default=Path("reports"), help="report directory")
@@ -80,16 +85,6 @@ def _probes(value: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"unknown probe(s) {unknown or value!r}; expected any of "
                                          f"{', '.join(PROBES)}")
     return names
-
-
-def _positive_float(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        x = 0.0
-    if not x > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
-    return x
 
 
 def _run(args) -> int:

@@ -5,11 +5,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvref-installed
+PEER_STAMP := .venv-peer/.kvref-installed
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SYSTEM_PACKAGES := libprotobuf-dev protobuf-compiler
 
-.PHONY: probe test bench baseline refresh-layouts clean system-deps
+.PHONY: probe peer-probe peer-env test bench baseline refresh-layouts clean system-deps
 
 # C++ protobuf for the plan binding comes from Debian.
 system-deps:
@@ -27,13 +28,25 @@ $(STAMP): pyproject.toml CMakeLists.txt $(wildcard csrc/*) kvref/proto/transfer.
 probe: $(STAMP)
 	$(BIN)/kvprobe run --generation all --out reports
 
-test: $(STAMP)
+# Python 3.12 with the pinned production tpu-sync-jax, for the peer probes.
+$(PEER_STAMP): $(STAMP)
+	$(BIN)/kvprobe peer-env
+	touch $@
+
+peer-env: $(PEER_STAMP)
+
+# The reference and the production library side by side on JAX CPU arrays.
+peer-probe: $(PEER_STAMP)
+	$(BIN)/kvprobe run --generation cpu --iut kvref-jax,tpu-sync-jax --matrix cpu --probe all --out reports
+
+test: $(STAMP) $(PEER_STAMP)
 	$(BIN)/python -m pytest
 
-bench: $(STAMP)
+bench: $(STAMP) $(PEER_STAMP)
 	$(BIN)/python -m probes.bench_layout
 	$(BIN)/python -m probes.bench_manager
 	$(BIN)/python -m probes.bench_run
+	.venv-peer/bin/python -m probes.bench_peer
 
 # Rewrite the committed baselines from the latest run of each generation.
 baseline: $(STAMP)
@@ -43,4 +56,4 @@ refresh-layouts: $(STAMP)
 	$(BIN)/python -m kvref.oracle.refresh
 
 clean:
-	rm -rf $(VENV) build
+	rm -rf $(VENV) .venv-peer build

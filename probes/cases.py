@@ -12,7 +12,13 @@ MATRIX_DIR = Path(__file__).with_name("matrices")
 SHAPE_PROBES = ("roundtrip", "deferred_construction", "host_transferred_construction")
 # Probes with fixed inputs, run once per generation.
 GENERATION_PROBES = ("mixed_slices", "plan_binding", "host_budget")
-PROBES = SHAPE_PROBES + GENERATION_PROBES
+# Probes of an implementation's robustness, one case per kind of input.
+ROBUSTNESS_PROBES = ("bad_input", "release_order", "concurrent_transfers")
+PROBES = SHAPE_PROBES + GENERATION_PROBES + ROBUSTNESS_PROBES
+# What `kvprobe run` runs unless told otherwise.
+DEFAULT_PROBES = SHAPE_PROBES + GENERATION_PROBES
+ROBUSTNESS_KINDS = {"release_order": ("arrays_first", "manager_first"),
+                    "concurrent_transfers": ("four_threads",)}
 
 
 @dataclass(frozen=True)
@@ -85,7 +91,7 @@ def load_matrix(name_or_path: str) -> list[MatrixRow]:
     return rows
 
 
-def build_cases(generations, matrix: list[MatrixRow], probes=PROBES, iut="kvref-sim",
+def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut="kvref-sim",
                 faults=(), timeout=30.0) -> list[Case]:
     cases = []
     for gen in generations:
@@ -97,4 +103,17 @@ def build_cases(generations, matrix: list[MatrixRow], probes=PROBES, iut="kvref-
         for probe in GENERATION_PROBES:
             if probe in probes:
                 cases.append(Case(probe, gen, iut, probe, faults=tuple(faults), timeout=timeout))
+        for probe in ROBUSTNESS_PROBES:
+            if probe in probes:
+                for kind in robustness_kinds(probe):
+                    cases.append(Case(probe, gen, iut, f"{probe}-{kind}", faults=tuple(faults),
+                                      timeout=timeout, options={"kind": kind}))
     return cases
+
+
+def robustness_kinds(probe: str) -> tuple[str, ...]:
+    if probe == "bad_input":
+        from probes.definitions import BAD_INPUTS
+
+        return BAD_INPUTS
+    return ROBUSTNESS_KINDS[probe]

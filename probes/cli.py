@@ -12,9 +12,10 @@ from kvref.generations import GENERATIONS
 def _generations(value: str) -> list[str]:
     names = list(GENERATIONS) if value == "all" else [v.strip() for v in value.split(",")]
     for name in names:
-        if name not in GENERATIONS:
+        if name not in GENERATIONS + ("cpu",):
             raise argparse.ArgumentTypeError(
-                f"unknown generation {name!r}; expected one of {', '.join(GENERATIONS)} or 'all'")
+                f"unknown generation {name!r}; expected one of {', '.join(GENERATIONS)}, 'all', "
+                "or 'cpu' (JAX CPU implementations)")
     return names
 
 
@@ -53,9 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run probe cases in watched workers; write CSVs and reports")
     run.add_argument("--generation", "-g", type=_generations, default=list(GENERATIONS),
                      help="one, several (comma-separated) or 'all' (default)")
-    run.add_argument("--iut", default="kvref-sim", help="implementation under test (kvref-sim, kvref-jax)")
+    run.add_argument("--iut", type=lambda v: [x for x in v.split(",") if x], default=["kvref-sim"],
+                     help="implementation(s) under test, comma-separated: kvref-sim (TPU "
+                     "generations), kvref-jax and tpu-sync-jax (-g cpu); several give a side-by-side report")
     run.add_argument("--matrix", default="default", help="shape matrix: 'default', 'seed' or a CSV file")
-    run.add_argument("--probe", type=_probes, default=None, help="comma-separated probes (default all)")
+    run.add_argument("--probe", type=_probes, default=None, help="comma-separated probes, or 'all' (default: the shape and per-generation probes; "
+                     "'all' adds bad_input, release_order, concurrent_transfers)")
     run.add_argument("--jobs", "-j", type=_positive, default=None, help="parallel workers (default: cores)")
     run.add_argument("--timeout", type=_positive_number(float), default=30.0, help="seconds per case")
     run.add_argument("--faults", type=lambda v: [f for f in v.split(",") if f], default=[],
@@ -69,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also write each generation's baseline.csv from its latest run")
     rep.set_defaults(run=_report)
 
+    peer = sub.add_parser("peer-env", help="create and check the Python 3.12 environment with "
+                          "the production tpu-sync-jax")
+    peer.add_argument("--check", action="store_true", help="only check an existing environment")
+    peer.set_defaults(run=_peer_env)
+
     diff = sub.add_parser("diff", help="what changed between two run CSVs")
     diff.add_argument("a", type=Path)
     diff.add_argument("b", type=Path)
@@ -79,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _probes(value: str) -> list[str]:
     from probes.cases import PROBES
 
+    if value == "all":
+        return list(PROBES)
     names = [v.strip() for v in value.split(",") if v.strip()]
     unknown = sorted(set(names) - set(PROBES))
     if unknown or not names:
@@ -97,6 +108,20 @@ def _run(args) -> int:
                             args.timeout, args.faults, args.out, console)
     Console().print(run_command.summary_table(frame))
     print(f"reports: {args.out / 'README.md'}")
+    return 0
+
+
+def _peer_env(args) -> int:
+    from probes import peer_env
+
+    if args.check:
+        python = peer_env.peer_python()
+        if python is None:
+            raise ValueError(f"no peer environment at {peer_env.PEER_VENV}; run `kvprobe peer-env`")
+        found = peer_env.verify(python)
+    else:
+        found = peer_env.create()
+    print("peer environment ok: " + ", ".join(f"{k} {v}" for k, v in found.items()))
     return 0
 
 

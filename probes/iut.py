@@ -20,6 +20,8 @@ from kvref.oracle import lookup, table
 class Adapter:
     name = ""
     backend = ""
+    interpreter = "main"  # "peer": workers run in the peer environment
+    targets: tuple[str, ...] = ("cpu",)  # the --generation values it runs on
 
     def __init__(self, generation: str, faults=()):
         self.generation = generation
@@ -45,18 +47,23 @@ class Adapter:
     def layout(self, dtype: str, dims) -> kvref.Shape:
         return self.layout_of(self.generation, dtype, dims)[0]
 
-    def make_cache(self, dtype: str, dims, seed: int, mode: str = "put"):
+    def make_cache(self, dtype: str, dims, seed: int, mode: str = "put", finite: bool = False):
         """(device cache, its logical host contents). mode: put | deferred."""
         raise NotImplementedError
 
     def manager(self, caches, host_blocks: int, **options):
         return kvref.KVCacheManager(caches, host_blocks, faults=self.faults, **options)
 
-    def d2h(self, manager, src, dst) -> None:
-        manager.d2h(src, dst).result(timeout=60)
+    def transfer(self, manager, d2h: bool, src, dst, sizes=None) -> None:
+        """One d2h or h2d, waited for; raises what the IUT raises."""
+        future = (manager.d2h if d2h else manager.h2d)(src, dst, sizes)
+        future.result(timeout=60)
 
-    def h2d(self, manager, src, dst) -> None:
-        manager.h2d(src, dst).result(timeout=60)
+    def d2h(self, manager, src, dst, sizes=None) -> None:
+        self.transfer(manager, True, src, dst, sizes)
+
+    def h2d(self, manager, src, dst, sizes=None) -> None:
+        self.transfer(manager, False, src, dst, sizes)
 
     def fetch(self, cache) -> np.ndarray:
         raise NotImplementedError
@@ -68,10 +75,14 @@ class Adapter:
         return True
 
 
-def random_host(dtype: str, dims, seed: int) -> np.ndarray:
+def random_host(dtype: str, dims, seed: int, finite: bool = False) -> np.ndarray:
+    """Random bytes (every bit pattern, NaNs included), or with `finite`
+    random small integers in the dtype, which survive any float conversion."""
     element = kvref.element_type(dtype)
-    raw = np.random.default_rng(seed).integers(
-        0, 256, int(np.prod(dims)) * element.numpy.itemsize, dtype=np.uint8)
+    rng = np.random.default_rng(seed)
+    if finite:
+        return rng.integers(-8, 8, dims).astype(element.numpy)
+    raw = rng.integers(0, 256, int(np.prod(dims)) * element.numpy.itemsize, dtype=np.uint8)
     return raw.view(element.numpy).reshape(dims)
 
 
@@ -80,6 +91,7 @@ class KvrefSim(Adapter):
 
     name = "kvref-sim"
     backend = "sim"
+    targets = kvref.GENERATIONS
     PUT_DELAY_US = 20_000  # host->device copies still landing at construction
 
     def __init__(self, generation: str, faults=()):
@@ -95,8 +107,8 @@ class KvrefSim(Adapter):
         answer = lookup(dtype, dims, generation)
         return answer.shape, f"{answer.source} ({answer.versions})"
 
-    def make_cache(self, dtype, dims, seed, mode="put"):
-        host = random_host(dtype, dims, seed)
+    def make_cache(self, dtype, dims, seed, mode="put", finite=False):
+        host = random_host(dtype, dims, seed, finite)
         if mode == "deferred":
             with self.device.defer_and_fuse():
                 cache = self.device.zeros(dims, dtype)
@@ -137,10 +149,10 @@ class KvrefJax(Adapter):
     def layout_of(generation, dtype, dims):
         return kvref.Shape(dtype, dims), "dense (JAX CPU)"
 
-    def make_cache(self, dtype, dims, seed, mode="put"):
+    def make_cache(self, dtype, dims, seed, mode="put", finite=False):
         import jax.numpy as jnp
 
-        host = random_host(dtype, dims, seed)
+        host = random_host(dtype, dims, seed, finite)
         # jnp.asarray dispatches asynchronously: the array may still be landing.
         return jnp.asarray(host), host
 
@@ -152,14 +164,24 @@ class KvrefJax(Adapter):
         ctypes.memset(cache.unsafe_buffer_pointer(), 0, cache.nbytes)
 
 
-ADAPTERS = {a.name: a for a in (KvrefSim, KvrefJax)}
+def _adapters() -> dict[str, type[Adapter]]:
+    from probes.iut_tpu_sync import TpuSyncJax
+
+    return {a.name: a for a in (KvrefSim, KvrefJax, TpuSyncJax)}
 
 
 def adapter_class(iut: str) -> type[Adapter]:
-    if iut not in ADAPTERS:
+    adapters = _adapters()
+    if iut not in adapters:
         raise ValueError(f"unknown implementation under test {iut!r}; expected one of "
-                         f"{sorted(ADAPTERS)}")
-    return ADAPTERS[iut]
+                         f"{sorted(adapters)}")
+    return adapters[iut]
+
+
+def check_target(iut: str, generation: str) -> None:
+    targets = adapter_class(iut).targets
+    if generation not in targets:
+        raise ValueError(f"{iut} runs on {', '.join(targets)}, not {generation!r}")
 
 
 def adapter_for(iut: str, generation: str, faults=()) -> Adapter:

@@ -8,7 +8,8 @@ from probes.definitions import SUBJECT_SHAPES
 from probes.iut import adapter_class
 from probes.verdicts import PASS, REJECTED
 
-FIXED_PREDICTIONS = {"mixed_slices": REJECTED, "plan_binding": PASS, "host_budget": REJECTED}
+FIXED_PREDICTIONS = {"mixed_slices": REJECTED, "plan_binding": PASS,
+                     "bad_input": REJECTED, "release_order": PASS, "concurrent_transfers": PASS}
 
 
 def subject(case: Case) -> tuple[str, tuple[int, ...]]:
@@ -20,7 +21,7 @@ def describe(case: Case) -> dict:
     dtype, dims = subject(case)
     shape, source = adapter_class(case.iut).layout_of(case.generation, dtype, dims)
     info = kvref.major_slice(shape)
-    if case.probe in SHAPE_PROBES:
+    if case.probe in SHAPE_PROBES or case.probe == "host_budget":
         predicted = PASS if info.addressable else REJECTED
     else:
         predicted = FIXED_PREDICTIONS[case.probe]

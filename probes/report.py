@@ -9,7 +9,7 @@ import pandas as pd
 
 import kvref
 from probes import memory_map
-from probes.cases import PROBES
+from probes.cases import PROBES, ROBUSTNESS_PROBES
 from probes.verdicts import VERDICTS
 
 VERDICT_COLOURS = {"PASS": "#4caf50", "REJECTED": "#90a4ae", "CORRUPT": "#e53935", "HANG": "#8e24aa",
@@ -31,6 +31,8 @@ def write_generation_report(frame: pd.DataFrame, gen_dir: Path) -> Path:
              "## Verdicts by probe", "", _counts(frame, "probe"), "",
              "## Verdicts by dtype", "", _counts(frame, "dtype"), "",
              f"![verdicts]({heatmap.name})", ""]
+    if frame["iut"].nunique() > 1:
+        lines += side_by_side(frame)
     disagree = frame[frame["verdict"] != frame["predicted"]]
     lines += ["## Disagreements with the reference's prediction", ""]
     lines += [_table(disagree[["case_id", "layout", "predicted", "verdict", "detail"]]) if len(disagree)
@@ -48,22 +50,27 @@ def write_generation_report(frame: pd.DataFrame, gen_dir: Path) -> Path:
 
 
 def write_index(frames: dict[str, pd.DataFrame], out: Path) -> Path:
-    """reports/README.md: every generation side by side."""
+    """reports/README.md: every generation side by side (a run of several
+    implementations gets one column each)."""
+    links = " | ".join(f"[{g}]({g}/summary.md)" for g in frames)
+    frames = {(gen if f["iut"].nunique() == 1 else f"{gen} {iut}"): part
+              for gen, f in frames.items() for iut, part in f.groupby("iut", sort=False)}
     counts = pd.DataFrame({gen: f["verdict"].value_counts() for gen, f in frames.items()})
     counts = counts.reindex([v for v in VERDICTS if v in counts.index]).fillna(0).astype(int)
-    shapes = pd.concat(frames.values())
+    shapes = pd.concat([f.assign(column=name) for name, f in frames.items()])
     shapes = shapes[shapes["probe"] == "roundtrip"]
-    side = shapes.pivot_table(index=["dtype", "dims"], columns="generation", values="verdict",
-                              aggfunc="first").reindex(columns=list(frames))
+    side = shapes.pivot_table(index=["dtype", "dims"], columns="column", values="verdict",
+                              aggfunc="first").reindex(columns=list(frames)).fillna("-")
     lines = ["# kvprobe reports", "",
              "Per-generation results of the default probe run; each links to its summary.", "",
-             " | ".join(f"[{g}]({g}/summary.md)" for g in frames), "",
+             links, "",
              "## Verdict counts", "", _table(counts.reset_index(names="verdict")), "",
              "## Per-block round trip, shape by shape", "",
              "REJECTED: the layout puts blocks inside tiles, so no manager may move them as "
              "byte ranges.", "", _table(side.reset_index()), ""]
-    layouts = shapes.pivot_table(index=["dtype", "dims"], columns="generation", values="layout",
-                                 aggfunc="first").reindex(columns=list(frames))
+    tpu = [name for name in frames if name in kvref.GENERATIONS]
+    layouts = shapes.pivot_table(index=["dtype", "dims"], columns="column", values="layout",
+                                 aggfunc="first").reindex(columns=tpu)
     differing = layouts[layouts.nunique(axis=1) > 1]
     if len(differing):
         lines += ["## Layouts that differ between generations", "",
@@ -80,9 +87,15 @@ def draw_heatmap(frame: pd.DataFrame, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
 
-    grid = frame.assign(row=frame["dtype"] + "[" + frame["dims"] + "]").pivot_table(
-        index="row", columns="probe", values="verdict", aggfunc="first")
-    grid = grid[[p for p in PROBES if p in grid.columns]]
+    several = frame["iut"].nunique() > 1
+    # Shape probes are rows by shape; robustness probes by their kind of input.
+    by_shape = frame["dtype"] + "[" + frame["dims"] + "]"
+    by_kind = frame["case_id"].str.rsplit("/", n=1).str[1]
+    labelled = frame.assign(row=by_shape.where(~frame["probe"].isin(ROBUSTNESS_PROBES), by_kind),
+                            column=frame["probe"] + (" / " + frame["iut"] if several else ""))
+    grid = labelled.pivot_table(index="row", columns="column", values="verdict", aggfunc="first")
+    order = {p: i for i, p in enumerate(PROBES)}
+    grid = grid[sorted(grid.columns, key=lambda c: (order.get(c.split(" / ")[0], 99), c))]
     codes = grid.apply(lambda col: col.map({v: i for i, v in enumerate(VERDICTS)}))
     fig, ax = plt.subplots(figsize=(2 + 1.3 * len(grid.columns), 1 + 0.28 * len(grid)),
                            constrained_layout=True)
@@ -139,3 +152,21 @@ def _table(frame: pd.DataFrame) -> str:
 
 def _file_name(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text).strip("_")
+
+
+def side_by_side(frame: pd.DataFrame) -> list[str]:
+    """Each case's verdict per implementation, and every case where they differ."""
+    table = frame.pivot_table(index="case_id", columns="iut", values="verdict", aggfunc="first")
+    details = frame.pivot_table(index="case_id", columns="iut", values="detail", aggfunc="first")
+    differ = table[table.nunique(axis=1) > 1]
+    lines = ["## Side by side", "", _table(table.reset_index()), "",
+             "## Where the implementations disagree", ""]
+    if differ.empty:
+        return lines + ["Nowhere: every case earned the same verdict.", ""]
+    for case_id in differ.index:
+        lines += [f"### {case_id}", ""]
+        for iut in table.columns:
+            lines.append(f"- **{iut}**: {table.at[case_id, iut]}: "
+                         f"{str(details.at[case_id, iut]).strip()[:1500]}")
+        lines.append("")
+    return lines

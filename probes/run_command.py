@@ -9,15 +9,19 @@ import pandas as pd
 from kvref.faults import parse_faults
 from kvref.generations import GENERATIONS
 from probes import report, results
-from probes.cases import PROBES, build_cases, load_matrix
-from probes.iut import adapter_class
+from probes.cases import DEFAULT_PROBES, build_cases, load_matrix
+from probes.iut import check_target
 from probes.runner import run_cases
 
 
-def run(generations, iut, matrix, probes, jobs, timeout, faults, out: Path, console) -> pd.DataFrame:
+def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, console) -> pd.DataFrame:
     faults = sorted(parse_faults(faults, environ={}))
-    adapter_class(iut)  # refuse an unknown IUT before starting anything
-    cases = build_cases(generations, load_matrix(matrix), probes or PROBES, iut, faults, timeout)
+    for iut in iuts:  # refuse an unknown IUT or target before starting anything
+        for gen in generations:
+            check_target(iut, gen)
+    rows = load_matrix(matrix)
+    cases = [c for iut in iuts
+             for c in build_cases(generations, rows, probes or DEFAULT_PROBES, iut, faults, timeout)]
     if not cases:
         raise ValueError("no cases: the matrix and --probe select nothing")
     run_id = results.new_run_id()
@@ -25,30 +29,36 @@ def run(generations, iut, matrix, probes, jobs, timeout, faults, out: Path, cons
 
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
-        task = progress.add_task(f"probing {iut}", total=len(cases))
+        task = progress.add_task(f"probing {', '.join(iuts)}", total=len(cases))
         found = run_cases(cases, jobs, progress=lambda r: progress.advance(task))
     frame = results.to_frame(found, run_id)
     results.write_runs(frame, out)
-    write_reports(out, {g: f for g, f in frame.groupby("generation", sort=False)})
+    for gen, part in frame.groupby("generation", sort=False):
+        report.write_generation_report(part, Path(out) / gen)
+    report.write_index(latest_frames(out), Path(out))
     return frame
 
 
-def write_reports(out: Path, frames: dict[str, pd.DataFrame] | None = None) -> dict[str, pd.DataFrame]:
-    """Reports from the given frames, or from each generation's latest run."""
-    out = Path(out)
-    if frames is None:
-        frames = {}
-        order = {g: i for i, g in enumerate(GENERATIONS)}
-        for gen_dir in sorted((p for p in out.iterdir() if p.is_dir()),
-                              key=lambda p: (order.get(p.name, len(order)), p.name)):
-            latest = results.latest_run(gen_dir)
-            if latest:
-                frames[gen_dir.name] = results.read_run(latest)
+def latest_frames(out: Path) -> dict[str, pd.DataFrame]:
+    """Each generation's latest run under `out`, in generation order."""
+    out, frames = Path(out), {}
+    order = {g: i for i, g in enumerate(GENERATIONS)}
+    for gen_dir in sorted((p for p in out.iterdir() if p.is_dir()),
+                          key=lambda p: (order.get(p.name, len(order)), p.name)):
+        latest = results.latest_run(gen_dir)
+        if latest:
+            frames[gen_dir.name] = results.read_run(latest)
+    return frames
+
+
+def write_reports(out: Path) -> dict[str, pd.DataFrame]:
+    """Reports and the index from each generation's latest run."""
+    frames = latest_frames(out)
     if not frames:
         raise ValueError(f"no runs under {out}; run `kvprobe run` first")
     for gen, frame in frames.items():
-        report.write_generation_report(frame, out / gen)
-    report.write_index(frames, out)
+        report.write_generation_report(frame, Path(out) / gen)
+    report.write_index(frames, Path(out))
     return frames
 
 

@@ -13,7 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from probes.cases import Case
-from probes.verdicts import CRASH, ERROR, HANG, Outcome
+from probes.iut import adapter_class
+from probes.peer_env import peer_python
+from probes.verdicts import CRASH, ERROR, HANG, SKIP, Outcome
 from probes.worker import RESULT_PREFIX
 
 GRACE_SECONDS = 1.0  # beyond the worker's own watchdog, before the parent kills it
@@ -27,7 +29,19 @@ class CaseResult:
     stderr: str = ""
 
 
-def run_case(case: Case, python: str = sys.executable) -> CaseResult:
+def worker_python(case: Case) -> str | None:
+    """The interpreter for this case's IUT; None when its environment is missing."""
+    if adapter_class(case.iut).interpreter != "peer":
+        return sys.executable
+    python = peer_python()
+    return str(python) if python else None
+
+
+def run_case(case: Case, python: str | None = None) -> CaseResult:
+    python = python or worker_python(case)
+    if python is None:
+        return CaseResult(case, Outcome(SKIP, f"{case.iut} runs in the peer environment, which is "
+                                        "not installed: run `kvprobe peer-env`"), 0.0)
     start = time.monotonic()
     proc = subprocess.Popen([python, "-m", "probes.worker"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -58,7 +72,7 @@ def classify(returncode: int, out: str, err: str, killed: bool, timeout: float) 
     return Outcome(ERROR, f"worker exited {returncode} without a result\n{err[-4000:]}")
 
 
-def run_cases(cases: list[Case], jobs: int | None = None, python: str = sys.executable,
+def run_cases(cases: list[Case], jobs: int | None = None, python: str | None = None,
               progress=None) -> list[CaseResult]:
     """All cases, `jobs` at a time (default: the core count), in input order.
     `progress(result)` is called as each finishes."""

@@ -44,6 +44,7 @@ def main() -> int:
     from probes.cases import Case
 
     case = Case.from_json(sys.stdin.read())
+    faulthandler.enable()  # a crash prints where it happened
     faulthandler.dump_traceback_later(case.timeout, exit=True)
     outcome = run(case)
     faulthandler.cancel_dump_traceback_later()

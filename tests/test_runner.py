@@ -69,6 +69,12 @@ def test_parallel_runs_keep_input_order():
     assert all(r.outcome.verdict == "PASS" for r in results)
 
 
-def test_unknown_iut_is_an_error_verdict():
-    result = run_case(Case("roundtrip", "tpu7x", iut="nope", dtype="bf16", dims=(512, 16, 2048)))
-    assert result.outcome.verdict == "ERROR" and "unknown implementation under test 'nope'" in result.outcome.detail
+def test_unknown_iut_is_refused_before_anything_runs():
+    with pytest.raises(ValueError, match="unknown implementation under test 'nope'"):
+        run_case(Case("roundtrip", "tpu7x", iut="nope", dtype="bf16", dims=(512, 16, 2048)))
+
+
+def test_peer_cases_skip_without_the_peer_environment(monkeypatch):
+    monkeypatch.setenv("KVPROBE_PEER_PYTHON", "/nonexistent/python")
+    result = run_case(Case("roundtrip", "cpu", iut="tpu-sync-jax", dtype="f32", dims=(64, 128)))
+    assert result.outcome.verdict == "SKIP" and "kvprobe peer-env" in result.outcome.detail

@@ -165,9 +165,9 @@ class KvrefJax(Adapter):
 
 
 def _adapters() -> dict[str, type[Adapter]]:
-    from probes.iut_tpu_sync import TpuSyncJax
+    from probes.iut_tpu_sync import TpuSyncJax, TpuSyncJaxTpu
 
-    return {a.name: a for a in (KvrefSim, KvrefJax, TpuSyncJax)}
+    return {a.name: a for a in (KvrefSim, KvrefJax, TpuSyncJax, TpuSyncJaxTpu)}
 
 
 def adapter_class(iut: str) -> type[Adapter]:

@@ -7,7 +7,9 @@ from importlib import metadata
 
 import numpy as np
 
-from probes.iut import KvrefJax
+import kvref
+from kvref.oracle import lookup, table
+from probes.iut import KvrefJax, random_host
 
 
 class TpuSyncManager:
@@ -68,3 +70,68 @@ class TpuSyncJax(KvrefJax):
         future = (m.d2h if d2h else m.h2d)([int(x) for x in src], [int(x) for x in dst],
                                            None if sizes is None else [int(x) for x in sizes])
         future.Await()
+
+
+class TpuSyncJaxTpu(TpuSyncJax):
+    """tpu-sync-jax on a real TPU's arrays (pytest -m tpu on a TPU VM). Arrays
+    take the layout the generation's compiler gives them; the reference
+    predicts from the same layout."""
+
+    name = "tpu-sync-jax-tpu"
+    backend = "jax-tpu"
+    targets = kvref.GENERATIONS
+
+    def skip_reason(self):
+        reason = super().skip_reason()
+        if reason:
+            return reason
+        found = local_tpu_generation()
+        if found is None:
+            return "no TPU here: jax.devices('tpu') found none"
+        if found != self.generation:
+            return f"this TPU is {found}, not {self.generation}"
+        return None
+
+    @property
+    def device_kind(self) -> str:
+        return tpu_device().device_kind
+
+    @staticmethod
+    def layout_of(generation, dtype, dims):
+        answer = lookup(dtype, dims, generation)
+        return answer.shape, f"{answer.source} ({answer.versions})"
+
+    def make_cache(self, dtype, dims, seed, mode="put", finite=False):
+        import jax
+
+        host = random_host(dtype, dims, seed, finite)
+        return jax.device_put(host, tpu_device()), host
+
+    def fetch(self, cache):
+        import jax
+
+        return np.asarray(jax.device_get(cache))
+
+    def scramble(self, cache):
+        # The public API offers no in-place device write. Without it the h2d of
+        # a second permutation must still move every block for the check to hold.
+        cache.block_until_ready()
+
+
+def tpu_device():
+    import jax
+
+    return jax.devices("tpu")[0]
+
+
+def local_tpu_generation() -> str | None:
+    """The generation of this machine's TPU, from the device kinds the layout
+    table records per generation."""
+    try:
+        kind = tpu_device().device_kind
+    except Exception:  # no TPU backend at all
+        return None
+    for gen, entry in table.load()["generations"].items():
+        if entry.get("device_kind") == kind:
+            return gen
+    return None

@@ -2,6 +2,8 @@
 through the same watched runner as `kvprobe run`. On a TPU VM,
 `pytest -m tpu` runs the hardware cases below; elsewhere they skip."""
 
+import dataclasses
+
 import pytest
 
 from probes.cases import build_cases, load_matrix
@@ -17,22 +19,18 @@ def test_reference_earns_its_prediction(case):
     assert result.outcome.verdict == describe(case)["predicted"], result.outcome.detail
 
 
-def tpu_skip_reason() -> str | None:
-    try:
-        import jax
-
-        if jax.devices("tpu"):
-            return None
-    except Exception as e:  # no TPU backend: the reason is the error
-        return f"no TPU here: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    return "no TPU here: jax.devices('tpu') is empty"
-
-
 @pytest.mark.tpu
 @pytest.mark.parametrize("case", SEED_CASES, ids=lambda c: c.case_id)
 def test_hardware_probes(case):
-    reason = tpu_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    pytest.skip("no hardware implementation under test is installed on this TPU VM "
-                "(tpu-sync-jax / tpu-sync-torch adapters run under -m tpu once installed)")
+    """The production library on this TPU's own arrays, held to the reference's
+    prediction for the same layout."""
+    from probes.iut_tpu_sync import local_tpu_generation
+
+    generation = local_tpu_generation()
+    if generation is None:
+        pytest.skip("no TPU here: jax.devices('tpu') found none")
+    hardware = dataclasses.replace(case, generation=generation, iut="tpu-sync-jax-tpu")
+    result = run_case(hardware)
+    if result.outcome.verdict == "SKIP":
+        pytest.skip(result.outcome.detail)
+    assert result.outcome.verdict == describe(hardware)["predicted"], result.outcome.detail

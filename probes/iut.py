@@ -22,6 +22,7 @@ class Adapter:
     backend = ""
     interpreter = "main"  # "peer": workers run in the peer environment
     targets: tuple[str, ...] = ("cpu",)  # the --generation values it runs on
+    jax_platforms: str | None = "cpu"  # JAX_PLATFORMS for its workers (None: leave as is)
 
     def __init__(self, generation: str, faults=()):
         self.generation = generation

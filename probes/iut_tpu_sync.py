@@ -80,6 +80,7 @@ class TpuSyncJaxTpu(TpuSyncJax):
     name = "tpu-sync-jax-tpu"
     backend = "jax-tpu"
     targets = kvref.GENERATIONS
+    jax_platforms = None  # the worker must see the TPU
 
     def skip_reason(self):
         reason = super().skip_reason()

@@ -37,16 +37,22 @@ def peer_python() -> Path | None:
 
 
 def base_python() -> list[str]:
-    """A Python 3.12 to make the venv with: python3.12 on PATH, or pyenv's 3.12."""
-    if shutil.which("python3.12"):
-        return ["python3.12"]
+    """A Python 3.12 to make the venv with: pyenv's 3.12, or python3.12 on PATH
+    (tried, since a pyenv shim can stand on PATH without a version behind it)."""
+    candidates = []
     if shutil.which("pyenv"):
         versions = subprocess.run(["pyenv", "versions", "--bare"], capture_output=True, text=True).stdout
-        for version in sorted(versions.split(), reverse=True):
-            if version.startswith("3.12"):
-                return ["env", f"PYENV_VERSION={version}", "pyenv", "exec", "python"]
-    raise PeerEnvError(f"{PEER_DIST} needs Python 3.12, and neither python3.12 nor a pyenv 3.12 "
-                       "was found")
+        candidates += [["env", f"PYENV_VERSION={v}", "pyenv", "exec", "python"]
+                       for v in sorted(versions.split(), reverse=True) if v.startswith("3.12")]
+    if shutil.which("python3.12"):
+        candidates.append(["python3.12"])
+    for cmd in candidates:
+        done = subprocess.run([*cmd, "-c", "import sys; print(sys.version_info >= (3, 12))"],
+                              capture_output=True, text=True)
+        if done.returncode == 0 and done.stdout.strip() == "True":
+            return cmd
+    raise PeerEnvError(f"{PEER_DIST} needs Python 3.12, and neither a pyenv 3.12 nor a working "
+                       "python3.12 was found")
 
 
 def create(venv: Path = PEER_VENV) -> dict:

@@ -45,7 +45,7 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
     start = time.monotonic()
     proc = subprocess.Popen([python, "-m", "probes.worker"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env=_worker_env())
+                            start_new_session=True, env=_worker_env(case))
     try:
         out, err = proc.communicate(case.to_json(), timeout=case.timeout + GRACE_SECONDS)
         killed = False
@@ -95,8 +95,10 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _worker_env() -> dict:
+def _worker_env(case: Case) -> dict:
     env = dict(os.environ)
-    env.setdefault("JAX_PLATFORMS", "cpu")
+    platforms = adapter_class(case.iut).jax_platforms
+    if platforms:
+        env.setdefault("JAX_PLATFORMS", platforms)
     env.pop("KVREF_FAULTS", None)  # a case's faults travel in the case itself
     return env

@@ -1,6 +1,8 @@
 #include "pack.h"
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 namespace kvref {
@@ -10,6 +12,8 @@ namespace {
 // run of valid elements to Op::run(phys, log, n, phys_stride, log_stride).
 // Op::pad(phys, count) receives every padding range (in elements).
 constexpr size_t kMaxAncestors = 32;
+constexpr int64_t kMaxThreads = 4;
+constexpr int64_t kBytesPerThread = 4 << 20;  // below this a thread costs more than it saves
 
 template <class Op>
 class Walker {
@@ -27,10 +31,42 @@ class Walker {
       op_.run(0, 0, 1, 1, 1);
       return;
     }
-    walk(0, 0, 0);
+    const int64_t bytes = layout_.physical_bytes();
+    const int64_t top = valid_count(loops_[0]);
+    const int threads = static_cast<int>(std::min<int64_t>(
+        {kMaxThreads, static_cast<int64_t>(std::thread::hardware_concurrency()), top,
+         bytes / kBytesPerThread}));
+    if (!Op::kParallel || loops_.size() < 2 || threads < 2) {
+      walk(0, 0, 0);
+      return;
+    }
+    // Big buffers: split the outermost loop's valid range between threads,
+    // each with a walker of its own; padding past that range stays here.
+    std::vector<std::thread> workers;
+    for (int t = 1; t < threads; ++t)
+      workers.emplace_back([this, t, threads, top] {
+        Walker other(layout_, op_);
+        other.walk_top(top * t / threads, top * (t + 1) / threads);
+      });
+    walk_top(0, top / threads);
+    for (auto& w : workers) w.join();
+    const Loop& loop = loops_[0];
+    if (top < loop.extent) op_.pad(top * loop.phys_stride, (loop.extent - top) * loop.phys_stride);
   }
 
  private:
+  // Outermost coordinates [begin, end), all valid, each walked in full.
+  void walk_top(int64_t begin, int64_t end) {
+    const Loop& loop = loops_[0];
+    int64_t saved[kMaxAncestors];
+    for (size_t i = 0; i < loop.ancestors.size(); ++i) saved[i] = value_[loop.ancestors[i].first];
+    for (int64_t k = begin; k < end; ++k) {
+      set(loop, k, saved);
+      walk(1, k * loop.phys_stride, k * loop.logical_stride);
+    }
+    set(loop, 0, saved);
+  }
+
   // Number of leading coordinates of loop `l` that are not padding, given the
   // coordinates already fixed further out.
   int64_t valid_count(const Loop& loop) const {
@@ -90,6 +126,7 @@ class Walker {
 
 template <class T, bool kPack>
 struct CopyOp {
+  static constexpr bool kParallel = true;  // threads write disjoint elements
   T* phys;
   T* log;
   void run(int64_t p, int64_t l, int64_t n, int64_t ps, int64_t ls) {
@@ -134,6 +171,7 @@ struct CopyOp {
 // Sub-byte elements: several per byte, the first in the low bits.
 template <bool kPack>
 struct SubByteOp {
+  static constexpr bool kParallel = false;  // neighbours share bytes
   uint8_t* phys;
   uint8_t* log;
   int bits;

@@ -97,3 +97,20 @@ def test_unpack_refuses_wrong_buffer():
         kvref.unpack(np.zeros(16, np.float32), shape)
     with pytest.raises(TypeError, match="bytes or a uint8"):
         kvref.unpack("abc", shape)
+
+
+@pytest.mark.parametrize("text", [
+    # Big enough that pack and unpack split the work between threads.
+    "bf16[1001,3,2050]{2,0,1:T(8,128)(2,1)}",
+    "f32[2001,1100]{1,0:T(8,128)}",
+    "s8[515,4,4100]{2,1,0:T(32,128)(4,1)}",
+    "f32[3,1030,1100]{1,2,0:T(8,128)}",
+    "s4[1000,9000]{1,0:T(8,128)(8,1)E(4)}",
+])
+def test_big_buffers_match_model(text):
+    shape = kvref.Shape.parse(text)
+    assert shape.physical_size_bytes >= 8 << 20 or shape.element_bits < 8
+    x = random_array(shape, seed=5)
+    packed = kvref.pack(x, shape)
+    np.testing.assert_array_equal(packed, numpy_model.pack(x, shape))
+    assert same_bytes(kvref.unpack(packed, shape), x)

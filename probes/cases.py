@@ -113,7 +113,7 @@ def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut
 
 def robustness_kinds(probe: str) -> tuple[str, ...]:
     if probe == "bad_input":
-        from probes.definitions import BAD_INPUTS
+        from probes.robustness import BAD_INPUTS
 
         return BAD_INPUTS
     return ROBUSTNESS_KINDS[probe]

@@ -31,7 +31,7 @@ def roundtrip(case: Case, iut: Adapter) -> Outcome:
     try:
         manager = iut.manager([cache], case.dims[0])
     except CLEAN_REFUSALS as e:
-        return Outcome(REJECTED, _first_line(e))
+        return Outcome(REJECTED, first_line(e))
     return _permuted_round_trip(iut, manager, [cache], [host], case.seed)
 
 
@@ -42,7 +42,7 @@ def deferred_construction(case: Case, iut: Adapter) -> Outcome:
     try:
         manager = iut.manager(caches, 4)
     except CLEAN_REFUSALS as e:
-        return Outcome(REJECTED, _first_line(e))
+        return Outcome(REJECTED, first_line(e))
     if not all(iut.is_materialized(c) for c in caches):
         return Outcome(ERROR, "constructed, but the caches are not materialized")
     return Outcome(PASS, "constructed over deferred caches", host_bytes=manager.host_bytes)
@@ -58,7 +58,7 @@ def host_transferred_construction(case: Case, iut: Adapter) -> Outcome:
         manager = iut.manager(caches, 4)
         iut.d2h(manager, [0, 1], [0, 1])
     except CLEAN_REFUSALS as e:
-        return Outcome(REJECTED, _first_line(e))
+        return Outcome(REJECTED, first_line(e))
     for layer, (_, host) in enumerate(pairs):
         expected = kvref.pack(host, iut.layout(case.dtype, case.dims))
         block = manager.layer_bytes_per_block[layer]
@@ -75,7 +75,7 @@ def mixed_slices(case: Case, iut: Adapter) -> Outcome:
     try:
         manager = iut.manager([c for c, _ in pairs], 512)
     except CLEAN_REFUSALS as e:
-        return Outcome(REJECTED, _first_line(e))
+        return Outcome(REJECTED, first_line(e))
     return _permuted_round_trip(iut, manager, [c for c, _ in pairs], [h for _, h in pairs], case.seed)
 
 
@@ -101,7 +101,7 @@ def plan_binding(case: Case, iut: Adapter) -> Outcome:
             return Outcome(SKIP, str(e))
         except Exception as e:  # compared with what this input should raise
             if expected is None or not isinstance(e, expected):
-                return Outcome(ERROR, f"{label} plan: {_first_line(e)}")
+                return Outcome(ERROR, f"{label} plan: {first_line(e)}")
             continue
         if expected is not None:
             return Outcome(ERROR, f"{label} plan was accepted; expected {expected.__name__}")
@@ -118,9 +118,9 @@ def host_budget(case: Case, iut: Adapter) -> Outcome:
     try:
         manager = iut.manager(caches, BUDGET_HOST_BLOCKS)
     except (kvref.LayoutError, kvref.HostBudgetError) as e:
-        return Outcome(REJECTED, _first_line(e))
+        return Outcome(REJECTED, first_line(e))
     except MemoryError as e:
-        return Outcome(ERROR, f"host OOM: the pool was allocated and failed: {_first_line(e) or 'MemoryError'}")
+        return Outcome(ERROR, f"host OOM: the pool was allocated and failed: {first_line(e) or 'MemoryError'}")
     grown = _address_space_bytes() - before
     info = kvref.major_slice(iut.layout(*BUDGET_SHAPE))
     if not info.addressable:
@@ -181,132 +181,7 @@ def _permuted_round_trip(iut, manager, caches, hosts, seed) -> Outcome:
                    bytes_moved=bytes_moved, seconds=moved)
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """The exception as `Type: first line of its message`, for one-line details."""
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
-
-
-# Bad input a manager must refuse without changing device or host bytes:
-# (direction, src, dst, sizes), in blocks; "rows"/"host" stand for the counts.
-BAD_TRANSFERS = {
-    "src_out_of_range": ("d2h", ["rows"], [0], None),
-    "dst_out_of_range": ("d2h", [0], ["host"], None),
-    "negative_offset": ("h2d", [0], [-1], None),
-    "overlapping_destinations": ("d2h", [0, 1], [2, 2], None),
-    "mismatched_lengths": ("d2h", [0, 1], [0], None),
-    "zero_copy_size": ("d2h", [0], [0], [0]),
-    "run_past_the_end": ("h2d", [0], ["rows-1"], [2]),
-}
-BAD_CONSTRUCTIONS = ("ragged_shards", "no_layers")
-BAD_INPUTS = tuple(BAD_TRANSFERS) + BAD_CONSTRUCTIONS
-BAD_HOST_BLOCKS = 8
-
-
-def bad_input(case: Case, iut: Adapter) -> Outcome:
-    """One kind of bad input (case.options["kind"]): a clean error and no byte
-    changed is REJECTED; silent acceptance is ERROR; changed bytes CORRUPT."""
-    kind = case.options["kind"]
-    dtype, dims = PLAN_SHAPE
-    pairs = [iut.make_cache(dtype, dims, case.seed + i, finite=True) for i in range(2)]
-    caches = [c for c, _ in pairs]
-    if kind in BAD_CONSTRUCTIONS:
-        layers = [] if kind == "no_layers" else [[caches[0]], caches]
-        try:
-            iut.manager(layers, BAD_HOST_BLOCKS)
-        except Exception as e:  # any clean refusal will do
-            return Outcome(REJECTED, _first_line(e))
-        return Outcome(ERROR, f"{kind}: the manager was constructed")
-    manager = iut.manager(caches, BAD_HOST_BLOCKS)
-    iut.d2h(manager, list(range(BAD_HOST_BLOCKS)), list(range(BAD_HOST_BLOCKS)))
-    before = _state(iut, manager, caches)
-    direction, src, dst, sizes = BAD_TRANSFERS[kind]
-    names = {"rows": dims[0], "host": BAD_HOST_BLOCKS, "rows-1": dims[0] - 1}
-    src, dst = [names.get(x, x) for x in src], [names.get(x, x) for x in dst]
-    try:
-        iut.transfer(manager, direction == "d2h", src, dst, sizes)
-        refused = None
-    except Exception as e:  # compared with the state below
-        refused = e
-    if _state(iut, manager, caches) != before:
-        what = f"then raised {_first_line(refused)}" if refused else "accepted it silently"
-        return Outcome(CORRUPT, f"{kind}: bytes changed, and the manager {what}")
-    if refused is None:
-        return Outcome(ERROR, f"{kind}: accepted {direction}(src={src}, dst={dst}, sizes={sizes}) silently")
-    return Outcome(REJECTED, _first_line(refused))
-
-
-def release_order(case: Case, iut: Adapter) -> Outcome:
-    """Drop the caller's arrays before the manager (kind "arrays_first") or the
-    manager before the arrays ("manager_first"); nothing may crash, and the
-    manager must never write into memory the arrays gave back."""
-    import gc
-
-    dtype, dims = PLAN_SHAPE
-    pairs = [iut.make_cache(dtype, dims, case.seed + i) for i in range(2)]
-    manager = iut.manager([c for c, _ in pairs], BAD_HOST_BLOCKS)
-    blocks = list(range(BAD_HOST_BLOCKS))
-    iut.d2h(manager, blocks, blocks)
-    if case.options["kind"] == "manager_first":
-        del manager
-        gc.collect()
-        for cache, host in pairs:
-            if iut.fetch(cache).tobytes() != host.tobytes():
-                return Outcome(CORRUPT, "releasing the manager changed its caches")
-        return Outcome(PASS, "manager released first; caches intact")
-    del pairs
-    gc.collect()
-    fresh = [iut.make_cache(dtype, dims, case.seed + 10 + i) for i in range(2)]  # may reuse the memory
-    iut.h2d(manager, blocks, blocks)
-    for cache, host in fresh:
-        if iut.fetch(cache).tobytes() != host.tobytes():
-            return Outcome(CORRUPT, "h2d after the caches were released wrote into new arrays' memory")
-    return Outcome(PASS, "arrays released first; later transfers touched nothing else")
-
-
-def concurrent_transfers(case: Case, iut: Adapter) -> Outcome:
-    """Four threads moving disjoint blocks at once; every host byte checked."""
-    import threading
-
-    dtype, dims = PLAN_SHAPE
-    pairs = [iut.make_cache(dtype, dims, case.seed + i, finite=True) for i in range(2)]
-    manager = iut.manager([c for c, _ in pairs], 64)
-    expected = [kvref.pack(h, iut.layout(dtype, dims)).reshape(dims[0], -1) for _, h in pairs]
-    wrong, errors = [], []
-
-    def work(t: int):
-        rng = np.random.default_rng(t)
-        try:
-            for _ in range(40):
-                host = t * 16 + rng.choice(16, 4, replace=False)
-                device = rng.choice(np.arange(t, dims[0], 4), 4, replace=False)
-                iut.d2h(manager, device, host)
-                for layer in range(2):
-                    for d, h in zip(device, host):
-                        if manager.read_block_bytes(layer, int(h)) != expected[layer][d].tobytes():
-                            wrong.append((t, layer, int(d)))
-        except Exception as e:  # reported as the outcome
-            errors.append(_first_line(e))
-
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    if errors:
-        return Outcome(ERROR, errors[0])
-    if wrong:
-        return Outcome(CORRUPT, f"{len(wrong)} blocks read back wrong, first {wrong[0]}")
-    return Outcome(PASS, "4 threads x 40 transfers of disjoint blocks, every byte checked")
-
-
-PROBE_FUNCTIONS.update({f.__name__: f for f in (bad_input, release_order, concurrent_transfers)})
-SUBJECT_SHAPES.update({"bad_input": PLAN_SHAPE, "release_order": PLAN_SHAPE,
-                       "concurrent_transfers": PLAN_SHAPE})
-
-
-def _state(iut, manager, caches) -> tuple:
-    """Every device and host byte the manager can touch."""
-    device = tuple(iut.fetch(c).tobytes() for c in caches)
-    host = tuple(manager.read_block_bytes(layer, block) for layer in range(len(caches))
-                 for block in range(BAD_HOST_BLOCKS))
-    return device, host

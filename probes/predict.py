@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import kvref
 from probes.cases import SHAPE_PROBES, Case
-from probes.definitions import SUBJECT_SHAPES
+from probes import definitions, robustness
 from probes.iut import adapter_class
 from probes.verdicts import PASS, REJECTED
 
@@ -13,7 +13,9 @@ FIXED_PREDICTIONS = {"mixed_slices": REJECTED, "plan_binding": PASS,
 
 
 def subject(case: Case) -> tuple[str, tuple[int, ...]]:
-    return (case.dtype, case.dims) if case.probe in SHAPE_PROBES else SUBJECT_SHAPES[case.probe]
+    if case.probe in SHAPE_PROBES:
+        return case.dtype, case.dims
+    return {**definitions.SUBJECT_SHAPES, **robustness.SUBJECT_SHAPES}[case.probe]
 
 
 def describe(case: Case) -> dict:

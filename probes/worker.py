@@ -18,7 +18,7 @@ HOST_MEMORY_LIMIT = 16 * 2**30  # address space for probes that may try a huge p
 
 
 def run(case) -> "Outcome":
-    from probes.definitions import PROBE_FUNCTIONS
+    from probes import definitions, robustness
     from probes.iut import adapter_for
     from probes.verdicts import ERROR, SKIP, Outcome
 
@@ -31,7 +31,8 @@ def run(case) -> "Outcome":
         resource.setrlimit(resource.RLIMIT_AS, (HOST_MEMORY_LIMIT, HOST_MEMORY_LIMIT))
     start = time.perf_counter()
     try:
-        outcome = PROBE_FUNCTIONS[case.probe](case, iut)
+        probe = {**definitions.PROBE_FUNCTIONS, **robustness.PROBE_FUNCTIONS}[case.probe]
+        outcome = probe(case, iut)
     except Exception as e:  # the IUT failed in a way no probe expected
         outcome = Outcome(ERROR, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}")
     if outcome.seconds is None:

@@ -120,8 +120,10 @@ void DeviceBuffer::run(const Op& op) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    error_ = error;
-    state_ = error.empty() ? BufferState::kMaterialized : BufferState::kFailed;
+    if (!error.empty()) error_ = error;
+    // Ready only when no launched op is left; an op recorded meanwhile keeps it DEFERRED.
+    if (--in_flight_ == 0 && state_ != BufferState::kDeferred)
+      state_ = error_.empty() ? BufferState::kMaterialized : BufferState::kFailed;
   }
   cv_.notify_all();
 }
@@ -129,6 +131,7 @@ void DeviceBuffer::run(const Op& op) {
 void DeviceBuffer::launch(Op op, BufferState running) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (in_flight_++ == 0) error_.clear();  // a new op sequence starts clean
     state_ = running;
   }
   auto self = shared_from_this();

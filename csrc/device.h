@@ -99,7 +99,8 @@ class DeviceBuffer : public std::enable_shared_from_this<DeviceBuffer> {
   int64_t size() const { return bytes_.size(); }
   SimDevice& device() const { return *device_; }
 
-  // Records the op that produces this buffer; it runs on materialize().
+  // Records the op that produces this buffer; it runs on materialize(). Ops
+  // write the whole buffer, so a later recorded op replaces an earlier one.
   void defer(Op op);
   // Runs the op on the executor now; the buffer is `running` until it ends.
   void launch(Op op, BufferState running);
@@ -125,6 +126,7 @@ class DeviceBuffer : public std::enable_shared_from_this<DeviceBuffer> {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   BufferState state_ = BufferState::kPlaceholder;
+  int64_t in_flight_ = 0;  // launched ops not yet finished (the executor runs them in order)
   Op pending_;
   std::string error_;
   std::vector<std::pair<int64_t, int64_t>> failing_ranges_;

@@ -98,3 +98,21 @@ def test_bad_arguments():
         a.fail_dma_in(0, a.nbytes + 1)
     with pytest.raises(ValueError, match="is not an array of"):
         kvref.SimDevice("tpu7x").fetch(a)
+
+
+def test_await_covers_every_op_in_flight():
+    dev = kvref.SimDevice("tpu7x")
+    a = dev.put(np.ones((512, 6144), kvref.element_type("bf16").numpy), land_after_us=200_000)
+    a.fill_(7)  # queued behind the slow put
+    a.await_buffer(timeout=10)
+    assert a.state == BufferState.MATERIALIZED and dev.fetch(a)[3, 4] == 7
+
+
+def test_op_recorded_while_another_runs_stays_deferred():
+    dev = kvref.SimDevice("tpu7x")
+    a = dev.put(np.ones((512, 6144), kvref.element_type("bf16").numpy), land_after_us=200_000)
+    with dev.defer_and_fuse():
+        a.fill_(9)
+    with pytest.raises(TimeoutError, match="DEFERRED"):
+        a.await_buffer(timeout=0.5)  # the put landed; the recorded op has not run
+    assert dev.fetch(a)[0, 0] == 9

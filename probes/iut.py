@@ -87,6 +87,12 @@ def random_host(dtype: str, dims, seed: int, finite: bool = False) -> np.ndarray
     return raw.view(element.numpy).reshape(dims)
 
 
+def tpu_layout_of(generation: str, dtype: str, dims) -> tuple[kvref.Shape, str]:
+    """The generation's compiler layout, and where the answer came from."""
+    answer = lookup(dtype, dims, generation)
+    return answer.shape, f"{answer.source} ({answer.versions})"
+
+
 class KvrefSim(Adapter):
     """The reference manager on the simulated TPU of the case's generation."""
 
@@ -103,10 +109,7 @@ class KvrefSim(Adapter):
     def device_kind(self) -> str:
         return table.load()["generations"].get(self.generation, {}).get("device_kind", "")
 
-    @staticmethod
-    def layout_of(generation, dtype, dims):
-        answer = lookup(dtype, dims, generation)
-        return answer.shape, f"{answer.source} ({answer.versions})"
+    layout_of = staticmethod(tpu_layout_of)
 
     def make_cache(self, dtype, dims, seed, mode="put", finite=False):
         host = random_host(dtype, dims, seed, finite)

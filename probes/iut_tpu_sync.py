@@ -8,8 +8,8 @@ from importlib import metadata
 import numpy as np
 
 import kvref
-from kvref.oracle import lookup, table
-from probes.iut import KvrefJax, random_host
+from kvref.oracle import table
+from probes.iut import KvrefJax, random_host, tpu_layout_of
 
 
 class TpuSyncManager:
@@ -97,10 +97,7 @@ class TpuSyncJaxTpu(TpuSyncJax):
     def device_kind(self) -> str:
         return tpu_device().device_kind
 
-    @staticmethod
-    def layout_of(generation, dtype, dims):
-        answer = lookup(dtype, dims, generation)
-        return answer.shape, f"{answer.source} ({answer.versions})"
+    layout_of = staticmethod(tpu_layout_of)
 
     def make_cache(self, dtype, dims, seed, mode="put", finite=False):
         import jax

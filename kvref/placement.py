@@ -40,7 +40,8 @@ def pack(array, shape: Shape) -> np.ndarray:
 
 
 def unpack(buffer, shape: Shape) -> np.ndarray:
-    """Physical bytes -> the logical NumPy array."""
+    """Physical bytes (bytes-like, a uint8 NumPy array or torch tensor) -> the
+    logical NumPy array."""
     physical = _as_bytes(buffer, shape)
     logical = np.empty(shape.dims, dtype=shape.element.numpy)
     shape._core.unpack(physical, logical.reshape(-1).view(np.uint8), shape.element.numpy.itemsize)
@@ -63,6 +64,8 @@ def _as_logical(array, shape: Shape) -> np.ndarray:
 
 
 def _as_bytes(buffer, shape: Shape) -> np.ndarray:
+    if is_torch_tensor(buffer):
+        buffer = host_numpy(buffer)
     if isinstance(buffer, (bytes, bytearray, memoryview)):
         buffer = np.frombuffer(buffer, dtype=np.uint8)
     if not isinstance(buffer, np.ndarray):

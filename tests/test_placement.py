@@ -75,7 +75,9 @@ def test_pack_accepts_torch_tensors():
     shape = kvref.Shape.parse("bf16[16,256]{1,0:T(8,128)(2,1)}")
     t = torch.arange(16 * 256, dtype=torch.float32).reshape(16, 256).to(torch.bfloat16)
     via_numpy = t.view(torch.int16).numpy().view(shape.element.numpy)
-    np.testing.assert_array_equal(kvref.pack(t, shape), kvref.pack(via_numpy, shape))
+    packed = kvref.pack(t, shape)
+    np.testing.assert_array_equal(packed, kvref.pack(via_numpy, shape))
+    np.testing.assert_array_equal(kvref.unpack(torch.from_numpy(packed), shape), via_numpy)
 
 
 @pytest.mark.parametrize("array, text, needle", [

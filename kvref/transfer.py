@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvref import _core
-from kvref.addressing import plan_host
+from kvref.addressing import layer_slice_bytes, plan_host
 from kvref.buffers import unpack_buffer
 from kvref.faults import parse_faults
 from kvref.futures import TransferFuture
@@ -42,7 +42,7 @@ def _transfer(d2h, device_array, host_array, src, dst, sizes, faults) -> Transfe
     if not host_array.flags.c_contiguous or not host_array.flags.writeable:
         raise ValueError("host_array must be C-contiguous and writable")
     view = unpack_buffer(device_array, faults)
-    block = plan_host([[view]], 1, "uniform", faults).slice_bytes[0]
+    block = layer_slice_bytes(view, 0, faults)
     if block == 0 or host_array.nbytes % block:
         raise ValueError(f"host_array has {host_array.nbytes} bytes, not a whole number of "
                          f"{block}-byte blocks of {view.shape}")

@@ -51,9 +51,7 @@ def _unpack_jax(array) -> DeviceBufferView:
         raise ValueError(f"jax.Array on {device.platform}: only CPU arrays are read in place here")
     # JAX's asynchronous dispatch always runs the computation: waiting suffices.
     array.block_until_ready()
-    layout = array.format.layout
     shape = Shape(element_type(array.dtype).name, tuple(array.shape),
-                  Layout(tuple(reversed(layout.major_to_minor)), tuple(tuple(t) for t in layout.tiling),
-                         layout.sub_byte_element_size_in_bits))
+                  Layout.from_jax(array.format.layout))
     region = _core.DeviceRegion.of_pointer(array.unsafe_buffer_pointer(), shape.physical_size_bytes)
     return DeviceBufferView(region, shape, device, array)

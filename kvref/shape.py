@@ -41,6 +41,12 @@ class Layout:
     def default(cls, rank: int) -> "Layout":
         return cls(tuple(range(rank - 1, -1, -1)))
 
+    @classmethod
+    def from_jax(cls, layout) -> "Layout":
+        """From a JAX layout (`major_to_minor`, `tiling`, `sub_byte_element_size_in_bits`)."""
+        return cls(tuple(reversed(layout.major_to_minor)), tuple(tuple(t) for t in layout.tiling),
+                   layout.sub_byte_element_size_in_bits)
+
     def __str__(self) -> str:
         text = ",".join(map(str, self.minor_to_major))
         extra = "".join("(" + ",".join(map(str, t)) + ")" for t in self.tiles)

@@ -66,9 +66,6 @@ def compile_layout(dtype, dims, generation: str) -> CompiledLayout:
     if out_dtype != element.name:
         raise OracleUnavailable(f"the compiler made {element.name}{list(dims)} into {out_dtype} "
                                 "(64-bit types need jax_enable_x64)")
-    layout = compiled.output_formats.layout
-    minor_to_major = tuple(reversed(layout.major_to_minor))
-    tiles = tuple(tuple(t) for t in layout.tiling)
-    shape = Shape(element.name, dims, Layout(minor_to_major, tiles, layout.sub_byte_element_size_in_bits))
+    shape = Shape(element.name, dims, Layout.from_jax(compiled.output_formats.layout))
     output_bytes = compiled.memory_analysis().output_size_in_bytes
     return CompiledLayout(shape, int(output_bytes), device.device_kind)

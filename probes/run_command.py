@@ -12,6 +12,7 @@ from probes import report, results
 from probes.cases import DEFAULT_PROBES, build_cases, load_matrix
 from probes.iut import check_target
 from probes.runner import run_cases
+from probes.verdicts import VERDICTS
 
 
 def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, console) -> pd.DataFrame:
@@ -75,8 +76,7 @@ def summary_table(frame: pd.DataFrame):
     from rich.table import Table
 
     table = Table(title=f"kvprobe run {frame['run_id'].iloc[0]}")
-    verdicts = [v for v in ("PASS", "REJECTED", "CORRUPT", "HANG", "CRASH", "ERROR", "SKIP")
-                if v in set(frame["verdict"])]
+    verdicts = [v for v in VERDICTS if v in set(frame["verdict"])]
     for col in ["generation", *verdicts, "disagreements"]:
         table.add_column(col, justify="right")
     for gen, part in frame.groupby("generation", sort=False):

@@ -6,14 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 import kvref
+from probes.iut import random_host
 
 
 def random_cache(device: kvref.SimDevice, dtype: str, dims, seed: int = 0, shape=None):
     """A device array (put from the host) with random contents, and those contents."""
-    element = kvref.element_type(dtype)
-    rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, int(np.prod(dims)) * element.numpy.itemsize, dtype=np.uint8)
-    host = raw.view(element.numpy).reshape(dims)
+    host = random_host(dtype, dims, seed)
     return device.put(host, shape=shape), host
 
 

@@ -10,7 +10,7 @@ PEER_STAMP := .venv-peer/.kvref-installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SYSTEM_PACKAGES := libprotobuf-dev protobuf-compiler
 
-.PHONY: probe peer-probe peer-env test bench baseline refresh-layouts clean system-deps
+.PHONY: probe peer-probe peer-env peer-env-torch tpu-test test bench baseline refresh-layouts clean system-deps
 
 # C++ protobuf for the plan binding comes from Debian.
 system-deps:
@@ -35,6 +35,14 @@ $(PEER_STAMP): $(STAMP)
 
 peer-env: $(PEER_STAMP)
 
+# On a TPU VM: tpu-sync-torch with torch and TorchTPU (TorchTPU has no CPU device).
+peer-env-torch: $(STAMP)
+	$(BIN)/kvprobe peer-env --lib torch
+
+# On a TPU VM: both production libraries on this TPU's arrays and tensors.
+tpu-test: $(PEER_STAMP) peer-env-torch
+	$(BIN)/python -m pytest -m tpu
+
 # The reference and the production library side by side on JAX CPU arrays.
 peer-probe: $(PEER_STAMP)
 	$(BIN)/kvprobe run --generation cpu --iut kvref-jax,tpu-sync-jax --matrix cpu --probe all --out reports
@@ -56,4 +64,4 @@ refresh-layouts: $(STAMP)
 	$(BIN)/python -m kvref.oracle.refresh
 
 clean:
-	rm -rf $(VENV) .venv-peer build
+	rm -rf $(VENV) .venv-peer .venv-peer-torch build

@@ -13,7 +13,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np  # noqa: E402
 
 import kvref  # noqa: E402
-from probes.iut_tpu_sync import TpuSyncManager  # noqa: E402
+from probes.sync_manager import JaxSyncManager  # noqa: E402
 from probes.timing import best_seconds  # noqa: E402
 
 
@@ -29,7 +29,7 @@ def main(argv=None) -> None:
     caches = [jnp.asarray(rng.integers(-8, 8, dims).astype(kvref.element_type("bf16").numpy))
               for _ in range(args.layers)]
     reference = kvref.KVCacheManager(caches, rows)
-    production = TpuSyncManager(caches, rows).manager
+    production = JaxSyncManager(caches, rows).manager
     perm, host = rng.permutation(rows).tolist(), list(range(rows))
     total = args.layers * rows * reference.bytes_per_block / 1e9
 

@@ -73,8 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also write each generation's baseline.csv from its latest run")
     rep.set_defaults(run=_report)
 
-    peer = sub.add_parser("peer-env", help="create and check the Python 3.12 environment with "
-                          "the production tpu-sync-jax")
+    peer = sub.add_parser("peer-env", help="create and check a Python 3.12 environment with a "
+                          "pinned production library")
+    peer.add_argument("--lib", choices=["jax", "torch"], default="jax",
+                      help="jax: tpu-sync-jax (probed on JAX CPU arrays anywhere); torch: "
+                      "tpu-sync-torch with torch and TorchTPU (for a TPU VM)")
     peer.add_argument("--check", action="store_true", help="only check an existing environment")
     peer.set_defaults(run=_peer_env)
 
@@ -114,14 +117,15 @@ def _run(args) -> int:
 def _peer_env(args) -> int:
     from probes import peer_env
 
+    env = peer_env.peer_env(args.lib)
     if args.check:
-        python = peer_env.peer_python()
+        python = env.python()
         if python is None:
-            raise ValueError(f"no peer environment at {peer_env.PEER_VENV}; run `kvprobe peer-env`")
-        found = peer_env.verify(python)
+            raise ValueError(env.missing())
+        found = peer_env.verify(env, python)
     else:
-        found = peer_env.create()
-    print("peer environment ok: " + ", ".join(f"{k} {v}" for k, v in found.items()))
+        found = peer_env.create(env)
+    print(f"{env.name} peer environment ok: " + ", ".join(f"{k} {v}" for k, v in found.items()))
     return 0
 
 

@@ -84,14 +84,10 @@ def plan_binding(case: Case, iut: Adapter) -> Outcome:
     are refused with TypeError and ValueError."""
     cache, _ = iut.make_cache(*PLAN_SHAPE, case.seed)
     manager = iut.manager([cache], 4)
-    def request(uuid):
-        return kvref.StartTransferRequest(uuid=uuid, layer_ids=[0], src_block_ids=[1],
-                                          dst_block_ids=[2])
-
     checks = [
-        ("bytes", request("p0").SerializeToString(), None),
-        ("message", request("p1"), None),
-        ("str", request("p2").SerializeToString().decode("latin-1"), TypeError),
+        ("bytes", iut.plan_request("p0").SerializeToString(), None),
+        ("message", iut.plan_request("p1"), None),
+        ("str", iut.plan_request("p2").SerializeToString().decode("latin-1"), TypeError),
         ("malformed bytes", b"\xff\xff\xff", ValueError),
     ]
     for i, (label, payload, expected) in enumerate(checks):

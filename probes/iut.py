@@ -20,9 +20,10 @@ from kvref.oracle import lookup, table
 class Adapter:
     name = ""
     backend = ""
-    interpreter = "main"  # "peer": workers run in the peer environment
+    interpreter = "main"  # or a peer environment's name: its workers run there (probes.peer_env)
     targets: tuple[str, ...] = ("cpu",)  # the --generation values it runs on
     jax_platforms: str | None = "cpu"  # JAX_PLATFORMS for its workers (None: leave as is)
+    owns_device = False  # True: a worker holds the real TPU, so cases run one at a time
 
     def __init__(self, generation: str, faults=()):
         self.generation = generation
@@ -65,6 +66,10 @@ class Adapter:
 
     def h2d(self, manager, src, dst, sizes=None) -> None:
         self.transfer(manager, False, src, dst, sizes)
+
+    def plan_request(self, uuid: str):
+        """A StartTransferRequest this IUT can parse: layer 0's block 1 to block 2."""
+        return kvref.StartTransferRequest(uuid=uuid, layer_ids=[0], src_block_ids=[1], dst_block_ids=[2])
 
     def fetch(self, cache) -> np.ndarray:
         raise NotImplementedError
@@ -169,9 +174,10 @@ class KvrefJax(Adapter):
 
 
 def _adapters() -> dict[str, type[Adapter]]:
-    from probes.iut_tpu_sync import TpuSyncJax, TpuSyncJaxTpu
+    from probes.iut_tpu_sync_jax import TpuSyncJax, TpuSyncJaxTpu
+    from probes.iut_tpu_sync_torch import TpuSyncTorchTpu
 
-    return {a.name: a for a in (KvrefSim, KvrefJax, TpuSyncJax, TpuSyncJaxTpu)}
+    return {a.name: a for a in (KvrefSim, KvrefJax, TpuSyncJax, TpuSyncJaxTpu, TpuSyncTorchTpu)}
 
 
 def adapter_class(iut: str) -> type[Adapter]:

@@ -10,7 +10,7 @@ import pandas as pd
 import kvref
 from probes import memory_map
 from probes.cases import PROBES, ROBUSTNESS_PROBES
-from probes.verdicts import VERDICTS
+from probes.verdicts import VERDICTS, disagreements, skipped
 
 VERDICT_COLOURS = {"PASS": "#4caf50", "REJECTED": "#90a4ae", "CORRUPT": "#e53935", "HANG": "#8e24aa",
                    "CRASH": "#000000", "ERROR": "#fb8c00", "SKIP": "#ffffff"}
@@ -33,10 +33,18 @@ def write_generation_report(frame: pd.DataFrame, gen_dir: Path) -> Path:
              f"![verdicts]({heatmap.name})", ""]
     if frame["iut"].nunique() > 1:
         lines += side_by_side(frame)
-    disagree = frame[frame["verdict"] != frame["predicted"]]
+    disagree, skips = disagreements(frame), skipped(frame)
+    tested = len(frame) - len(skips)
     lines += ["## Disagreements with the reference's prediction", ""]
-    lines += [_table(disagree[["case_id", "layout", "predicted", "verdict", "detail"]]) if len(disagree)
-              else "None: every verdict is the one the reference predicts.", ""]
+    if len(disagree):
+        lines += [_table(disagree[["case_id", "layout", "predicted", "verdict", "detail"]]), ""]
+    else:
+        lines += [f"None: each of the {tested} cases that ran earned the verdict the reference "
+                  "predicts." if tested else "None ran: every case was skipped.", ""]
+    if len(skips):
+        reasons = skips.groupby("detail", sort=False).size().rename("cases").reset_index()
+        lines += ["## Skipped", "", "Cases that could not run here, so were not tested.", "",
+                  _table(reasons.rename(columns={"detail": "reason"})), ""]
     refused = frame[(frame["verdict"] == "REJECTED") & (frame["probe"] == "roundtrip")]
     lines += ["## Refused shapes", "",
               "Shapes whose dim-0 blocks are not contiguous byte ranges on this generation.", ""]

@@ -12,7 +12,7 @@ from probes import report, results
 from probes.cases import DEFAULT_PROBES, build_cases, load_matrix
 from probes.iut import check_target
 from probes.runner import run_cases
-from probes.verdicts import VERDICTS
+from probes.verdicts import VERDICTS, disagreements
 
 
 def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, console) -> pd.DataFrame:
@@ -82,5 +82,5 @@ def summary_table(frame: pd.DataFrame):
     for gen, part in frame.groupby("generation", sort=False):
         counts = part["verdict"].value_counts()
         table.add_row(gen, *[str(counts.get(v, 0)) for v in verdicts],
-                      str(int((part["verdict"] != part["predicted"]).sum())))
+                      str(len(disagreements(part))))
     return table

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from probes.cases import Case
 from probes.iut import adapter_class
-from probes.peer_env import peer_python
+from probes.peer_env import peer_env
 from probes.verdicts import CRASH, ERROR, HANG, SKIP, Outcome
 from probes.worker import RESULT_PREFIX
 
@@ -31,17 +31,18 @@ class CaseResult:
 
 def worker_python(case: Case) -> str | None:
     """The interpreter for this case's IUT; None when its environment is missing."""
-    if adapter_class(case.iut).interpreter != "peer":
+    interpreter = adapter_class(case.iut).interpreter
+    if interpreter == "main":
         return sys.executable
-    python = peer_python()
+    python = peer_env(interpreter).python()
     return str(python) if python else None
 
 
 def run_case(case: Case, python: str | None = None) -> CaseResult:
     python = python or worker_python(case)
     if python is None:
-        return CaseResult(case, Outcome(SKIP, f"{case.iut} runs in the peer environment, which is "
-                                        "not installed: run `kvprobe peer-env`"), 0.0)
+        env = peer_env(adapter_class(case.iut).interpreter)
+        return CaseResult(case, Outcome(SKIP, f"{case.iut}: {env.missing()}"), 0.0)
     start = time.monotonic()
     proc = subprocess.Popen([python, "-m", "probes.worker"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -76,7 +77,7 @@ def run_cases(cases: list[Case], jobs: int | None = None, python: str | None = N
               progress=None) -> list[CaseResult]:
     """All cases, `jobs` at a time (default: the core count), in input order.
     `progress(result)` is called as each finishes."""
-    jobs = jobs or os.cpu_count() or 1
+    jobs = 1 if owns_device(cases) else jobs or os.cpu_count() or 1
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = [pool.submit(run_case, case, python) for case in cases]
         results = []
@@ -86,6 +87,11 @@ def run_cases(cases: list[Case], jobs: int | None = None, python: str | None = N
                 progress(result)
             results.append(result)
     return results
+
+
+def owns_device(cases: list[Case]) -> bool:
+    """Whether any case's worker holds a real TPU, which one process may hold at a time."""
+    return any(adapter_class(iut).owns_device for iut in {c.iut for c in cases})
 
 
 def _kill_group(pid: int) -> None:

@@ -14,6 +14,16 @@ SKIP = "SKIP"  # not applicable here, with a reason
 VERDICTS = (PASS, REJECTED, CORRUPT, HANG, CRASH, ERROR, SKIP)
 
 
+def disagreements(frame):
+    """Rows of a results table whose verdict is not the predicted one. A SKIP
+    was not tested, so it neither agrees nor disagrees."""
+    return frame[(frame["verdict"] != frame["predicted"]) & (frame["verdict"] != SKIP)]
+
+
+def skipped(frame):
+    return frame[frame["verdict"] == SKIP]
+
+
 @dataclass
 class Outcome:
     verdict: str

@@ -12,28 +12,44 @@ from probes.verdicts import VERDICTS
 pytestmark = pytest.mark.peer
 
 
+JAX_ENV = peer_env.PEER_ENVS["jax"]
+
+
 @pytest.fixture(scope="module")
 def peer_python():
-    python = peer_env.peer_python()
+    python = JAX_ENV.python()
     if python is None:
-        pytest.skip(f"no peer environment at {peer_env.PEER_VENV}; run `kvprobe peer-env`")
+        pytest.skip(JAX_ENV.missing())
     return python
 
 
 def test_peer_environment_holds_the_pinned_library(peer_python):
-    found = peer_env.verify(peer_python)
-    assert found[peer_env.PEER_DIST] == peer_env.PEER_VERSION
+    found = peer_env.verify(JAX_ENV, peer_python)
+    assert found[JAX_ENV.library] == JAX_ENV.version
     assert tuple(int(x) for x in found["python"].split(".")[:2]) >= (3, 12)
     assert tuple(int(x) for x in found["jax"].split(".")[:2]) >= (0, 11)
 
 
 def test_forbidden_names_are_refused():
+    pinned = dict(JAX_ENV.pins)
     with pytest.raises(peer_env.PeerEnvError, match="unrelated package"):
-        peer_env.check_dists({"tpu-raiden-jax": "1.0", peer_env.PEER_DIST: peer_env.PEER_VERSION}, (3, 12))
+        peer_env.check_dists(JAX_ENV, {"tpu-raiden-jax": "1.0", **pinned}, (3, 12))
     with pytest.raises(peer_env.PeerEnvError, match="expected 0.0.1rc"):
-        peer_env.check_dists({peer_env.PEER_DIST: "0.0.0"}, (3, 12))
+        peer_env.check_dists(JAX_ENV, {JAX_ENV.library: "0.0.0"}, (3, 12))
     with pytest.raises(peer_env.PeerEnvError, match="needs 3.12"):
-        peer_env.check_dists({peer_env.PEER_DIST: peer_env.PEER_VERSION}, (3, 11))
+        peer_env.check_dists(JAX_ENV, pinned, (3, 11))
+
+
+def test_torch_environment_holds_every_pin():
+    torch_env = peer_env.PEER_ENVS["torch"]
+    installed = {"tpu_sync_torch": peer_env.SYNC_VERSION, "torch": "2.13.0+cpu", "torch_tpu": "0.2.0"}
+    assert peer_env.check_dists(torch_env, installed, (3, 12))["torch-tpu"] == "0.2.0"
+    for dist, wrong in (("torch_tpu", None), ("torch", "2.14.1")):
+        broken = {k: v for k, v in {**installed, dist: wrong}.items() if v}
+        with pytest.raises(peer_env.PeerEnvError, match=f"{dist.replace('_', '-')} .* expected"):
+            peer_env.check_dists(torch_env, broken, (3, 12))
+    with pytest.raises(ValueError, match="expected one of \\['jax', 'torch'\\]"):
+        peer_env.peer_env("tensorflow")
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +69,7 @@ def test_every_case_gets_one_verdict(side_by_side):
 
 def test_production_runs_in_its_own_interpreter(side_by_side):
     production = [r for r in side_by_side if r.case.iut == "tpu-sync-jax" and r.outcome.iut_version]
-    assert production and all(r.outcome.iut_version == peer_env.PEER_VERSION for r in production)
+    assert production and all(r.outcome.iut_version == JAX_ENV.version for r in production)
 
 
 def test_reference_earns_its_predictions_beside_it(side_by_side):

@@ -7,6 +7,8 @@ import dataclasses
 import pytest
 
 from probes.cases import build_cases, load_matrix
+from probes.hardware import local_generation
+from probes.iut import adapter_class
 from probes.predict import describe
 from probes.runner import run_case
 
@@ -19,17 +21,21 @@ def test_reference_earns_its_prediction(case):
     assert result.outcome.verdict == describe(case)["predicted"], result.outcome.detail
 
 
-@pytest.mark.tpu
-@pytest.mark.parametrize("case", SEED_CASES, ids=lambda c: c.case_id)
-def test_hardware_probes(case):
-    """The production library on this TPU's own arrays, held to the reference's
-    prediction for the same layout."""
-    from probes.iut_tpu_sync import local_tpu_generation
+HARDWARE_IUTS = ("tpu-sync-jax-tpu", "tpu-sync-torch-tpu")
 
-    generation = local_tpu_generation()
+
+@pytest.mark.tpu
+@pytest.mark.parametrize("iut", HARDWARE_IUTS)
+@pytest.mark.parametrize("case", SEED_CASES, ids=lambda c: c.case_id)
+def test_hardware_probes(case, iut):
+    """A production library on this TPU's own arrays or tensors, held to the
+    reference's prediction for the same layout."""
+    generation = local_generation()
     if generation is None:
         pytest.skip("no TPU here: jax.devices('tpu') found none")
-    hardware = dataclasses.replace(case, generation=generation, iut="tpu-sync-jax-tpu")
+    if generation not in adapter_class(iut).targets:
+        pytest.skip(f"{iut} does not run on {generation}")
+    hardware = dataclasses.replace(case, generation=generation, iut=iut)
     result = run_case(hardware)
     if result.outcome.verdict == "SKIP":
         pytest.skip(result.outcome.detail)

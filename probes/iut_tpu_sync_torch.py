@@ -104,7 +104,7 @@ class TpuSyncTorchTpu(SyncLibrary, Adapter):
             return
         scratch = torch.empty(tuple(dims), dtype=torch_dtype(dtype), device="tpu")
         _sync().synchronize([scratch], wait=True)
-        # (minor_to_major, tiles, element size in bits)
+        # (minor_to_major, tiles, an int): the first two are what the compiler also decides
         found = tpu_torch_compile.get_device_layout_if_materialized(scratch)
         expected = self.layout(dtype, dims).layout
         if found is None:

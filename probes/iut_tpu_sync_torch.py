@@ -68,7 +68,7 @@ class TpuSyncTorchTpu(SyncLibrary, Adapter):
         if mode == "deferred":
             with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
                 cache = cache.clone()
-            if _sync().is_materialized(cache):
+            if self.is_materialized(cache):
                 raise RuntimeError("a clone made under DEFER_AND_FUSE was materialized at once: "
                                    "nothing deferred is left to probe")
         return cache, host

@@ -35,12 +35,8 @@ def to_torch(host: np.ndarray):
 
 def from_torch(tensor) -> np.ndarray:
     """The logical NumPy array of a tensor on any device, bytes unchanged."""
-    element = kvref.element_type(tensor.dtype)
-    raw = tensor.detach().cpu().contiguous().reshape(-1).view(_uint8()).numpy()
-    return raw.view(element.numpy).reshape(tuple(tensor.shape))
-
-
-def _uint8():
     import torch
 
-    return torch.uint8
+    element = kvref.element_type(tensor.dtype)
+    raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+    return raw.view(element.numpy).reshape(tuple(tensor.shape))

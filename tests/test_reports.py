@@ -84,6 +84,20 @@ def test_faulty_run_reports_disagreements(tmp_path, capsys):
     assert "CORRUPT" in summary and "legacy_slice_formula" in summary
 
 
+def test_skipped_cases_are_listed_apart_not_as_disagreements(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KVPROBE_PEER_TORCH_PYTHON", "/nonexistent/python")
+    out = tmp_path / "reports"
+    assert cli.main(["run", "-g", "tpu7x", "--iut", "tpu-sync-torch-tpu", "--matrix", "seed",
+                     "--probe", "roundtrip", "--out", str(out)]) == 0
+    frame = results.read_run(next((out / "tpu7x" / "runs").glob("*.csv")))
+    assert (frame.verdict == "SKIP").all() and (frame.predicted != "SKIP").all()
+    summary = (out / "tpu7x" / "summary.md").read_text()
+    assert "None ran: every case was skipped." in summary
+    skipped = summary.split("## Skipped")[1].split("##")[0]
+    row = next(line for line in skipped.splitlines() if "kvprobe peer-env --lib torch" in line)
+    assert row.split("|")[-2].strip() == str(len(frame))  # one reason, counted over every case
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["run", "--probe", "nope"], "unknown probe(s) ['nope']"),
     (["run", "--timeout", "0"], "expected a positive number"),

@@ -51,10 +51,10 @@ test: $(STAMP) $(PEER_STAMP)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP) $(PEER_STAMP)
-	$(BIN)/python -m probes.bench_layout
-	$(BIN)/python -m probes.bench_manager
-	$(BIN)/python -m probes.bench_run
-	.venv-peer/bin/python -m probes.bench_peer
+	$(BIN)/python -m probes.bench.layout
+	$(BIN)/python -m probes.bench.manager
+	$(BIN)/python -m probes.bench.run
+	.venv-peer/bin/python -m probes.bench.peer
 
 # Rewrite the committed baselines from the latest run of each generation.
 baseline: $(STAMP)

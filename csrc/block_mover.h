@@ -68,7 +68,6 @@ class BlockMover : public std::enable_shared_from_this<BlockMover> {
   int64_t host_bytes() const { return host_size_; }
   uint8_t* host_data() const { return host_; }
   const std::vector<LayerAddressing>& layers() const { return layers_; }
-  int64_t host_blocks() const { return host_blocks_; }
 
  private:
   void validate(Direction dir, const int64_t* src, const int64_t* dst, const int64_t* counts,

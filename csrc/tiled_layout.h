@@ -46,7 +46,6 @@ class TiledLayout {
   const std::vector<int64_t>& dims() const { return dims_; }
   const std::vector<Digit>& digits() const { return digits_; }
   const std::vector<Loop>& loops() const { return loops_; }
-  int64_t digit_phys_stride(int digit) const { return leaf_stride_[digit]; }
 
   // Physical element index contributed by coordinate x of logical dim d.
   std::vector<int64_t> dim_table(int d) const;

@@ -2,14 +2,15 @@
 
 from kvref.dtypes import ELEMENT_TYPES, element_type
 from kvref.errors import LayoutError
-from kvref.faults import FAULTS
+from kvref.faults import FAULTS, Faults
 from kvref.futures import TransferFuture
 from kvref.generations import GENERATIONS
 from kvref.manager import HostBudgetError, KVCacheManager
 from kvref.oracle import LayoutAnswer, OracleUnavailable, tpu_layout
-from kvref.placement import element_byte_offsets, pack, unpack
+from kvref.placement import element_byte_offsets, element_physical_indices, pack, unpack
 from kvref.plans import StartTransferRequest
 from kvref.shape import Layout, Shape
+from kvref.shape_key import ShapeKey
 from kvref.sim import BufferState, DeviceArray, DeviceError, SimDevice
 from kvref.slices import (
     MajorSlice,
@@ -17,13 +18,14 @@ from kvref.slices import (
     major_slice,
     validate_major_slice_addressable,
 )
+from kvref.torch_interop import from_torch, to_torch, torch_dtype
 from kvref.transfer import transfer_d2h, transfer_d2h_async, transfer_h2d, transfer_h2d_async
 
 __all__ = [
-    "ELEMENT_TYPES", "FAULTS", "GENERATIONS", "BufferState", "DeviceArray", "DeviceError",
+    "ELEMENT_TYPES", "FAULTS", "Faults", "GENERATIONS", "BufferState", "DeviceArray", "DeviceError",
     "HostBudgetError", "KVCacheManager", "Layout", "LayoutAnswer", "LayoutError", "MajorSlice",
-    "OracleUnavailable", "Shape", "SimDevice", "StartTransferRequest", "TransferFuture",
-    "element_byte_offsets", "element_type", "legacy_major_slice_byte_size", "major_slice", "pack",
+    "OracleUnavailable", "Shape", "ShapeKey", "SimDevice", "StartTransferRequest", "TransferFuture",
+    "element_byte_offsets", "from_torch", "to_torch", "torch_dtype", "element_physical_indices", "element_type", "legacy_major_slice_byte_size", "major_slice", "pack",
     "tpu_layout", "transfer_d2h", "transfer_d2h_async", "transfer_h2d", "transfer_h2d_async",
     "unpack", "validate_major_slice_addressable",
 ]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from kvref import _core
 from kvref.buffers import DeviceBufferView
+from kvref.faults import Faults
 from kvref.slices import legacy_major_slice_byte_size, validate_major_slice_addressable
 
 SLICE_POLICIES = ("uniform", "per_layer")
@@ -19,8 +20,8 @@ class HostPlan:
     allocate_bytes: int  # what must be mapped so no copy leaves the pool
 
 
-def layer_slice_bytes(view: DeviceBufferView, layer: int, faults: frozenset[str]) -> int:
-    if "legacy_slice_formula" in faults:
+def layer_slice_bytes(view: DeviceBufferView, layer: int, faults: Faults) -> int:
+    if faults.legacy_slice_formula:
         return legacy_major_slice_byte_size(view.shape)
     try:
         return validate_major_slice_addressable(view.shape)
@@ -29,10 +30,10 @@ def layer_slice_bytes(view: DeviceBufferView, layer: int, faults: frozenset[str]
 
 
 def plan_host(views: list[list[DeviceBufferView]], host_blocks: int, policy: str,
-              faults: frozenset[str]) -> HostPlan:
+              faults: Faults) -> HostPlan:
     """Slice sizes per layer, their device and host addressing, and the pool size."""
     slices = [layer_slice_bytes(layer[0], i, faults) for i, layer in enumerate(views)]
-    mixed_from_layer0 = "allow_mixed_slices" in faults
+    mixed_from_layer0 = faults.allow_mixed_slices
     if policy == "uniform" and not mixed_from_layer0:
         for i, size in enumerate(slices):
             if size != slices[0]:

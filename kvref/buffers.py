@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from kvref import _core
 from kvref.dtypes import element_type
+from kvref.faults import Faults
 from kvref.shape import Layout, Shape
 from kvref.sim import DeviceArray
 
@@ -24,10 +25,10 @@ class DeviceBufferView:
     keepalive: object  # the caller's array, kept alive while in use
 
 
-def unpack_buffer(array, faults: frozenset[str] = frozenset()) -> DeviceBufferView:
+def unpack_buffer(array, faults: Faults = Faults()) -> DeviceBufferView:
     if isinstance(array, DeviceArray):
-        if "no_await_before_transfer" not in faults:
-            if "no_materialize_before_await" not in faults:
+        if not faults.no_await_before_transfer:
+            if not faults.no_materialize_before_await:
                 array.materialize()
             array._buffer.await_()
         return DeviceBufferView(_core.DeviceRegion.of_buffer(array._buffer), array.shape,

@@ -83,26 +83,3 @@ def element_type(dtype) -> ElementType:
 def _torch_names() -> str:
     return ", ".join(f"torch.{t.torch_name}" for t in ELEMENT_TYPES.values())
 
-
-def torch_dtype(t: ElementType):
-    """The torch dtype for an element type, or None where torch has none."""
-    import torch
-
-    return getattr(torch, t.torch_name, None) if t.torch_name else None
-
-
-def is_torch_tensor(obj) -> bool:
-    return type(obj).__module__.startswith("torch") and hasattr(obj, "detach")
-
-
-def host_numpy(tensor) -> np.ndarray:
-    """A torch tensor's contents as a NumPy array of the matching dtype (bf16,
-    fp8 and int4 by reinterpreting their bytes)."""
-    t = element_type(tensor.dtype)
-    host = tensor.detach().cpu().contiguous()
-    if t.name not in ("bf16", "f8e4m3fn", "f8e5m2", "s4", "u4"):
-        return host.numpy()
-    import torch
-
-    raw = host.view(torch.uint8) if t.numpy.itemsize == 1 else host.view(torch.int16)
-    return raw.numpy().view(t.numpy)

@@ -1,36 +1,74 @@
-"""Fault models: each switches the reference manager back to one old bug."""
+"""Fault models: each switches the reference manager back to one old bug.
+
+Names are parsed once into a `Faults` value with one flag per fault; code
+asks `faults.legacy_slice_formula` and never compares names."""
 
 from __future__ import annotations
 
 import os
-
-FAULTS: dict[str, str] = {
-    "no_materialize_before_await":
-        "unpack awaits a buffer without materializing it: construction over deferred "
-        "tensors hangs, holding the GIL",
-    "legacy_slice_formula":
-        "slice size from the old formula, with no addressability check",
-    "str_only_plan_binding":
-        "the plan binding takes std::string, so it refuses the bytes it is given",
-    "allow_mixed_slices":
-        "host allocation and host block offsets all come from layer 0's slice",
-    "no_await_before_transfer":
-        "unpack neither materializes nor awaits: transfers race host->device copies",
-    "no_host_budget":
-        "the host pool is allocated without checking it against a budget (host OOM)",
-}
+from dataclasses import dataclass, field, fields
 
 ENV_VAR = "KVREF_FAULTS"
 
 
-def parse_faults(faults=(), environ=None) -> frozenset[str]:
-    """The faults named in `faults` plus those in $KVREF_FAULTS (comma-separated)."""
-    if isinstance(faults, str):
-        faults = [faults]
-    environ = os.environ if environ is None else environ
-    names = [f.strip() for f in faults] + [
-        f.strip() for f in environ.get(ENV_VAR, "").split(",") if f.strip()]
-    unknown = sorted(set(names) - set(FAULTS))
-    if unknown:
-        raise ValueError(f"unknown fault model(s) {unknown}; expected any of {sorted(FAULTS)}")
-    return frozenset(names)
+def _fault(what: str):
+    return field(default=False, metadata={"doc": what})
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Which old bugs are switched on; all off by default."""
+
+    no_materialize_before_await: bool = _fault(
+        "unpack awaits a buffer without materializing it: construction over deferred "
+        "tensors hangs, holding the GIL")
+    legacy_slice_formula: bool = _fault(
+        "slice size from the old formula, with no addressability check")
+    str_only_plan_binding: bool = _fault(
+        "the plan binding takes std::string, so it refuses the bytes it is given")
+    allow_mixed_slices: bool = _fault(
+        "host allocation and host block offsets all come from layer 0's slice")
+    no_await_before_transfer: bool = _fault(
+        "unpack neither materializes nor awaits: transfers race host->device copies")
+    no_host_budget: bool = _fault(
+        "the host pool is allocated without checking it against a budget (host OOM)")
+
+    @classmethod
+    def known(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def parse(cls, faults=(), environ=None) -> "Faults":
+        """The faults named in `faults` (names, or a Faults value) plus those in
+        $KVREF_FAULTS (comma-separated); ValueError listing the known names."""
+        if isinstance(faults, Faults):
+            named = list(faults.names)
+        elif isinstance(faults, str):
+            named = faults.split(",")
+        else:
+            named = list(faults)
+        environ = os.environ if environ is None else environ
+        named += environ.get(ENV_VAR, "").split(",")
+        names = [n.strip() if isinstance(n, str) else n for n in named]
+        names = [n for n in names if n != ""]
+        unknown = sorted({repr(n) for n in names if n not in cls.known()})
+        if unknown:
+            raise ValueError(f"unknown fault model(s) [{', '.join(unknown)}]; expected any of "
+                             f"{list(cls.known())}")
+        return cls(**{name: True for name in names})
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The faults switched on, in declaration order."""
+        return tuple(name for name in self.known() if getattr(self, name))
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+    def __str__(self) -> str:
+        return ",".join(self.names)
+
+
+# What each fault model puts back, by name.
+FAULTS: dict[str, str] = {f.name: f.metadata["doc"] for f in fields(Faults)}
+

@@ -11,7 +11,7 @@ import numpy as np
 from kvref import _core
 from kvref.addressing import SLICE_POLICIES, plan_host
 from kvref.buffers import DeviceBufferView, unpack_buffer
-from kvref.faults import parse_faults
+from kvref.faults import Faults
 from kvref.futures import TransferFuture
 from kvref.offsets import transfer_lists
 from kvref.plans import request_bytes
@@ -26,7 +26,7 @@ class HostBudgetError(MemoryError):
 class KVCacheManager:
     def __init__(self, kv_caches, host_blocks: int, *, host_budget_bytes: int | None = None,
                  slice_policy: str = "uniform", faults=()):
-        self.faults = parse_faults(faults)
+        self.faults = Faults.parse(faults)
         if slice_policy not in SLICE_POLICIES:
             raise ValueError(f"slice_policy {slice_policy!r} is not one of {SLICE_POLICIES}")
         if isinstance(host_blocks, bool) or not isinstance(host_blocks, (int, np.integer)) \
@@ -37,7 +37,7 @@ class KVCacheManager:
         _check_devices(views)
         plan = plan_host(views, int(host_blocks), slice_policy, self.faults)
         budget = default_host_budget() if host_budget_bytes is None else int(host_budget_bytes)
-        if plan.host_bytes > budget and "no_host_budget" not in self.faults:
+        if plan.host_bytes > budget and not self.faults.no_host_budget:
             raise HostBudgetError(
                 f"the host pool would take {plan.host_bytes:,} bytes ({plan.host_bytes / 2**30:.1f} "
                 f"GiB: {host_blocks} host blocks x {len(views)} layers x {len(views[0])} shards x "
@@ -96,7 +96,7 @@ class KVCacheManager:
         """`request`: a serialized StartTransferRequest (bytes) or the message."""
         if not isinstance(uuid, str):
             raise TypeError(f"uuid must be str, got {type(uuid).__name__}")
-        if "str_only_plan_binding" in self.faults:
+        if self.faults.str_only_plan_binding:
             # The old binding: std::string under nanobind, which takes only str.
             payload = request.SerializeToString() if hasattr(request, "SerializeToString") else request
             self._plans.add_str(uuid, payload, bool(is_sender))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvref.dtypes import element_type, host_numpy, is_torch_tensor
+from kvref.dtypes import element_type
 from kvref.shape import Shape
+from kvref.torch_interop import from_torch, is_torch_tensor
 
 
 def element_physical_indices(shape: Shape) -> np.ndarray:
@@ -30,27 +31,40 @@ def dim_tables(shape: Shape) -> list[np.ndarray]:
     return [shape._core.dim_table(d) for d in range(shape.rank)]
 
 
-def pack(array, shape: Shape) -> np.ndarray:
+def pack(array, shape: Shape, out: np.ndarray | None = None) -> np.ndarray:
     """Logical array -> its physical bytes (uint8, `physical_size_bytes` long),
-    padding zero. Accepts NumPy arrays and torch tensors."""
+    padding zero. Accepts NumPy arrays and torch tensors; `out`, if given, is a
+    uint8 array of that size to write into."""
     logical = _as_logical(array, shape)
-    physical = np.empty(shape.physical_size_bytes, dtype=np.uint8)
+    physical = _output(out, (shape.physical_size_bytes,), np.dtype(np.uint8), shape)
     shape._core.pack(logical.reshape(-1).view(np.uint8), physical, shape.element.numpy.itemsize)
     return physical
 
 
-def unpack(buffer, shape: Shape) -> np.ndarray:
+def unpack(buffer, shape: Shape, out: np.ndarray | None = None) -> np.ndarray:
     """Physical bytes (bytes-like, a uint8 NumPy array or torch tensor) -> the
-    logical NumPy array."""
+    logical NumPy array; `out`, if given, is a C-contiguous array of the
+    logical shape and dtype to write into."""
     physical = _as_bytes(buffer, shape)
-    logical = np.empty(shape.dims, dtype=shape.element.numpy)
+    logical = _output(out, shape.dims, shape.element.numpy, shape)
     shape._core.unpack(physical, logical.reshape(-1).view(np.uint8), shape.element.numpy.itemsize)
     return logical
 
 
+def _output(out, dims, dtype: np.dtype, shape: Shape) -> np.ndarray:
+    if out is None:
+        return np.empty(dims, dtype=dtype)
+    if not isinstance(out, np.ndarray) or out.dtype != dtype or tuple(out.shape) != tuple(dims) \
+            or not out.flags.c_contiguous or not out.flags.writeable:
+        got = f"{out.dtype}{list(out.shape)}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise ValueError(f"out must be a writable C-contiguous {dtype}{list(dims)} array for "
+                         f"{shape}, got {got}")
+    return out
+
+
 def _as_logical(array, shape: Shape) -> np.ndarray:
     if is_torch_tensor(array):
-        array = host_numpy(array)
+        array = from_torch(array)
     if not isinstance(array, np.ndarray):
         raise TypeError(f"pack expects a NumPy array or torch tensor, got {type(array).__name__}")
     try:
@@ -59,13 +73,13 @@ def _as_logical(array, shape: Shape) -> np.ndarray:
         got = str(array.dtype)
     if got != shape.dtype or tuple(array.shape) != shape.dims:
         raise ValueError(f"array {got}{list(array.shape)} does not match the layout "
-                         f"{shape}; expected {shape.dtype}{list(shape.dims)}")
+                         f"{shape}; expected {shape.key}")
     return np.ascontiguousarray(array)
 
 
 def _as_bytes(buffer, shape: Shape) -> np.ndarray:
     if is_torch_tensor(buffer):
-        buffer = host_numpy(buffer)
+        buffer = from_torch(buffer)
     if isinstance(buffer, (bytes, bytearray, memoryview)):
         buffer = np.frombuffer(buffer, dtype=np.uint8)
     if not isinstance(buffer, np.ndarray):

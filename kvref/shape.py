@@ -9,6 +9,7 @@ from functools import cached_property
 from kvref import _core
 from kvref.dtypes import ELEMENT_TYPES, ElementType, element_type
 from kvref.errors import LayoutError
+from kvref.shape_key import ShapeKey
 
 _INT64_MAX = 2**63 - 1
 _SHAPE_RE = re.compile(r"^\s*([a-z][a-z0-9]*)\[([^\]]*)\](?:\{([^{}]*)\})?\s*$")
@@ -75,7 +76,7 @@ class Shape:
         object.__setattr__(self, "layout", layout)
         if len(layout.minor_to_major) != len(dims):
             raise LayoutError(f"layout {layout} has {len(layout.minor_to_major)} dims but the "
-                              f"shape {element.name}{list(dims)} has {len(dims)}")
+                              f"shape {ShapeKey(element.name, dims)} has {len(dims)}")
         _check_element_bits(element, layout.element_bits, self)
         try:
             core = _core.TiledLayout(list(dims), list(layout.minor_to_major),
@@ -110,7 +111,12 @@ class Shape:
         return cls(dtype, dims, layout)
 
     def __str__(self) -> str:
-        return f"{self.dtype}[{','.join(map(str, self.dims))}]{self.layout}"
+        return f"{self.key}{self.layout}"
+
+    @property
+    def key(self) -> ShapeKey:
+        """The array type without its layout: `bf16[512,3,2048]`."""
+        return ShapeKey(self.dtype, self.dims)
 
     @property
     def element(self) -> ElementType:
@@ -128,6 +134,11 @@ class Shape:
     @cached_property
     def physical_size_bytes(self) -> int:
         return self._core.physical_bytes
+
+    @property
+    def physical_elements(self) -> int:
+        """Element slots in the physical buffer, padding included."""
+        return self._core.physical_elements
 
     @property
     def logical_elements(self) -> int:

@@ -9,11 +9,13 @@ import threading
 import numpy as np
 
 from kvref import _core
-from kvref.dtypes import element_type, host_numpy, is_torch_tensor
+from kvref.dtypes import element_type
 from kvref.generations import check_generation
 from kvref.oracle import tpu_layout
 from kvref.placement import unpack
 from kvref.shape import Shape
+from kvref.shape_key import ShapeKey
+from kvref.torch_interop import as_numpy
 
 BufferState = _core.BufferState
 DeviceError = _core.DeviceError
@@ -124,7 +126,7 @@ class SimDevice:
     def put(self, host_array, *, shape: Shape | None = None, land_after_us: int = 0) -> DeviceArray:
         """Host -> device (`cpu_tensor.to(device)`): MATERIALIZING until the copy
         lands, `land_after_us` after the DMA engine takes it."""
-        array = _host_numpy(host_array)
+        array = as_numpy(host_array)
         layout = self._layout(array.dtype, array.shape, shape)
         if land_after_us < 0:
             raise ValueError(f"land_after_us must not be negative, got {land_after_us}")
@@ -163,11 +165,11 @@ class SimDevice:
         if not isinstance(shape, Shape):
             raise TypeError(f"shape must be a kvref.Shape, got {type(shape).__name__}")
         if shape.dtype != name or shape.dims != dims:
-            raise ValueError(f"shape {shape} does not match {name}{list(dims)}")
+            raise ValueError(f"shape {shape} does not match {ShapeKey(name, dims)}")
         return shape
 
     def _logical(self, array, shape: Shape) -> np.ndarray:
-        array = _host_numpy(array)
+        array = as_numpy(array)
         if element_type(array.dtype).name != shape.dtype or tuple(array.shape) != shape.dims:
             raise ValueError(f"array {array.dtype}{list(array.shape)} does not match {shape}")
         return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
@@ -182,6 +184,3 @@ class SimDevice:
         if not isinstance(array, DeviceArray) or array.device is not self:
             raise ValueError(f"{array!r} is not an array of {self!r}")
 
-
-def _host_numpy(array) -> np.ndarray:
-    return host_numpy(array) if is_torch_tensor(array) else np.asarray(array)

@@ -8,7 +8,7 @@ import numpy as np
 from kvref import _core
 from kvref.addressing import layer_slice_bytes, plan_host
 from kvref.buffers import unpack_buffer
-from kvref.faults import parse_faults
+from kvref.faults import Faults
 from kvref.futures import TransferFuture
 from kvref.offsets import transfer_lists
 
@@ -35,7 +35,7 @@ def transfer_h2d(*args, **kwargs) -> None:
 
 
 def _transfer(d2h, device_array, host_array, src, dst, sizes, faults) -> TransferFuture:
-    faults = parse_faults(faults)
+    faults = Faults.parse(faults)
     src, dst, sizes = transfer_lists(src, dst, sizes)
     if not isinstance(host_array, np.ndarray):
         raise TypeError(f"host_array must be a NumPy array, got {type(host_array).__name__}")

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import kvref
-from probes import cli, memory_map
+from probes.report import memory_map
+from probes.run import cli
 
 
 def run(capsys, *argv):

@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 import kvref
-from probes.cases import Case
-from probes.iut import check_target, random_host
-from probes.runner import owns_device, run_case, run_cases
-from probes.torch_arrays import from_torch, to_torch, torch_dtype
+from kvref import ShapeKey, from_torch, to_torch, torch_dtype
+from probes.iut.host_data import random_host
+from probes.iut.registry import check_target
+from probes.run.runner import owns_device, run_case, run_cases
+from probes.suite.cases import Case
 from tests.test_runner import fake_python
 
-TORCH_CASE = Case("roundtrip", "tpu7x", iut="tpu-sync-torch-tpu", dtype="bf16", dims=(512, 16, 2048))
+TORCH_CASE = Case("roundtrip", "tpu7x", iut="tpu-sync-torch-tpu", shape=ShapeKey("bf16", (512, 16, 2048)))
 
 
 def test_torch_cases_skip_without_their_environment(monkeypatch):
@@ -35,11 +36,11 @@ def test_torch_worker_names_what_is_missing(monkeypatch):
 
 @pytest.mark.peer
 def test_jax_hardware_worker_finds_no_tpu():
-    from probes.peer_env import PEER_ENVS
+    from probes.iut.peer_env import PEER_ENVS
 
     if PEER_ENVS["jax"].python() is None:
         pytest.skip(PEER_ENVS["jax"].missing())
-    case = Case("roundtrip", "tpu7x", iut="tpu-sync-jax-tpu", dtype="bf16", dims=(512, 16, 2048))
+    case = Case("roundtrip", "tpu7x", iut="tpu-sync-jax-tpu", shape=ShapeKey("bf16", (512, 16, 2048)))
     result = run_case(case)
     assert result.outcome.verdict == "SKIP", result.outcome.detail
     assert "no TPU here" in result.outcome.detail
@@ -55,7 +56,7 @@ def test_hardware_cases_run_one_at_a_time(tmp_path):
     log = tmp_path / "log"
     python = fake_python(tmp_path, f"echo start $(date +%s.%N) >> {log}; sleep 0.3; "
                                    f"echo end $(date +%s.%N) >> {log}")
-    cases = [Case("roundtrip", "tpu7x", iut="tpu-sync-jax-tpu", dtype="bf16", dims=(512, 16, 2048),
+    cases = [Case("roundtrip", "tpu7x", iut="tpu-sync-jax-tpu", shape=ShapeKey("bf16", (512, 16, 2048)),
                   name=str(i), timeout=5) for i in range(3)]
     assert owns_device(cases) and not owns_device([Case("plan_binding", "tpu7x")])
     run_cases(cases, jobs=3, python=python)
@@ -66,13 +67,13 @@ def test_hardware_cases_run_one_at_a_time(tmp_path):
 @pytest.mark.parametrize("dtype", [n for n, t in kvref.ELEMENT_TYPES.items()
                                    if not t.is_sub_byte and n != "pred"])
 def test_bytes_cross_into_torch_unchanged(dtype):
-    host = random_host(dtype, (8, 3, 16), seed=5)  # every bit pattern, NaN payloads included
+    host = random_host(ShapeKey(dtype, (8, 3, 16)), seed=5)  # every bit pattern, NaN payloads included
     tensor = to_torch(host)
     assert tensor.dtype == torch_dtype(dtype) and tuple(tensor.shape) == host.shape
     back = from_torch(tensor)
     assert back.dtype == host.dtype and back.tobytes() == host.tobytes()
     # torch reads the same values from those bytes as NumPy does
-    finite = random_host(dtype, (8, 3, 16), seed=6, finite=True)
+    finite = random_host(ShapeKey(dtype, (8, 3, 16)), seed=6, finite=True)
     assert np.array_equal(to_torch(finite).to(torch_dtype("f64")).numpy(), finite.astype(np.float64))
 
 
@@ -87,16 +88,16 @@ def test_torch_plan_is_the_library_message(tmp_path):
     (its module ships in the jax wheel too), and survives serialization."""
     import subprocess
 
-    from probes.peer_env import PEER_ENVS
+    from probes.iut.peer_env import PEER_ENVS
 
     python = PEER_ENVS["jax"].python()
     if python is None:
         pytest.skip(PEER_ENVS["jax"].missing())
     script = (
         "from tpu_sync.rpc import raiden_service_pb2 as rpc\n"
-        "from probes.iut_tpu_sync_torch import TpuSyncTorchTpu\n"
-        "from probes.sync_manager import plan_number\n"
-        "plan = TpuSyncTorchTpu('tpu7x').plan_request('p0')\n"
+        "from kvref import Faults\n"
+        "from probes.iut.tpu_sync import TpuSyncTorchLibrary, plan_number\n"
+        "plan = TpuSyncTorchLibrary(Faults()).plan_request('p0')\n"
         "back = rpc.StartTransferRequest.FromString(plan.SerializeToString())\n"
         "entry = back.shard_push_schedules[0].entries[0]\n"
         "assert type(plan) is rpc.StartTransferRequest and back.is_sender\n"

@@ -3,11 +3,14 @@ These pass when the harness works, whatever verdicts tpu-sync-jax earns."""
 
 import pytest
 
-from probes import peer_env
-from probes.cases import PROBES, ROBUSTNESS_PROBES, build_cases, load_matrix
-from probes.predict import describe
-from probes.runner import run_cases
-from probes.verdicts import VERDICTS
+from probes.iut import peer_env
+from probes.run.runner import run_cases
+from probes.suite.matrix import build_cases, load_matrix
+from probes.suite.predict import describe
+from probes.suite.registry import PROBES
+from probes.suite.verdicts import VERDICTS
+
+ROBUSTNESS_PROBES = {name for name, p in PROBES.items() if p.scope == "robustness"}
 
 pytestmark = pytest.mark.peer
 

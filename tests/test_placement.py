@@ -12,7 +12,7 @@ from tests.strategies import random_array, same_bytes, shapes
 
 
 @pytest.mark.parametrize("text, size", [
-    # Sizes the TPU compiler reports for these layouts (DESIGN.md section 3).
+    # Sizes the TPU compiler reports for these layouts.
     ("bf16[64,3,5,128]{3,0,2,1:T(8,128)(2,1)}", 245_760),
     ("pred[33,17]{0,1:T(8,128)(4,1)}", 3_072),
     ("s4[100,3,7]{0,2,1:T(8,128)(8,1)E(4)}", 1_536),

@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from probes.cases import build_cases, load_matrix
-from probes.hardware import local_generation
-from probes.iut import adapter_class
-from probes.predict import describe
-from probes.runner import run_case
+from probes.iut.hardware import local_generation
+from probes.iut.registry import iut as declared_iut
+from probes.run.runner import run_case
+from probes.suite.matrix import build_cases, load_matrix
+from probes.suite.predict import describe
 
 SEED_CASES = build_cases(["tpu7x"], load_matrix("seed"))
 
@@ -33,7 +33,7 @@ def test_hardware_probes(case, iut):
     generation = local_generation()
     if generation is None:
         pytest.skip("no TPU here: jax.devices('tpu') found none")
-    if generation not in adapter_class(iut).targets:
+    if generation not in declared_iut(iut).targets:
         pytest.skip(f"{iut} does not run on {generation}")
     hardware = dataclasses.replace(case, generation=generation, iut=iut)
     result = run_case(hardware)

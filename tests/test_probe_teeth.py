@@ -3,9 +3,11 @@ it exists for and earns the predicted verdict against the fixed reference."""
 
 import pytest
 
-from probes.cases import Case
-from probes.predict import describe
-from probes.runner import run_case
+from kvref import Faults, ShapeKey
+from probes.run.runner import run_case
+from probes.suite.cases import Case
+from probes.suite.predict import describe
+from probes.suite.registry import probe as declared
 
 TEETH = [
     # probe, dtype, dims, fault models, verdict under them
@@ -20,8 +22,8 @@ TEETH = [
 
 
 def case(probe, dtype, dims, faults=(), timeout=20.0):
-    return Case(probe, "tpu7x", "kvref-sim", f"{dtype}{list(dims)}", dtype, tuple(dims),
-                tuple(faults), timeout)
+    shape = ShapeKey(dtype, dims) if dtype else declared(probe).subject
+    return Case(probe, "tpu7x", "kvref-sim", str(shape), shape, Faults.parse(faults), timeout)
 
 
 @pytest.mark.parametrize("probe, dtype, dims, faults, verdict", TEETH)
@@ -54,7 +56,7 @@ def test_hang_keeps_the_stacks():
 
 
 def test_reference_on_jax_cpu_arrays():
-    c = Case("roundtrip", "cpu", "kvref-jax", "f32", "f32", (64, 4, 128))
+    c = Case("roundtrip", "cpu", "kvref-jax", "f32", ShapeKey("f32", (64, 4, 128)))
     result = run_case(c)
     assert result.outcome.verdict == "PASS", result.outcome.detail
     assert result.outcome.backend == "jax-cpu"

@@ -6,16 +6,17 @@ import pandas as pd
 import pytest
 
 import kvref
-from probes import cli, results
-from probes.cases import build_cases, load_matrix
-from probes.runner import run_cases
+from probes.report import results
+from probes.run import cli, rows
+from probes.run.runner import run_cases
+from probes.suite.matrix import build_cases, load_matrix
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 
 
 def fresh_run(generations) -> pd.DataFrame:
     cases = build_cases(generations, load_matrix("default"))
-    return results.to_frame(run_cases(cases), "test")
+    return rows.to_frame(run_cases(cases), "test")
 
 
 def _read_baseline(gen):
@@ -123,12 +124,13 @@ def test_bad_run_inputs_exit_2(capsys, tmp_path, argv, needle):
 
 def test_user_matrix_errors(tmp_path):
     bad = tmp_path / "m.csv"
-    bad.write_text("name,dtype,dims\nx,bf16,512by3\n")
-    with pytest.raises(ValueError, match=r"m.csv:2: dims '512by3' must look like 512x3x2048"):
+    bad.write_text('name,shape\nx,"bf16[512by3]"\n')
+    with pytest.raises(ValueError, match=r"m.csv:2: malformed shape 'bf16\[512by3\]'; expected a dtype "
+                       r"and dims such as 'bf16\[512,3,2048\]'"):
         load_matrix(str(bad))
-    bad.write_text("name,dims\nx,512\n")
-    with pytest.raises(ValueError, match=r"missing column\(s\) \['dtype'\]"):
+    bad.write_text("name,dtype,dims\nx,bf16,512x3\n")
+    with pytest.raises(ValueError, match=r"missing column\(s\) \['shape'\]; expected name,shape"):
         load_matrix(str(bad))
-    bad.write_text("name,dtype,dims,kind,probes\nx,bf16,512x8,rank2,roundtrip teleport\n")
+    bad.write_text('name,shape,probes\nx,"bf16[512,8]",roundtrip teleport\n')
     with pytest.raises(ValueError, match=r"unknown probe\(s\) \['teleport'\]"):
         load_matrix(str(bad))

@@ -7,8 +7,10 @@ import time
 
 import pytest
 
-from probes.cases import Case
-from probes.runner import GRACE_SECONDS, classify, run_case, run_cases
+from kvref import ShapeKey
+from probes.run.runner import GRACE_SECONDS, classify, run_case, run_cases
+from probes.suite.cases import Case
+from probes.suite.matrix import build_cases
 
 
 def fake_python(tmp_path, body: str) -> str:
@@ -32,7 +34,7 @@ def test_unresponsive_worker_costs_timeout_plus_a_second_and_leaves_nothing(tmp_
     pids = tmp_path / "pids"
     python = fake_python(tmp_path, f"sleep 1000 & echo $! >> {pids}\necho $$ >> {pids}\n"
                                    "trap '' TERM\nwait")
-    c = Case("roundtrip", "tpu7x", timeout=1.0)
+    c = Case("roundtrip", "tpu7x", shape=ShapeKey("bf16", (512, 16, 2048)), timeout=1.0)
     start = time.monotonic()
     result = run_case(c, python=python)
     elapsed = time.monotonic() - start
@@ -63,7 +65,7 @@ def test_classify_watchdog_exit():
 
 
 def test_parallel_runs_keep_input_order():
-    cases = [Case("plan_binding", gen, name=gen) for gen in ("v3", "v4", "v5e", "tpu7x")]
+    cases = build_cases(("v3", "v4", "v5e", "tpu7x"), [], probes=("plan_binding",))
     results = run_cases(cases, jobs=2)
     assert [r.case.generation for r in results] == ["v3", "v4", "v5e", "tpu7x"]
     assert all(r.outcome.verdict == "PASS" for r in results)
@@ -71,10 +73,10 @@ def test_parallel_runs_keep_input_order():
 
 def test_unknown_iut_is_refused_before_anything_runs():
     with pytest.raises(ValueError, match="unknown implementation under test 'nope'"):
-        run_case(Case("roundtrip", "tpu7x", iut="nope", dtype="bf16", dims=(512, 16, 2048)))
+        run_case(Case("roundtrip", "tpu7x", iut="nope", shape=ShapeKey("bf16", (512, 16, 2048))))
 
 
 def test_peer_cases_skip_without_the_peer_environment(monkeypatch):
     monkeypatch.setenv("KVPROBE_PEER_PYTHON", "/nonexistent/python")
-    result = run_case(Case("roundtrip", "cpu", iut="tpu-sync-jax", dtype="f32", dims=(64, 128)))
+    result = run_case(Case("roundtrip", "cpu", iut="tpu-sync-jax", shape=ShapeKey("f32", (64, 128))))
     assert result.outcome.verdict == "SKIP" and "kvprobe peer-env" in result.outcome.detail

@@ -23,7 +23,7 @@ def test_explicit_shape_overrides_and_must_match():
     shape = kvref.Shape.parse("f32[4,8]{0,1}")
     a = dev.ones((4, 8), "f32", shape=shape)
     assert a.shape == shape and dev.fetch(a).sum() == 32
-    with pytest.raises(ValueError, match=r"does not match f32\[4, 9\]"):
+    with pytest.raises(ValueError, match=r"does not match f32\[4,9\]"):
         dev.ones((4, 9), "f32", shape=shape)
 
 

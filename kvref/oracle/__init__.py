@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvref.dtypes import element_type
 from kvref.generations import GENERATIONS, check_generation
 from kvref.oracle import cache, table
 from kvref.oracle.compiler import OracleUnavailable
 from kvref.shape import Shape
+from kvref.shape_key import ShapeKey
 
-__all__ = ["GENERATIONS", "LayoutAnswer", "OracleUnavailable", "lookup", "tpu_layout"]
+__all__ = ["GENERATIONS", "LayoutAnswer", "OracleUnavailable", "device_kind", "generation_of_device_kind",
+           "lookup", "tpu_layout"]
 
 
 @dataclass(frozen=True)
@@ -25,9 +26,8 @@ class LayoutAnswer:
 
 def lookup(dtype, dims, generation: str, *, live: bool = True) -> LayoutAnswer:
     check_generation(generation)
-    name = element_type(dtype).name
-    dims = tuple(_dim(d) for d in dims)
-    key = table.shape_key(name, dims)
+    shape_key = ShapeKey(dtype, dims)
+    name, dims, key = shape_key.dtype, shape_key.dims, str(shape_key)
     hit = table.lookup(generation, key)
     if hit:
         return LayoutAnswer(Shape.parse(hit[0]), generation, "table",
@@ -40,6 +40,20 @@ def lookup(dtype, dims, generation: str, *, live: bool = True) -> LayoutAnswer:
 def tpu_layout(dtype, dims, generation: str) -> Shape:
     """The layout `generation`'s XLA compiler picks for a new array."""
     return lookup(dtype, dims, generation).shape
+
+
+def device_kind(generation: str) -> str:
+    """The device kind the compiler reports for a generation ("TPU v5 lite"),
+    from the shipped table; empty when the table has none."""
+    return table.load()["generations"].get(check_generation(generation), {}).get("device_kind", "")
+
+
+def generation_of_device_kind(kind: str) -> str | None:
+    """The generation whose compiler reports this device kind, or None."""
+    for generation, entry in table.load()["generations"].items():
+        if entry.get("device_kind") == kind:
+            return generation
+    return None
 
 
 def _from_compiler(name: str, dims: tuple[int, ...], generation: str, key: str) -> LayoutAnswer:
@@ -61,8 +75,3 @@ def _from_compiler(name: str, dims: tuple[int, ...], generation: str, key: str) 
 def _version_text(versions: dict[str, str]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if k in ("jax", "libtpu"))
 
-
-def _dim(d) -> int:
-    if isinstance(d, bool) or not hasattr(d, "__index__") or int(d) < 0:
-        raise ValueError(f"dim {d!r} must be a non-negative integer")
-    return int(d)

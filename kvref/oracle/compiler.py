@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from kvref.dtypes import element_type
 from kvref.generations import TOPOLOGIES, check_generation
 from kvref.shape import Layout, Shape
+from kvref.shape_key import ShapeKey
 
 
 class OracleUnavailable(RuntimeError):
@@ -64,7 +65,7 @@ def compile_layout(dtype, dims, generation: str) -> CompiledLayout:
     compiled = fn.lower().compile()
     out_dtype = element_type(compiled.out_info.dtype).name
     if out_dtype != element.name:
-        raise OracleUnavailable(f"the compiler made {element.name}{list(dims)} into {out_dtype} "
+        raise OracleUnavailable(f"the compiler made {ShapeKey(element.name, dims)} into {out_dtype} "
                                 "(64-bit types need jax_enable_x64)")
     shape = Shape(element.name, dims, Layout.from_jax(compiled.output_formats.layout))
     output_bytes = compiled.memory_analysis().output_size_in_bytes

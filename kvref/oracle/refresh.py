@@ -32,7 +32,7 @@ def refresh(generations=GENERATIONS, out=table.TABLE_PATH) -> dict:
             if answer.shape.physical_size_bytes != answer.output_bytes:
                 raise SystemExit(f"{gen}: model size {answer.shape.physical_size_bytes} != compiler "
                                  f"size {answer.output_bytes} for {answer.shape}")
-            layouts[table.shape_key(answer.shape.dtype, dims)] = [str(answer.shape), answer.output_bytes]
+            layouts[str(answer.shape.key)] = [str(answer.shape), answer.output_bytes]
             kind = answer.device_kind
         data["generations"][gen] = {"device_kind": kind, "layouts": layouts}
         print(f"{gen}: {len(layouts)} shapes in {time.perf_counter() - start:.1f}s", file=sys.stderr)

@@ -10,10 +10,6 @@ from pathlib import Path
 TABLE_PATH = Path(__file__).with_name("data") / "tpu_layouts.json"
 
 
-def shape_key(dtype_name: str, dims) -> str:
-    return f"{dtype_name}[{','.join(str(int(d)) for d in dims)}]"
-
-
 @functools.cache
 def load(path: Path = TABLE_PATH) -> dict:
     """{"versions": {...}, "generations": {gen: {"device_kind": str,

@@ -1,0 +1,1 @@
+"""Benchmarks, each printing a ratio to a baseline measured in the same run."""

@@ -1,0 +1,52 @@
+"""Benchmark: d2h and h2d GB/s of the reference and of tpu-sync-jax on the
+same JAX CPU arrays, in the same run, with the ratio (goal: the reference at
+least 1.0x the production library). Runs in the peer environment:
+`.venv-peer/bin/python -m probes.bench.peer`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np  # noqa: E402
+
+import kvref  # noqa: E402
+from probes.bench.timing import best_seconds  # noqa: E402
+from probes.iut.tpu_sync import JaxSyncManager  # noqa: E402
+
+
+def main(argv=None) -> None:
+    import jax.numpy as jnp
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--layers", type=int, default=2)
+    args = parser.parse_args(argv)
+    rows, dims = 64, (64, 128, 1024)  # 256 KiB blocks
+    rng = np.random.default_rng(0)
+    caches = [jnp.asarray(rng.integers(-8, 8, dims).astype(kvref.element_type("bf16").numpy))
+              for _ in range(args.layers)]
+    reference = kvref.KVCacheManager(caches, rows)
+    production = JaxSyncManager(caches, rows).manager
+    perm, host = rng.permutation(rows).tolist(), list(range(rows))
+    total = args.layers * rows * reference.bytes_per_block / 1e9
+
+    timings = {
+        ("reference", "d2h"): lambda: reference.d2h(perm, host).result(),
+        ("reference", "h2d"): lambda: reference.h2d(host, perm).result(),
+        ("tpu-sync-jax", "d2h"): lambda: production.d2h(perm, host).Await(),
+        ("tpu-sync-jax", "h2d"): lambda: production.h2d(host, perm).Await(),
+    }
+    gbps = {key: total / best_seconds(fn, args.repeats) for key, fn in timings.items()}
+    print(f"{args.layers} layers x {rows} blocks of {reference.bytes_per_block // 1024} KiB, "
+          f"JAX CPU arrays, best of {args.repeats}")
+    for direction in ("d2h", "h2d"):
+        ref, prod = gbps[("reference", direction)], gbps[("tpu-sync-jax", direction)]
+        print(f"  {direction}: reference {ref:6.2f} GB/s   tpu-sync-jax {prod:6.2f} GB/s   "
+              f"ratio {ref / prod:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

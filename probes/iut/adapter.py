@@ -1,0 +1,94 @@
+"""An implementation under test: a declared pair of Arrays and Library (see
+probes.iut.protocol), and the Adapter the probes call, which hands each call
+to the half that owns it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import kvref
+from probes.iut.protocol import Arrays, Library
+
+
+@dataclass(frozen=True)
+class IUT:
+    name: str
+    arrays: type[Arrays]
+    library: type[Library]
+    targets: tuple[str, ...]  # the --generation values it runs on
+    interpreter: str = "main"  # or a peer environment's name (probes.iut.peer_env)
+    jax_platforms: str | None = "cpu"  # JAX_PLATFORMS for its workers; None: leave as is
+    owns_device: bool = False  # a worker holds a real TPU: cases run one at a time
+
+    def layout_of(self, generation: str, key: kvref.ShapeKey) -> tuple[kvref.Shape, str]:
+        return self.arrays.layout_of(generation, key)
+
+    def check_target(self, generation: str) -> None:
+        if generation not in self.targets:
+            raise ValueError(f"{self.name} runs on {', '.join(self.targets)}, not {generation!r}")
+
+    def check_faults(self, faults: kvref.Faults) -> None:
+        if faults and not self.library.supports_faults:
+            raise ValueError(f"{self.name} has no fault models; --faults {faults} switches on "
+                             "kvref's old bugs, for the kvref IUTs only")
+
+
+class Adapter:
+    """What a probe holds: one IUT on one generation, with the fault models
+    the reference should switch on."""
+
+    def __init__(self, iut: IUT, generation: str, faults: kvref.Faults = kvref.Faults()):
+        self.iut, self.generation, self.faults = iut, generation, faults
+        self.arrays = iut.arrays(generation)
+        self.library = iut.library(faults)
+
+    @property
+    def name(self) -> str:
+        return self.iut.name
+
+    @property
+    def backend(self) -> str:
+        return self.arrays.backend
+
+    @property
+    def version(self) -> str:
+        return self.library.version
+
+    @property
+    def device_kind(self) -> str:
+        return self.arrays.device_kind
+
+    def skip_reason(self) -> str | None:
+        """Every reason this IUT cannot run here (library and arrays), or None."""
+        reasons = [r for r in (self.library.skip_reason(), self.arrays.skip_reason()) if r]
+        return "; ".join(reasons) or None
+
+    def layout(self, key: kvref.ShapeKey) -> kvref.Shape:
+        return self.iut.layout_of(self.generation, key)[0]
+
+    def make_cache(self, key: kvref.ShapeKey, seed: int, mode: str = "put", finite: bool = False):
+        return self.arrays.make_cache(key, seed, mode, finite)
+
+    def fetch(self, cache):
+        return self.arrays.fetch(cache)
+
+    def scramble(self, cache) -> None:
+        self.arrays.scramble(cache)
+
+    def is_materialized(self, cache) -> bool:
+        return self.arrays.is_materialized(cache)
+
+    def manager(self, caches, host_blocks: int, **options):
+        return self.library.manager(caches, host_blocks, **options)
+
+    def transfer(self, manager, d2h: bool, src, dst, sizes=None) -> None:
+        self.library.transfer(manager, d2h, src, dst, sizes)
+
+    def d2h(self, manager, src, dst, sizes=None) -> None:
+        self.transfer(manager, True, src, dst, sizes)
+
+    def h2d(self, manager, src, dst, sizes=None) -> None:
+        self.transfer(manager, False, src, dst, sizes)
+
+    def plan_request(self, uuid: str):
+        return self.library.plan_request(uuid)

@@ -1,0 +1,27 @@
+"""Random logical contents for KV caches, the one generator the probes and the
+tests share."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+import kvref
+
+
+def random_host(key: kvref.ShapeKey, seed: int, finite: bool = False) -> np.ndarray:
+    """Random contents of `key`'s logical array. Every bit pattern of the dtype
+    (NaN payloads included) by default; with `finite`, small integers in the
+    dtype, which survive any float conversion. Only values the type can hold:
+    pred is 0 or 1, sub-byte types stay within their range."""
+    element = kvref.element_type(key.dtype)
+    rng = np.random.default_rng(seed)
+    if element.name == "pred":
+        return rng.integers(0, 2, key.dims).astype(np.bool_)
+    if element.is_sub_byte:
+        info = ml_dtypes.iinfo(element.numpy)
+        return rng.integers(int(info.min), int(info.max) + 1, key.dims).astype(element.numpy)
+    if finite:
+        return rng.integers(-8, 8, key.dims).astype(element.numpy)
+    count = int(np.prod(key.dims)) * element.numpy.itemsize
+    return rng.integers(0, 256, count, dtype=np.uint8).view(element.numpy).reshape(key.dims)

@@ -1,0 +1,146 @@
+"""Peer environments: Python 3.12 with a production library, pinned, in which
+workers probing it run. `kvprobe peer-env --lib jax|torch` creates and checks one.
+
+- jax: tpu-sync-jax, which runs on JAX CPU arrays, so it is probed on any machine.
+- torch: tpu-sync-torch with torch and TorchTPU (torch_tpu). TorchTPU has no CPU
+  device, so this one is only useful on a TPU VM."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+SYNC_VERSION = "0.0.1rc20261023185136"
+# An unrelated package holds the old name on PyPI: it must never be installed.
+FORBIDDEN_PREFIXES = ("tpu-raiden", "tpu_raiden")
+REPO = Path(__file__).resolve().parents[2]
+BUILD_REQUIREMENTS = ["scikit-build-core>=0.10", "nanobind>=2.4"]
+
+CHECK_SCRIPT = """
+import json, sys
+from importlib import metadata
+print(json.dumps({"python": list(sys.version_info[:3]),
+                  "dists": {d.metadata["Name"]: d.version for d in metadata.distributions()}}))
+"""
+
+
+class PeerEnvError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class PeerEnv:
+    name: str
+    venv: Path
+    pins: dict[str, str]  # distribution -> exact version; the library under test first
+    python_variable: str  # an environment variable naming an existing interpreter instead
+    report: tuple[str, ...] = ()  # unpinned distributions whose versions `verify` reports
+
+    @property
+    def library(self) -> str:
+        return next(iter(self.pins))
+
+    @property
+    def version(self) -> str:
+        return self.pins[self.library]
+
+    def python(self) -> Path | None:
+        """The interpreter ($<python_variable> or the venv's), if it exists."""
+        path = Path(os.environ.get(self.python_variable) or self.venv / "bin" / "python")
+        return path if path.exists() else None
+
+    def missing(self) -> str:
+        return (f"the {self.name} peer environment ({self.library}) is not installed at "
+                f"{self.venv}: run `kvprobe peer-env --lib {self.name}` or set {self.python_variable}")
+
+
+PEER_ENVS = {
+    "jax": PeerEnv("jax", REPO / ".venv-peer", {"tpu-sync-jax": SYNC_VERSION},
+                   "KVPROBE_PEER_PYTHON", report=("jax", "libtpu")),
+    # torch 2.13.0 is one of the ABIs tpu-sync-torch ships an extension for and
+    # inside the range TorchTPU 0.2.0 accepts.
+    "torch": PeerEnv("torch", REPO / ".venv-peer-torch",
+                     {"tpu-sync-torch": SYNC_VERSION, "torch": "2.13.0", "torch-tpu": "0.2.0"},
+                     "KVPROBE_PEER_TORCH_PYTHON", report=("libtpu",)),
+}
+
+
+def peer_env(name: str) -> PeerEnv:
+    if name not in PEER_ENVS:
+        raise ValueError(f"unknown peer environment {name!r}; expected one of {sorted(PEER_ENVS)}")
+    return PEER_ENVS[name]
+
+
+def base_python() -> list[str]:
+    """A Python 3.12 to make the venv with: pyenv's 3.12, or python3.12 on PATH
+    (tried, since a pyenv shim can stand on PATH without a version behind it)."""
+    candidates = []
+    if shutil.which("pyenv"):
+        versions = subprocess.run(["pyenv", "versions", "--bare"], capture_output=True, text=True).stdout
+        candidates += [["env", f"PYENV_VERSION={v}", "pyenv", "exec", "python"]
+                       for v in sorted(versions.split(), reverse=True) if v.startswith("3.12")]
+    if shutil.which("python3.12"):
+        candidates.append(["python3.12"])
+    for cmd in candidates:
+        done = subprocess.run([*cmd, "-c", "import sys; print(sys.version_info >= (3, 12))"],
+                              capture_output=True, text=True)
+        if done.returncode == 0 and done.stdout.strip() == "True":
+            return cmd
+    raise PeerEnvError("the production libraries need Python 3.12, and neither a pyenv 3.12 nor "
+                       "a working python3.12 was found")
+
+
+def create(env: PeerEnv) -> dict:
+    if not (env.venv / "bin" / "python").exists():
+        _run([*base_python(), "-m", "venv", str(env.venv)])
+    python = str(env.venv / "bin" / "python")
+    _run([python, "-m", "pip", "install", "-q", "--upgrade", "pip"])
+    pins = [f"{dist}=={version}" for dist, version in env.pins.items()]
+    _run([python, "-m", "pip", "install", "-q", *pins, *BUILD_REQUIREMENTS])
+    _run([python, "-m", "pip", "install", "-q", "--no-build-isolation", "-e", str(REPO)])
+    return verify(env, Path(python))
+
+
+def verify(env: PeerEnv, python: Path) -> dict:
+    """The pinned and reported versions, after checking the pins and the forbidden names."""
+    done = subprocess.run([str(python), "-c", CHECK_SCRIPT], capture_output=True, text=True)
+    if done.returncode:
+        raise PeerEnvError(f"{python} does not run: {done.stderr.strip()[-500:]}")
+    found = json.loads(done.stdout)
+    dists = check_dists(env, found["dists"], tuple(found["python"]))
+    return {"python": ".".join(map(str, found["python"])), **env.pins,
+            **{d: dists.get(d, "") for d in env.report}}
+
+
+def check_dists(env: PeerEnv, installed: dict[str, str], python_version: tuple) -> dict[str, str]:
+    """Installed distributions (normalized names) if every pin holds and no
+    forbidden name is present; PeerEnvError naming the problem otherwise."""
+    dists = {_normal(name): version for name, version in installed.items()}
+    bad = sorted(n for n in dists if n.startswith(tuple(_normal(p) for p in FORBIDDEN_PREFIXES)))
+    if bad:
+        raise PeerEnvError(f"{bad} installed: that name belongs to an unrelated package; remove "
+                           "the environment and recreate it")
+    for dist, version in env.pins.items():
+        # A local build tag (torch's "+cpu") is the same release.
+        if dists.get(_normal(dist), "").split("+")[0] != version:
+            raise PeerEnvError(f"{dist} {dists.get(_normal(dist))} installed, expected {version}; "
+                               f"run `kvprobe peer-env --lib {env.name}`")
+    if tuple(python_version[:2]) < (3, 12):
+        raise PeerEnvError(f"Python {'.'.join(map(str, python_version))}: {env.library} needs 3.12 or newer")
+    return dists
+
+
+def _normal(name: str) -> str:
+    return name.lower().replace("_", "-")
+
+
+def _run(cmd: list[str]) -> None:
+    print("+", " ".join(cmd), file=sys.stderr, flush=True)
+    done = subprocess.run(cmd)
+    if done.returncode:
+        raise PeerEnvError(f"command failed ({done.returncode}): {' '.join(cmd)}")

@@ -1,0 +1,96 @@
+"""What an implementation under test (IUT) provides, as two halves the probes
+drive through one Adapter (probes.iut.adapter):
+
+- `Arrays`, the device side: makes KV caches on its device (ready, deferred or
+  still landing), reads them back as logical arrays, overwrites them in place.
+- `Library`, the manager side: builds the manager under test over those caches
+  and moves blocks with it.
+
+A manager the probes hold is a `ManagerView`. Nothing here has a default: an
+IUT that cannot answer a question must say so (raise, or SKIP with a reason),
+never answer permissively."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+import kvref
+
+CACHE_MODES = ("put", "deferred")  # ready (or landing) from the host; pending computation
+
+
+@runtime_checkable
+class Arrays(Protocol):
+    backend: str  # "sim", "jax-cpu", "jax-tpu", "torch-tpu"
+
+    def __init__(self, generation: str) -> None: ...
+
+    @staticmethod
+    def layout_of(generation: str, key: kvref.ShapeKey) -> tuple[kvref.Shape, str]:
+        """The layout this device gives an array of `key`, and where that answer came from."""
+
+    @property
+    def device_kind(self) -> str: ...
+
+    def skip_reason(self) -> str | None:
+        """Why these arrays cannot be made here, or None."""
+
+    def make_cache(self, key: kvref.ShapeKey, seed: int, mode: str = "put",
+                   finite: bool = False) -> tuple[Any, np.ndarray]:
+        """(device cache, its logical host contents); `mode` one of CACHE_MODES."""
+
+    def fetch(self, cache) -> np.ndarray:
+        """The cache's current logical contents."""
+
+    def scramble(self, cache) -> None:
+        """Overwrite the cache's storage in place."""
+
+    def is_materialized(self, cache) -> bool:
+        """Whether the cache's contents exist on the device now."""
+
+
+@runtime_checkable
+class ManagerView(Protocol):
+    num_layers: int
+    num_shards: int
+    host_blocks: int
+    layer_bytes_per_block: tuple[int, ...]
+    host_bytes: int | None  # None: the library does not report its pool size
+
+    def read_block_bytes(self, layer: int, block: int, shard: int = 0) -> bytes: ...
+
+    def register_active_plan(self, uuid: str, request, is_sender: bool) -> None: ...
+
+
+@runtime_checkable
+class Library(Protocol):
+    distribution: str  # the installed distribution whose version is reported
+    supports_faults: bool  # whether kvref's fault models can be switched on in it
+
+    def __init__(self, faults: kvref.Faults) -> None: ...
+
+    @property
+    def version(self) -> str: ...
+
+    def skip_reason(self) -> str | None:
+        """Why this library cannot be imported here, or None."""
+
+    def manager(self, caches, host_blocks: int, **options) -> ManagerView: ...
+
+    def transfer(self, manager: ManagerView, d2h: bool, src, dst, sizes=None) -> None:
+        """One d2h or h2d, waited for; raises what the library raises."""
+
+    def plan_request(self, uuid: str):
+        """A StartTransferRequest this library parses: layer 0's block 1 to block 2."""
+
+
+def missing_members(cls: type, proto: type) -> list[str]:
+    """The members of `proto` that the class `cls` does not define (checked on
+    the class, so no property runs and nothing is imported)."""
+    members = set(getattr(proto, "__annotations__", {}))
+    members |= {name for name, value in vars(proto).items()
+                if not name.startswith("_") and isinstance(value, (property, staticmethod))
+                or (not name.startswith("_") and callable(value))}
+    return sorted(m for m in members if not hasattr(cls, m))

@@ -1,0 +1,37 @@
+"""Every implementation under test, declared once: the CLI, the runner, the
+worker and the predictions read this table. Adding an IUT is an Arrays or a
+Library module (probes.iut.protocol) and one line here."""
+
+from __future__ import annotations
+
+import kvref
+from probes.iut.adapter import IUT, Adapter
+from probes.iut.jax_arrays import JaxCpuArrays, JaxTpuArrays
+from probes.iut.reference import KvrefLibrary, SimArrays
+from probes.iut.torch_tpu import TORCH_TPU_GENERATIONS, TorchTpuArrays
+from probes.iut.tpu_sync import TpuSyncJaxLibrary, TpuSyncTorchLibrary
+
+IUTS: dict[str, IUT] = {iut.name: iut for iut in (
+    IUT("kvref-sim", SimArrays, KvrefLibrary, targets=kvref.GENERATIONS),
+    IUT("kvref-jax", JaxCpuArrays, KvrefLibrary, targets=("cpu",)),
+    IUT("tpu-sync-jax", JaxCpuArrays, TpuSyncJaxLibrary, targets=("cpu",), interpreter="jax"),
+    IUT("tpu-sync-jax-tpu", JaxTpuArrays, TpuSyncJaxLibrary, targets=kvref.GENERATIONS,
+        interpreter="jax", jax_platforms=None, owns_device=True),
+    IUT("tpu-sync-torch-tpu", TorchTpuArrays, TpuSyncTorchLibrary, targets=TORCH_TPU_GENERATIONS,
+        interpreter="torch", jax_platforms=None, owns_device=True),
+)}
+
+
+def iut(name: str) -> IUT:
+    if name not in IUTS:
+        raise ValueError(f"unknown implementation under test {name!r}; expected one of "
+                         f"{sorted(IUTS)}")
+    return IUTS[name]
+
+
+def check_target(name: str, generation: str) -> None:
+    iut(name).check_target(generation)
+
+
+def adapter_for(name: str, generation: str, faults: kvref.Faults = kvref.Faults()) -> Adapter:
+    return Adapter(iut(name), generation, faults)

@@ -1,0 +1,103 @@
+"""Caches as TorchTPU tensors on this machine's TPU (`pytest -m tpu` or
+`kvprobe run --iut tpu-sync-torch-tpu` on a TPU VM).
+
+TorchTPU has no CPU device, so off a TPU every case SKIPs with the reason. The
+calls follow what the pinned torch-tpu wheel ships: `torch.tpu.set_eager_mode`
+for DEFER_AND_FUSE, and its sync module's `is_materialized` / `synchronize`."""
+
+from __future__ import annotations
+
+import kvref
+from probes.iut.host_data import random_host
+from probes.iut.reference import tpu_layout_of
+
+# torch.tpu.get_device_name() -> generation. TorchTPU names the chips it
+# supports by PCI id; it has no v3.
+TORCH_TPU_NAMES = {"TPU v4": "v4", "TPU v5e": "v5e", "TPU v5p": "v5p", "TPU v6e": "v6e",
+                   "TPU v7": "tpu7x"}
+TORCH_TPU_GENERATIONS = tuple(g for g in kvref.GENERATIONS if g in TORCH_TPU_NAMES.values())
+
+
+class TorchTpuArrays:
+    backend = "torch-tpu"
+
+    def __init__(self, generation: str):
+        self.generation = generation
+        self._layouts_checked: set = set()
+
+    layout_of = staticmethod(tpu_layout_of)
+
+    @property
+    def device_kind(self) -> str:
+        import torch
+
+        return torch.tpu.get_device_name()
+
+    def skip_reason(self):
+        try:
+            import torch
+            import torch_tpu  # noqa: F401  (registers the "tpu" device)
+        except ImportError as e:
+            return f"TorchTPU is not importable here ({e}); run `kvprobe peer-env --lib torch` " \
+                   "on a TPU VM"
+        if not torch.accelerator.is_available():
+            return "no TPU here: torch.accelerator.is_available() is False"
+        found = TORCH_TPU_NAMES.get(self.device_kind)
+        if found != self.generation:
+            return f"this TPU is {self.device_kind} ({found or 'unknown to kvref'}), not {self.generation}"
+        return None
+
+    def make_cache(self, key, seed, mode="put", finite=False):
+        """put: `cpu_tensor.to("tpu")`, whose copy may still be landing.
+        deferred: a clone recorded under DEFER_AND_FUSE, not yet run."""
+        import torch
+
+        self._check_layout(key)
+        host = random_host(key, seed, finite)
+        cache = kvref.to_torch(host).to("tpu")
+        if mode == "deferred":
+            with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+                cache = cache.clone()
+            if self.is_materialized(cache):
+                raise RuntimeError("a clone made under DEFER_AND_FUSE was materialized at once: "
+                                   "nothing deferred is left to probe")
+        return cache, host
+
+    def fetch(self, cache):
+        return kvref.from_torch(cache)
+
+    def scramble(self, cache):
+        # In place, as a serving engine writes its cache: the manager must
+        # still be moving this storage afterwards, not a copy of it.
+        cache.zero_()
+        _sync().synchronize([cache], wait=True)
+
+    def is_materialized(self, cache):
+        return bool(_sync().is_materialized(cache))
+
+    def _check_layout(self, key):
+        """The reference predicts from the compiler's layout; a tensor that
+        TorchTPU laid out otherwise would make that prediction meaningless. A
+        scratch tensor is read, so the probed caches stay as the probe made them."""
+        import torch
+        from torch_tpu._internal.compile import tpu_torch_compile
+
+        if key in self._layouts_checked:
+            return
+        scratch = torch.empty(key.dims, dtype=kvref.torch_dtype(key.dtype), device="tpu")
+        _sync().synchronize([scratch], wait=True)
+        # (minor_to_major, tiles, an int): the first two are what the compiler also decides
+        found = tpu_torch_compile.get_device_layout_if_materialized(scratch)
+        expected = self.layout_of(self.generation, key)[0].layout
+        if found is None:
+            raise RuntimeError(f"TorchTPU reports no layout for a materialized {key}")
+        if (tuple(found[0]), tuple(map(tuple, found[1]))) != (expected.minor_to_major, expected.tiles):
+            raise RuntimeError(f"TorchTPU laid out {key} as {found}; the compiler's layout, which "
+                               f"the prediction uses, is {expected}")
+        self._layouts_checked.add(key)
+
+
+def _sync():
+    from torch_tpu._internal import sync
+
+    return sync

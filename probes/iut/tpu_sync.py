@@ -1,0 +1,148 @@
+"""tpu-sync's KVCacheManager (the jax or the torch wheel) as a Library, behind
+the attributes and calls the probes use. The views keep no reference to the
+caches: the release-order probes rely on that."""
+
+from __future__ import annotations
+
+import importlib
+import zlib
+from importlib import metadata
+
+import numpy as np
+
+import kvref
+
+
+def plan_number(uuid: str) -> int:
+    """The integer id tpu-sync-torch names a plan by, for the probes' string id."""
+    return zlib.crc32(uuid.encode())
+
+
+class SyncManagerView:
+    def __init__(self, caches, host_blocks: int, parallelism: int = 2):
+        self.manager = self.library_manager()(caches, 0, host_blocks_to_allocate=host_blocks,
+                                              unsafe_skip_buffer_lock=True, parallelism=parallelism)
+        impl = self.manager._impl
+        self.num_layers, self.num_shards = int(impl.num_layers), int(impl.num_shards)
+        self.slice_bytes = int(impl.slice_byte_size)
+        self.layer_bytes_per_block = (self.slice_bytes,) * self.num_layers
+        self.host_blocks = host_blocks
+        self.host_bytes = None  # the library does not report its pool size
+
+    @staticmethod
+    def library_manager():
+        """The wheel's KVCacheManager class."""
+        raise NotImplementedError
+
+    def move(self, d2h: bool, src, dst, sizes=None) -> None:
+        """One d2h or h2d, waited for."""
+        future = (self.manager.d2h if d2h else self.manager.h2d)(
+            [int(x) for x in src], [int(x) for x in dst],
+            None if sizes is None else [int(x) for x in sizes])
+        future.Await()
+
+    def check_block(self, block: int) -> None:
+        if not 0 <= block < self.host_blocks:
+            raise IndexError(f"host block {block} is out of range [0, {self.host_blocks})")
+
+
+class JaxSyncManager(SyncManagerView):
+    @staticmethod
+    def library_manager():
+        from tpu_sync.api.jax.kv_cache_manager import KVCacheManager
+
+        return KVCacheManager
+
+    def read_block_bytes(self, layer: int, block: int, shard: int = 0) -> bytes:
+        """One host block, through the reader the jax wheel offers:
+        read_host_memory(layer, shard, n) returns the first n float32 values of
+        that pool (get_host_pointer answers 0 on JAX CPU arrays). NaN payloads
+        may not survive the trip through Python floats: probes that read host
+        blocks use finite contents."""
+        self.check_block(block)
+        floats = self.slice_bytes // 4
+        values = self.manager._impl.read_host_memory(layer, shard, (block + 1) * floats)
+        return np.asarray(values[block * floats:], dtype=np.float32).tobytes()
+
+    def register_active_plan(self, uuid, request, is_sender):
+        raise NotImplementedError("tpu-sync-jax offers no register_active_plan")
+
+
+class TorchSyncManager(SyncManagerView):
+    @staticmethod
+    def library_manager():
+        from tpu_sync.api.torch.kv_cache_manager import KVCacheManager
+
+        return KVCacheManager
+
+    def read_block_bytes(self, layer: int, block: int, shard: int = 0) -> bytes:
+        if shard:
+            raise NotImplementedError("tpu-sync-torch reads host blocks of shard 0 only")
+        self.check_block(block)
+        return bytes(self.manager.read_block_bytes(layer, block))
+
+    def register_active_plan(self, uuid: str, request, is_sender: bool) -> None:
+        self.manager.register_active_plan(plan_number(uuid), request, is_sender)
+
+
+class SyncLibrary:
+    """tpu-sync's KVCacheManager as a Library; each wheel names its
+    `distribution`, the module that must import, and its manager `view`."""
+
+    distribution = ""
+    module = ""
+    install_hint = ""  # how to get the library, for the skip reason
+    view: type[SyncManagerView] = SyncManagerView
+    supports_faults = False  # fault models are kvref's
+
+    def __init__(self, faults: kvref.Faults):
+        if faults:
+            raise ValueError(f"{self.distribution} has no fault models; {faults} are kvref's")
+
+    @property
+    def version(self) -> str:
+        return metadata.version(self.distribution)
+
+    def skip_reason(self) -> str | None:
+        try:
+            importlib.import_module(self.module)
+        except ImportError as e:
+            return f"{self.distribution} is not importable here ({e}); {self.install_hint}"
+        return None
+
+    def manager(self, caches, host_blocks, **options):
+        if options.get("slice_policy", "uniform") != "uniform":
+            raise NotImplementedError(f"{self.distribution} has no slice_policy")
+        return self.view(caches, host_blocks)
+
+    def transfer(self, manager, d2h: bool, src, dst, sizes=None) -> None:
+        manager.move(d2h, src, dst, sizes)
+
+
+class TpuSyncJaxLibrary(SyncLibrary):
+    """tpu-sync-jax (Python 3.12: its workers run in the jax peer environment)."""
+
+    distribution = "tpu-sync-jax"
+    module = "tpu_sync.api.jax.kv_cache_manager"
+    view = JaxSyncManager
+    install_hint = "run `kvprobe peer-env`"
+
+    def plan_request(self, uuid: str):
+        raise NotImplementedError("tpu-sync-jax offers no register_active_plan")
+
+
+class TpuSyncTorchLibrary(SyncLibrary):
+    """tpu-sync-torch (its workers run in the torch peer environment)."""
+
+    distribution = "tpu-sync-torch"
+    module = "tpu_sync.api.torch.kv_cache_manager"
+    view = TorchSyncManager
+    install_hint = "run `kvprobe peer-env --lib torch` on a TPU VM"
+
+    def plan_request(self, uuid: str):
+        """The wheel's own StartTransferRequest: layer 0's block 1 to block 2."""
+        from tpu_sync.rpc import raiden_service_pb2 as rpc
+
+        entry = rpc.ShardPushEntryProto(layer_idx=0, src_block_id=1, dst_block_id=2, count=1)
+        return rpc.StartTransferRequest(uuid=plan_number(uuid), req_id=uuid, is_sender=True,
+                                        shard_push_schedules={0: rpc.ShardPushScheduleProto(entries=[entry])})

@@ -1,0 +1,96 @@
+"""`kvprobe explain`: what a TPU generation does with one KV-cache shape, and
+what a block-offload manager would make of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import kvref
+from kvref.oracle import LayoutAnswer, lookup
+
+
+@dataclass(frozen=True)
+class Explanation:
+    shape: kvref.Shape
+    source: str  # where the layout came from
+    generation: str | None
+    slices: kvref.MajorSlice
+    legacy_slice_bytes: int
+    host_blocks: int
+    layers: int
+
+    @property
+    def logical_bytes(self) -> int:
+        return -(-self.shape.logical_elements * self.shape.element.bit_width // 8)
+
+    @property
+    def host_bytes_fixed(self) -> int | None:
+        s = self.slices
+        return self.host_blocks * s.slice_bytes * self.layers if s.addressable else None
+
+    @property
+    def host_bytes_legacy(self) -> int:
+        return self.host_blocks * self.legacy_slice_bytes * self.layers
+
+
+def resolve(text: str, generation: str | None) -> tuple[kvref.Shape, str]:
+    """A full layout text stands as given; `dtype[dims]` asks the generation's
+    compiler (table first)."""
+    if "{" in text:
+        return kvref.Shape.parse(text), "given"
+    try:
+        key = kvref.ShapeKey.parse(text.replace(" ", ""))
+    except ValueError:
+        raise ValueError(f"expected a shape such as 'bf16[512,3,2048]' or a full layout "
+                         f"such as 'bf16[512,3,2048]{{2,0,1:T(8,128)(2,1)}}', got {text!r}") from None
+    if generation is None:
+        raise ValueError(f"{text!r} has no layout; pass --generation to ask that TPU's compiler")
+    answer: LayoutAnswer = lookup(key.dtype, key.dims, generation)
+    return answer.shape, f"{answer.source}: {answer.versions}"
+
+
+def explain(text: str, generation: str | None, host_blocks: int | None = None,
+            layers: int = 1) -> Explanation:
+    shape, source = resolve(text, generation)
+    rows = shape.dims[0] if shape.rank else 0
+    return Explanation(shape, source, generation, kvref.major_slice(shape),
+                       kvref.legacy_major_slice_byte_size(shape),
+                       rows if host_blocks is None else host_blocks, layers)
+
+
+def render(e: Explanation) -> str:
+    s, shape = e.slices, e.shape
+    padding = shape.physical_size_bytes - e.logical_bytes
+    share = padding / shape.physical_size_bytes if shape.physical_size_bytes else 0.0
+    where = f" on {e.generation}" if e.generation else ""
+    lines = [
+        f"{shape.key}{where}",
+        f"  layout          {shape}   ({e.source})",
+        f"  physical size   {_bytes(shape.physical_size_bytes)} (logical {_bytes(e.logical_bytes)}, "
+        f"padding {_bytes(padding)} = {share:.1%})",
+    ]
+    if s.addressable:
+        lines.append(f"  dim-0 slices    addressable: {_bytes(s.slice_bytes)} per row")
+    else:
+        lines.append("  dim-0 slices    NOT addressable: " + s.reason)
+        if s.rows_per_group and s.rows_per_group < shape.dims[0]:
+            lines.append(f"                  smallest contiguous group: {s.rows_per_group} rows "
+                         f"({_bytes(s.group_bytes)})")
+        else:
+            lines.append("                  no group of rows smaller than the whole buffer is contiguous")
+    fixed = _bytes(s.slice_bytes) if s.addressable else "refused"
+    lines.append(f"  slice bytes     fixed: {fixed}   legacy formula: {_bytes(e.legacy_slice_bytes)}")
+    pool = f"  host pool       {e.host_blocks} host blocks x {e.layers} layer(s): "
+    fixed_pool = (_bytes(e.host_bytes_fixed) if e.host_bytes_fixed is not None
+                  else "refused at construction")
+    lines.append(pool + f"fixed {fixed_pool}; legacy {_bytes(e.host_bytes_legacy)}")
+    return "\n".join(lines)
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n:,} B ({n / size:.2f} {unit})"
+    return f"{n:,} B"

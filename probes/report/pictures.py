@@ -1,0 +1,76 @@
+"""Pictures for the reports: the verdict heatmap, and memory maps of the
+smallest refused layouts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+import kvref
+from probes.report import memory_map
+from probes.report.paths import file_safe
+from probes.suite.registry import PROBES
+from probes.suite.verdicts import VERDICTS
+
+VERDICT_COLOURS = {"PASS": "#4caf50", "REJECTED": "#90a4ae", "CORRUPT": "#e53935", "HANG": "#8e24aa",
+                   "CRASH": "#000000", "ERROR": "#fb8c00", "SKIP": "#ffffff"}
+MAX_MEMORY_MAPS = 4
+
+
+def draw_heatmap(frame: pd.DataFrame, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    several = frame["iut"].nunique() > 1
+    # Shape probes are rows by shape; robustness probes by their kind of input.
+    by_kind = frame["case_id"].str.rsplit("/", n=1).str[1]
+    robustness = frame["probe"].isin([n for n, p in PROBES.items() if p.scope == "robustness"])
+    labelled = frame.assign(row=frame["shape"].where(~robustness, by_kind),
+                            column=frame["probe"] + (" / " + frame["iut"] if several else ""))
+    grid = labelled.pivot_table(index="row", columns="column", values="verdict", aggfunc="first")
+    order = {p: i for i, p in enumerate(PROBES)}
+    grid = grid[sorted(grid.columns, key=lambda c: (order.get(c.split(" / ")[0], 99), c))]
+    codes = grid.apply(lambda col: col.map({v: i for i, v in enumerate(VERDICTS)}))
+    fig, ax = plt.subplots(figsize=(2 + 1.3 * len(grid.columns), 1 + 0.28 * len(grid)),
+                           constrained_layout=True)
+    cmap = ListedColormap([VERDICT_COLOURS[v] for v in VERDICTS])
+    ax.imshow(codes.to_numpy(dtype=float), cmap=cmap, vmin=-0.5, vmax=len(VERDICTS) - 0.5,
+              aspect="auto")
+    ax.set_xticks(range(len(grid.columns)), grid.columns, rotation=30, ha="right", fontsize=8)
+    ax.set_yticks(range(len(grid.index)), grid.index, fontsize=7)
+    for (i, j), verdict in pd.DataFrame(grid.to_numpy()).stack().items():
+        if not isinstance(verdict, str):
+            continue  # this probe does not run on this shape
+        ax.text(j, i, verdict, ha="center", va="center", fontsize=6,
+                color="white" if verdict in ("CRASH", "HANG") else "black")
+    ax.set_title(title, fontsize=10)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def draw_refused_maps(frame: pd.DataFrame, gen_dir: Path) -> list[Path]:
+    """Memory maps of the smallest few refused layouts, one per reason kind."""
+    refused = frame[(frame["verdict"] == "REJECTED") & (frame["probe"] == "roundtrip")]
+    refused = refused.drop_duplicates("layout").sort_values("physical_bytes")
+    paths, seen = [], set()
+    for text in refused["layout"]:
+        shape = kvref.Shape.parse(text)
+        kind = layout_reason(text).split(":")[0].split(",")[0]
+        if kind in seen:
+            continue
+        seen.add(kind)
+        path = gen_dir / f"memory-map-{file_safe(text)}.png"
+        memory_map.draw(shape, path, title=layout_reason(text))
+        paths.append(path)
+        if len(paths) == MAX_MEMORY_MAPS:
+            break
+    return paths
+
+
+def layout_reason(layout_text: str) -> str:
+    """Why a layout's dim-0 rows are not contiguous ("" when they are)."""
+    return kvref.major_slice(kvref.Shape.parse(layout_text)).reason

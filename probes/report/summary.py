@@ -1,0 +1,114 @@
+"""Reports per TPU generation from probe results: summary.md (with the
+pictures of probes.report.pictures) and reports/README.md side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+import kvref
+from probes.report.pictures import draw_heatmap, draw_refused_maps, layout_reason
+from probes.suite.verdicts import VERDICTS, disagreements, skipped
+
+
+def write_generation_report(frame: pd.DataFrame, gen_dir: Path) -> Path:
+    gen_dir.mkdir(parents=True, exist_ok=True)
+    gen = frame["generation"].iloc[0]
+    heatmap = gen_dir / "verdicts.png"
+    draw_heatmap(frame, heatmap, f"{gen}: verdict per case")
+    maps = draw_refused_maps(frame, gen_dir)
+    lines = [f"# {gen} ({frame['device_kind'].iloc[0] or 'unknown device'})", "",
+             f"Run `{frame['run_id'].iloc[0]}` of {frame['iut'].iloc[0]} "
+             f"{frame['iut_version'].iloc[0]} ({frame['backend'].iloc[0]}), "
+             f"{len(frame)} cases; layouts from {frame['layout_source'].iloc[0]}."
+             + (f" Faults: `{frame['faults'].iloc[0]}`." if frame["faults"].iloc[0] else ""), "",
+             "## Verdicts by probe", "", _counts(frame, "probe"), "",
+             "## Verdicts by dtype", "", _counts(frame, "dtype"), "",
+             f"![verdicts]({heatmap.name})", ""]
+    if frame["iut"].nunique() > 1:
+        lines += side_by_side(frame)
+    disagree, skips = disagreements(frame), skipped(frame)
+    tested = len(frame) - len(skips)
+    lines += ["## Disagreements with the reference's prediction", ""]
+    if len(disagree):
+        lines += [_table(disagree[["case_id", "layout", "predicted", "verdict", "detail"]]), ""]
+    else:
+        lines += [f"None: each of the {tested} cases that ran earned the verdict the reference "
+                  "predicts." if tested else "None ran: every case was skipped.", ""]
+    if len(skips):
+        reasons = skips.groupby("detail", sort=False).size().rename("cases").reset_index()
+        lines += ["## Skipped", "", "Cases that could not run here, so were not tested.", "",
+                  _table(reasons.rename(columns={"detail": "reason"})), ""]
+    refused = frame[(frame["verdict"] == "REJECTED") & (frame["probe"] == "roundtrip")]
+    lines += ["## Refused shapes", "",
+              "Shapes whose dim-0 blocks are not contiguous byte ranges on this generation.", ""]
+    if len(refused):
+        reasons = refused.assign(reason=[layout_reason(t) for t in refused["layout"]])
+        lines += [_table(reasons[["shape", "layout", "legacy_slice_bytes", "reason"]]), ""]
+    lines += [f"![memory map]({p.name})" for p in maps] + [""]
+    path = gen_dir / "summary.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def write_index(frames: dict[str, pd.DataFrame], out: Path) -> Path:
+    """reports/README.md: every generation side by side (a run of several
+    implementations gets one column each)."""
+    links = " | ".join(f"[{g}]({g}/summary.md)" for g in frames)
+    frames = {(gen if f["iut"].nunique() == 1 else f"{gen} {iut}"): part
+              for gen, f in frames.items() for iut, part in f.groupby("iut", sort=False)}
+    counts = pd.DataFrame({gen: f["verdict"].value_counts() for gen, f in frames.items()})
+    counts = counts.reindex([v for v in VERDICTS if v in counts.index]).fillna(0).astype(int)
+    shapes = pd.concat([f.assign(column=name) for name, f in frames.items()])
+    shapes = shapes[shapes["probe"] == "roundtrip"]
+    side = shapes.pivot_table(index="shape", columns="column", values="verdict",
+                              aggfunc="first").reindex(columns=list(frames)).fillna("-")
+    lines = ["# kvprobe reports", "",
+             "Per-generation results of the default probe run; each links to its summary.", "",
+             links, "",
+             "## Verdict counts", "", _table(counts.reset_index(names="verdict")), "",
+             "## Per-block round trip, shape by shape", "",
+             "REJECTED: the layout puts blocks inside tiles, so no manager may move them as "
+             "byte ranges.", "", _table(side.reset_index()), ""]
+    tpu = [name for name in frames if name in kvref.GENERATIONS]
+    layouts = shapes.pivot_table(index="shape", columns="column", values="layout",
+                                 aggfunc="first").reindex(columns=tpu)
+    differing = layouts[layouts.nunique(axis=1) > 1]
+    if len(differing):
+        lines += ["## Layouts that differ between generations", "",
+                  _table(differing.reset_index()), ""]
+    path = out / "README.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _counts(frame: pd.DataFrame, by: str) -> str:
+    table = pd.crosstab(frame[by], frame["verdict"])
+    return _table(table.reindex(columns=[v for v in VERDICTS if v in table.columns]).reset_index())
+
+
+def _table(frame: pd.DataFrame) -> str:
+    clean = frame.copy()
+    for col in clean.columns:
+        if clean[col].dtype == object:
+            clean[col] = clean[col].map(lambda v: str(v).replace("\n", " ").replace("|", "/")[:300])
+    return clean.to_markdown(index=False)
+
+
+def side_by_side(frame: pd.DataFrame) -> list[str]:
+    """Each case's verdict per implementation, and every case where they differ."""
+    table = frame.pivot_table(index="case_id", columns="iut", values="verdict", aggfunc="first")
+    details = frame.pivot_table(index="case_id", columns="iut", values="detail", aggfunc="first")
+    differ = table[table.nunique(axis=1) > 1]
+    lines = ["## Side by side", "", _table(table.reset_index()), "",
+             "## Where the implementations disagree", ""]
+    if differ.empty:
+        return lines + ["Nowhere: every case earned the same verdict.", ""]
+    for case_id in differ.index:
+        lines += [f"### {case_id}", ""]
+        for iut in table.columns:
+            lines.append(f"- **{iut}**: {table.at[case_id, iut]}: "
+                         f"{str(details.at[case_id, iut]).strip()[:1500]}")
+        lines.append("")
+    return lines

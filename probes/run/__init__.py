@@ -1,0 +1,1 @@
+"""Running probes: the `kvprobe` command, the watched runner and its worker."""

@@ -1,0 +1,191 @@
+"""The `kvprobe` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kvref import GENERATIONS
+from probes.iut.peer_env import PEER_ENVS
+from probes.iut.registry import IUTS
+from probes.report.paths import file_safe
+from probes.suite.registry import DEFAULT_PROBES, PROBES
+
+
+def _generations(value: str) -> list[str]:
+    names = list(GENERATIONS) if value == "all" else [v.strip() for v in value.split(",")]
+    for name in names:
+        if name not in GENERATIONS + ("cpu",):
+            raise argparse.ArgumentTypeError(
+                f"unknown generation {name!r}; expected one of {', '.join(GENERATIONS)}, 'all', "
+                "or 'cpu' (JAX CPU implementations)")
+    return names
+
+
+def _positive_number(cast):
+    def parse(value: str):
+        try:
+            number = cast(value)
+        except ValueError:
+            number = 0
+        if not number > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
+        return number
+    return parse
+
+
+_positive = _positive_number(int)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvprobe", description=(
+        "Qualify KV-cache block offload against TPU layouts."))
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ex = sub.add_parser("explain", help="the layout a TPU picks for a shape, and its block slices")
+    ex.add_argument("shapes", nargs="+", metavar="SHAPE",
+                    help="'bf16[512,3,2048]' (layout from the compiler) or a full XLA layout text")
+    ex.add_argument("--generation", "-g", type=_generations, default=None,
+                    help="one, several (comma-separated) or 'all' (default tpu7x)")
+    ex.add_argument("--host-blocks", type=_positive, default=None,
+                    help="host blocks per layer for the host-pool estimate (default: dims[0])")
+    ex.add_argument("--layers", type=_positive, default=1, help="layers for the host-pool estimate")
+    ex.add_argument("--png", help="draw the physical memory map to this file "
+                    "(one shape and generation; use {generation} in the name for several)")
+    ex.set_defaults(run=_explain)
+
+    run = sub.add_parser("run", help="run probe cases in watched workers; write CSVs and reports")
+    run.add_argument("--generation", "-g", type=_generations, default=list(GENERATIONS),
+                     help="one, several (comma-separated) or 'all' (default)")
+    run.add_argument("--iut", type=lambda v: [x for x in v.split(",") if x], default=["kvref-sim"],
+                     help="implementation(s) under test, comma-separated; several give a side-by-side "
+                     "report: " + "; ".join(f"{n} ({', '.join(i.targets)})" for n, i in IUTS.items()))
+    run.add_argument("--matrix", default="default",
+                     help="shape matrix: 'default', 'seed', 'cpu' or a CSV file (name,shape,probes)")
+    run.add_argument("--probe", type=_probes, default=None,
+                     help=f"comma-separated probes, or 'all' (default: {', '.join(DEFAULT_PROBES)}; 'all' "
+                     f"adds {', '.join(p for p in PROBES if p not in DEFAULT_PROBES)})")
+    run.add_argument("--jobs", "-j", type=_positive, default=None, help="parallel workers (default: cores)")
+    run.add_argument("--timeout", type=_positive_number(float), default=30.0, help="seconds per case")
+    run.add_argument("--faults", type=lambda v: [f for f in v.split(",") if f], default=[],
+                     help="comma-separated kvref fault models to switch on")
+    run.add_argument("--out", type=Path, default=Path("reports"), help="report directory")
+    run.set_defaults(run=_run)
+
+    rep = sub.add_parser("report", help="rewrite reports from each generation's latest run")
+    rep.add_argument("--out", type=Path, default=Path("reports"))
+    rep.add_argument("--update-baseline", action="store_true",
+                     help="also write each generation's baseline.csv from its latest run")
+    rep.set_defaults(run=_report)
+
+    peer = sub.add_parser("peer-env", help="create and check a Python 3.12 environment with a "
+                          "pinned production library")
+    peer.add_argument("--lib", choices=list(PEER_ENVS), default="jax",
+                      help="jax: tpu-sync-jax (probed on JAX CPU arrays anywhere); torch: "
+                      "tpu-sync-torch with torch and TorchTPU (for a TPU VM)")
+    peer.add_argument("--check", action="store_true", help="only check an existing environment")
+    peer.set_defaults(run=_peer_env)
+
+    diff = sub.add_parser("diff", help="what changed between two run CSVs")
+    diff.add_argument("a", type=Path)
+    diff.add_argument("b", type=Path)
+    diff.set_defaults(run=_diff)
+    return parser
+
+
+def _probes(value: str) -> list[str]:
+    if value == "all":
+        return list(PROBES)
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = sorted(set(names) - set(PROBES))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown probe(s) {unknown or value!r}; expected any of "
+                                         f"{', '.join(PROBES)}")
+    return names
+
+
+def _run(args) -> int:
+    from rich.console import Console
+
+    from probes.run import command
+
+    console = Console(stderr=True)
+    frame = command.run(args.generation, args.iut, args.matrix, args.probe, args.jobs,
+                            args.timeout, args.faults, args.out, console)
+    Console().print(command.summary_table(frame))
+    print(f"reports: {args.out / 'README.md'}")
+    return 0
+
+
+def _peer_env(args) -> int:
+    from probes.iut import peer_env
+
+    env = peer_env.peer_env(args.lib)
+    if args.check:
+        python = env.python()
+        if python is None:
+            raise ValueError(env.missing())
+        found = peer_env.verify(env, python)
+    else:
+        found = peer_env.create(env)
+    print(f"{env.name} peer environment ok: " + ", ".join(f"{k} {v}" for k, v in found.items()))
+    return 0
+
+
+def _report(args) -> int:
+    from probes.run import command
+
+    frames = command.write_reports(args.out)
+    print(f"reports for {', '.join(frames)} in {args.out}")
+    if args.update_baseline:
+        for path in command.update_baselines(args.out, frames):
+            print(f"baseline: {path}")
+    return 0
+
+
+def _diff(args) -> int:
+    from probes.report import diff, results
+
+    for path in (args.a, args.b):
+        if not path.exists():
+            raise ValueError(f"no such run file: {path}")
+    changes = diff.diff_runs(results.read_run(args.a), results.read_run(args.b))
+    if changes.empty:
+        print("no differences")
+        return 0
+    print(changes.to_markdown(index=False))
+    return 1
+
+
+def _explain(args) -> int:
+    from probes.report import explain, memory_map
+
+    gens = args.generation or ["tpu7x"]
+    # A full layout text does not depend on the generation: explain it once.
+    jobs = [(text, None if "{" in text else gen) for text in args.shapes
+            for gen in (gens[:1] if "{" in text else gens)]
+    if args.png and len(jobs) > 1 and not any(k in args.png for k in ("{generation}", "{shape}")):
+        raise ValueError("--png with several shapes or generations needs {generation} or {shape} "
+                         "in the file name")
+    for text, gen in jobs:
+        e = explain.explain(text, gen, args.host_blocks, args.layers)
+        print(explain.render(e) + "\n")
+        if args.png:
+            path = args.png.format(generation=gen or "given", shape=file_safe(str(e.shape)))
+            memory_map.draw(e.shape, path, title=e.slices.reason or "addressable")
+            print(f"  memory map      {path}\n")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (ValueError, RuntimeError, OSError) as e:
+        print(f"kvprobe: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""`kvprobe run` and `kvprobe report`: run cases, write CSVs and reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from kvref import GENERATIONS, Faults
+from probes.iut.registry import iut
+from probes.report import results, summary
+from probes.run import rows
+from probes.run.runner import run_cases
+from probes.suite.matrix import build_cases, load_matrix
+from probes.suite.registry import DEFAULT_PROBES
+from probes.suite.verdicts import VERDICTS, disagreements
+
+
+def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, console) -> pd.DataFrame:
+    faults = Faults.parse(faults, environ={})
+    for name in iuts:  # refuse an unknown IUT, target or fault before starting anything
+        for gen in generations:
+            iut(name).check_target(gen)
+        iut(name).check_faults(faults)
+    matrix_rows = load_matrix(matrix)
+    cases = [c for name in iuts
+             for c in build_cases(generations, matrix_rows, probes or DEFAULT_PROBES, name, faults, timeout)]
+    if not cases:
+        raise ValueError("no cases: the matrix and --probe select nothing")
+    run_id = rows.new_run_id()
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        task = progress.add_task(f"probing {', '.join(iuts)}", total=len(cases))
+        found = run_cases(cases, jobs, progress=lambda r: progress.advance(task))
+    frame = rows.to_frame(found, run_id)
+    results.write_runs(frame, out)
+    for gen, part in frame.groupby("generation", sort=False):
+        summary.write_generation_report(part, Path(out) / gen)
+    summary.write_index(latest_frames(out), Path(out))
+    return frame
+
+
+def latest_frames(out: Path) -> dict[str, pd.DataFrame]:
+    """Each generation's latest run under `out`, in generation order."""
+    out, frames = Path(out), {}
+    order = {g: i for i, g in enumerate(GENERATIONS)}
+    for gen_dir in sorted((p for p in out.iterdir() if p.is_dir()),
+                          key=lambda p: (order.get(p.name, len(order)), p.name)):
+        latest = results.latest_run(gen_dir)
+        if latest:
+            frames[gen_dir.name] = results.read_run(latest)
+    return frames
+
+
+def write_reports(out: Path) -> dict[str, pd.DataFrame]:
+    """Reports and the index from each generation's latest run."""
+    frames = latest_frames(out)
+    if not frames:
+        raise ValueError(f"no runs under {out}; run `kvprobe run` first")
+    for gen, frame in frames.items():
+        summary.write_generation_report(frame, Path(out) / gen)
+    summary.write_index(frames, Path(out))
+    return frames
+
+
+def update_baselines(out: Path, frames: dict[str, pd.DataFrame]) -> list[Path]:
+    paths = []
+    for gen, frame in frames.items():
+        path = Path(out) / gen / "baseline.csv"
+        results.deterministic(frame).to_csv(path, index=False)
+        paths.append(path)
+    return paths
+
+
+def summary_table(frame: pd.DataFrame):
+    from rich.table import Table
+
+    table = Table(title=f"kvprobe run {frame['run_id'].iloc[0]}")
+    verdicts = [v for v in VERDICTS if v in set(frame["verdict"])]
+    for col in ["generation", *verdicts, "disagreements"]:
+        table.add_column(col, justify="right")
+    for gen, part in frame.groupby("generation", sort=False):
+        counts = part["verdict"].value_counts()
+        table.add_row(gen, *[str(counts.get(v, 0)) for v in verdicts],
+                      str(len(disagreements(part))))
+    return table

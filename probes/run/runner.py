@@ -1,0 +1,112 @@
+"""Runs probe cases in watched worker processes, in parallel, and gives each
+exactly one verdict."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from probes.iut.peer_env import peer_env
+from probes.iut.registry import iut
+from probes.run.worker import RESULT_PREFIX
+from probes.suite.cases import Case
+from probes.suite.verdicts import CRASH, ERROR, HANG, SKIP, Outcome
+
+WORKER = "probes.run.worker"
+
+GRACE_SECONDS = 1.0  # beyond the worker's own watchdog, before the parent kills it
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    outcome: Outcome
+    wall_seconds: float
+    stderr: str = ""
+
+
+def worker_python(case: Case) -> str | None:
+    """The interpreter for this case's IUT; None when its environment is missing."""
+    interpreter = iut(case.iut).interpreter
+    if interpreter == "main":
+        return sys.executable
+    python = peer_env(interpreter).python()
+    return str(python) if python else None
+
+
+def run_case(case: Case, python: str | None = None) -> CaseResult:
+    python = python or worker_python(case)
+    if python is None:
+        env = peer_env(iut(case.iut).interpreter)
+        return CaseResult(case, Outcome(SKIP, f"{case.iut}: {env.missing()}"), 0.0)
+    start = time.monotonic()
+    proc = subprocess.Popen([python, "-m", WORKER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env=_worker_env(case))
+    try:
+        out, err = proc.communicate(case.to_json(), timeout=case.timeout + GRACE_SECONDS)
+        killed = False
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        out, err = proc.communicate()
+        killed = True
+    _kill_group(proc.pid)  # nothing the worker started may outlive it
+    outcome = classify(proc.returncode, out, err, killed, case.timeout)
+    return CaseResult(case, outcome, time.monotonic() - start, err)
+
+
+def classify(returncode: int, out: str, err: str, killed: bool, timeout: float) -> Outcome:
+    for line in reversed(out.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return Outcome(**json.loads(line[len(RESULT_PREFIX):]))
+    if killed:
+        return Outcome(HANG, f"no answer in {timeout}s; killed\n{err[-4000:]}", seconds=timeout)
+    if "Timeout (" in err and returncode == 1:
+        return Outcome(HANG, f"watchdog fired after {timeout}s; stacks:\n{err[-4000:]}", seconds=timeout)
+    if returncode < 0:
+        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
+        return Outcome(CRASH, f"killed by {name}\n{err[-4000:]}")
+    return Outcome(ERROR, f"worker exited {returncode} without a result\n{err[-4000:]}")
+
+
+def run_cases(cases: list[Case], jobs: int | None = None, python: str | None = None,
+              progress=None) -> list[CaseResult]:
+    """All cases, `jobs` at a time (default: the core count), in input order.
+    `progress(result)` is called as each finishes."""
+    jobs = 1 if owns_device(cases) else jobs or os.cpu_count() or 1
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(run_case, case, python) for case in cases]
+        results = []
+        for future in futures:
+            result = future.result()
+            if progress:
+                progress(result)
+            results.append(result)
+    return results
+
+
+def owns_device(cases: list[Case]) -> bool:
+    """Whether any case's worker holds a real TPU, which one process may hold at a time."""
+    return any(iut(name).owns_device for name in {c.iut for c in cases})
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _worker_env(case: Case) -> dict:
+    env = dict(os.environ)
+    platforms = iut(case.iut).jax_platforms
+    if platforms:
+        env.setdefault("JAX_PLATFORMS", platforms)
+    env.pop("KVREF_FAULTS", None)  # a case's faults travel in the case itself
+    return env

@@ -1,0 +1,54 @@
+"""The +221 GiB case: a host pool sized from a whole-buffer "slice"."""
+
+from __future__ import annotations
+
+import kvref
+from probes.iut.adapter import Adapter
+from probes.suite.cases import Case
+from probes.suite.refusals import first_line
+from probes.suite.verdicts import ERROR, PASS, REJECTED, Outcome
+
+BUDGET_LAYERS, BUDGET_HOST_BLOCKS = 20, 1886
+# The worker's address-space limit for this probe: a manager without a budget
+# check must fail to allocate, not take the machine.
+ADDRESS_SPACE_LIMIT = 16 * 2**30
+POOL_SLACK_BYTES = 256 * 2**20  # staging and threads cost something
+
+
+def host_budget(case: Case, iut: Adapter) -> Outcome:
+    """20 layers of bf16[512,3,2048] with 1886 host blocks. Where that layout
+    interleaves blocks (every TPU generation) it must be refused before any
+    host memory is allocated; where blocks are contiguous (dense CPU arrays)
+    the pool must be exactly layers x blocks x block size."""
+    caches = [iut.make_cache(case.shape, case.seed + i)[0] for i in range(BUDGET_LAYERS)]
+    before = address_space_bytes()
+    try:
+        manager = iut.manager(caches, BUDGET_HOST_BLOCKS)
+    except (kvref.LayoutError, kvref.HostBudgetError) as e:
+        return Outcome(REJECTED, first_line(e))
+    except MemoryError as e:
+        return Outcome(ERROR, f"host OOM: the pool was allocated and failed: {first_line(e) or 'MemoryError'}")
+    grown = address_space_bytes() - before
+    info = kvref.major_slice(iut.layout(case.shape))
+    if not info.addressable:
+        return Outcome(ERROR, f"constructed over a layout whose blocks interleave; the address "
+                       f"space grew by {grown:,} bytes", host_bytes=grown)
+    expected = BUDGET_LAYERS * BUDGET_HOST_BLOCKS * info.slice_bytes
+    reported = manager.host_bytes
+    if reported is not None and reported != expected:
+        return Outcome(ERROR, f"reports a {reported:,}-byte host pool; expected {expected:,}",
+                       host_bytes=reported)
+    # A whole buffer per block costs 512x.
+    if grown > 2 * expected + POOL_SLACK_BYTES:
+        return Outcome(ERROR, f"the address space grew by {grown:,} bytes for a {expected:,}-byte "
+                       "pool", host_bytes=grown)
+    return Outcome(PASS, f"constructed; {expected:,}-byte pool, address space grew by {grown:,} bytes",
+                   host_bytes=reported if reported is not None else grown)
+
+
+def address_space_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmSize in /proc/self/status")

@@ -1,0 +1,71 @@
+"""Shape matrices (CSV files of `name,shape,probes`) and the cases they make."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import kvref
+from probes.suite.cases import Case
+from probes.suite.registry import DEFAULT_PROBES, PROBES, SHAPE_PROBES
+
+MATRIX_DIR = Path(__file__).with_name("matrices")
+COLUMNS = "name,shape[,probes]"
+
+
+@dataclass(frozen=True)
+class MatrixRow:
+    name: str
+    shape: kvref.ShapeKey
+    probes: tuple[str, ...] = ("roundtrip",)
+
+
+def matrix_path(name_or_path: str) -> Path:
+    """A matrix by name (`default`, `seed`, `cpu`) or a CSV file of the same columns."""
+    candidate = MATRIX_DIR / f"{name_or_path}.csv"
+    path = candidate if candidate.exists() else Path(name_or_path)
+    if not path.is_file():
+        known = sorted(p.stem for p in MATRIX_DIR.glob("*.csv"))
+        raise ValueError(f"no shape matrix {name_or_path!r}: expected one of {known} or a CSV file")
+    return path
+
+
+def load_matrix(name_or_path: str) -> list[MatrixRow]:
+    path = matrix_path(name_or_path)
+    rows = []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = {"name", "shape"} - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {sorted(missing)}; expected {COLUMNS}")
+        for line, row in enumerate(reader, start=2):
+            try:
+                shape = kvref.ShapeKey.parse(row["shape"] or "")
+            except ValueError as e:
+                raise ValueError(f"{path}:{line}: {e}") from None
+            probes = tuple((row.get("probes") or "roundtrip").split())
+            unknown = sorted(set(probes) - set(SHAPE_PROBES))
+            if unknown:
+                raise ValueError(f"{path}:{line}: unknown probe(s) {unknown}; expected any of "
+                                 f"{list(SHAPE_PROBES)}")
+            rows.append(MatrixRow(row["name"], shape, probes))
+    return rows
+
+
+def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut="kvref-sim",
+                faults: kvref.Faults = kvref.Faults(), timeout=30.0) -> list[Case]:
+    """Per generation: each matrix row's shape probes, then each selected
+    generation probe once, then each robustness probe once per kind."""
+    cases = []
+    for gen in generations:
+        for row in matrix:
+            cases += [Case(p, gen, iut, row.name, row.shape, faults, timeout)
+                      for p in row.probes if p in probes]
+        for name, p in PROBES.items():
+            if name not in probes or p.scope == "shape":
+                continue
+            for kind in p.kinds or ("",):
+                cases.append(Case(name, gen, iut, f"{name}-{kind}" if kind else name, p.subject,
+                                  faults, timeout, kind=kind))
+    return cases

@@ -1,0 +1,25 @@
+"""What the reference predicts for a case, and the layout facts behind it."""
+
+from __future__ import annotations
+
+import kvref
+from probes.iut.registry import iut
+from probes.suite.cases import Case
+from probes.suite.registry import probe
+
+
+def describe(case: Case) -> dict:
+    """Layout columns and the predicted verdict for one case."""
+    shape, source = iut(case.iut).layout_of(case.generation, case.shape)
+    info = kvref.major_slice(shape)
+    return {
+        "layout_source": source,
+        "dtype": shape.dtype,
+        "shape": str(case.shape),
+        "layout": str(shape),
+        "physical_bytes": shape.physical_size_bytes,
+        "slice_bytes": info.slice_bytes,
+        "legacy_slice_bytes": kvref.legacy_major_slice_byte_size(shape),
+        "reason": info.reason,
+        "predicted": probe(case.probe).predict(shape),
+    }

@@ -1,0 +1,76 @@
+"""Every probe, declared once: its function, which cases it makes, its
+subject, what the reference predicts for a correct manager, and what its
+worker needs. The CLI, matrices, worker, predictions and reports read this
+table; a probe missing a part is caught by tests/test_registry.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import kvref
+from probes.suite import construction, host_budget, plan_binding, robustness, roundtrip
+from probes.suite.verdicts import PASS, REJECTED
+
+SCOPES = ("shape", "generation", "robustness")
+
+
+def addressable_or_refused(shape: kvref.Shape) -> str:
+    """A correct manager moves blocks of a layout whose rows are contiguous
+    byte ranges, and refuses any other."""
+    return PASS if kvref.major_slice(shape).addressable else REJECTED
+
+
+def always(verdict: str) -> Callable[[kvref.Shape], str]:
+    def predict(shape: kvref.Shape) -> str:
+        return verdict
+    predict.__doc__ = f"{verdict}, whatever the layout"
+    return predict
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    run: Callable  # (Case, Adapter) -> Outcome
+    scope: str  # shape: one case per matrix row; generation: one per generation;
+    #             robustness: one per kind of input
+    predict: Callable[[kvref.Shape], str]  # the verdict a correct manager earns on the subject's layout
+    subject: kvref.ShapeKey | None = None  # the fixed subject of generation and robustness probes
+    kinds: tuple[str, ...] = ()  # robustness probes: the kinds of input, one case each
+    default: bool = True  # in `kvprobe run` without --probe
+    address_space_limit: int | None = None  # RLIMIT_AS for the worker, in bytes
+
+    @property
+    def doc(self) -> str:
+        return (self.run.__doc__ or "").strip()
+
+
+PLAN_SHAPE = kvref.ShapeKey("bf16", (512, 8, 2048))
+
+PROBES: dict[str, Probe] = {p.name: p for p in (
+    Probe("roundtrip", roundtrip.roundtrip, "shape", addressable_or_refused),
+    Probe("deferred_construction", construction.deferred_construction, "shape",
+          addressable_or_refused),
+    Probe("host_transferred_construction", construction.host_transferred_construction, "shape",
+          addressable_or_refused),
+    Probe("mixed_slices", roundtrip.mixed_slices, "generation", always(REJECTED), subject=PLAN_SHAPE),
+    Probe("plan_binding", plan_binding.plan_binding, "generation", always(PASS), subject=PLAN_SHAPE),
+    Probe("host_budget", host_budget.host_budget, "generation", addressable_or_refused,
+          subject=kvref.ShapeKey("bf16", (512, 3, 2048)),
+          address_space_limit=host_budget.ADDRESS_SPACE_LIMIT),
+    Probe("bad_input", robustness.bad_input, "robustness", always(REJECTED), subject=PLAN_SHAPE,
+          kinds=robustness.BAD_INPUTS, default=False),
+    Probe("release_order", robustness.release_order, "robustness", always(PASS), subject=PLAN_SHAPE,
+          kinds=robustness.RELEASE_ORDERS, default=False),
+    Probe("concurrent_transfers", robustness.concurrent_transfers, "robustness", always(PASS),
+          subject=PLAN_SHAPE, kinds=robustness.CONCURRENCY, default=False),
+)}
+
+DEFAULT_PROBES = tuple(name for name, p in PROBES.items() if p.default)
+SHAPE_PROBES = tuple(name for name, p in PROBES.items() if p.scope == "shape")
+
+
+def probe(name: str) -> Probe:
+    if name not in PROBES:
+        raise ValueError(f"unknown probe {name!r}; expected one of {', '.join(PROBES)}")
+    return PROBES[name]

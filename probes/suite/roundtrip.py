@@ -1,0 +1,77 @@
+"""Blocks moved out and back: the per-shape round trip, and the same over
+layers of different block sizes."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+import kvref
+from probes.iut.adapter import Adapter
+from probes.suite.cases import Case
+from probes.suite.refusals import CLEAN_REFUSALS, first_line
+from probes.suite.verdicts import CORRUPT, PASS, REJECTED, Outcome
+
+# mixed_slices' second layer; its first is the probe's subject.
+MIXED_SECOND_LAYER = kvref.ShapeKey("bf16", (512, 16, 2048))
+
+
+def roundtrip(case: Case, iut: Adapter) -> Outcome:
+    """Distinct pattern per block, d2h in one permutation, scramble the
+    device, h2d back in another, compare byte-exact."""
+    cache, host = iut.make_cache(case.shape, case.seed)
+    try:
+        manager = iut.manager([cache], case.shape.dims[0])
+    except CLEAN_REFUSALS as e:
+        return Outcome(REJECTED, first_line(e))
+    return permuted_round_trip(iut, manager, [cache], [host], case.seed)
+
+
+def mixed_slices(case: Case, iut: Adapter) -> Outcome:
+    """Layers with different block sizes: one uniform manager must refuse them,
+    or, if it takes them, move every layer's blocks exactly."""
+    pairs = [iut.make_cache(key, case.seed + i) for i, key in enumerate((case.shape, MIXED_SECOND_LAYER))]
+    try:
+        manager = iut.manager([c for c, _ in pairs], 512)
+    except CLEAN_REFUSALS as e:
+        return Outcome(REJECTED, first_line(e))
+    return permuted_round_trip(iut, manager, [c for c, _ in pairs], [h for _, h in pairs], case.seed)
+
+
+def permuted_round_trip(iut: Adapter, manager, caches, hosts, seed: int) -> Outcome:
+    """d2h every block in one permutation, scramble the device, h2d back in
+    another; device block perm_b[j] must then hold what block perm_a[j] held."""
+    rows = min(c.shape[0] for c in hosts)
+    rng = np.random.default_rng(seed + 1)
+    perm_a, perm_b = rng.permutation(rows), rng.permutation(rows)
+    start = time.perf_counter()
+    iut.d2h(manager, perm_a, np.arange(rows))
+    moved = time.perf_counter() - start
+    for cache in caches:
+        iut.scramble(cache)
+    start = time.perf_counter()
+    iut.h2d(manager, np.arange(rows), perm_b)
+    moved += time.perf_counter() - start
+    bytes_moved = 2 * rows * sum(manager.layer_bytes_per_block) * manager.num_shards
+    for layer, (cache, host) in enumerate(zip(caches, hosts)):
+        wrong = wrong_rows(iut.fetch(cache), expected_after(host, perm_a, perm_b))
+        if wrong.any():
+            return Outcome(CORRUPT, f"layer {layer}: {int(wrong.sum())} of {rows} rows differ after a "
+                           f"permuted round trip (first: row {int(np.argmax(wrong))})",
+                           host_bytes=manager.host_bytes, bytes_moved=bytes_moved, seconds=moved)
+    return Outcome(PASS, f"{rows} blocks round-tripped byte-exact", host_bytes=manager.host_bytes,
+                   bytes_moved=bytes_moved, seconds=moved)
+
+
+def expected_after(host: np.ndarray, perm_a, perm_b) -> np.ndarray:
+    """What the device holds after d2h in perm_a and h2d into perm_b."""
+    out = np.empty_like(host)
+    out[perm_b] = host[perm_a]
+    return out
+
+
+def wrong_rows(got: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """Per dim-0 row, whether its bytes differ."""
+    rows = expected.shape[0]
+    return (got.view(np.uint8).reshape(rows, -1) != expected.view(np.uint8).reshape(rows, -1)).any(1)

@@ -1,0 +1,101 @@
+"""The registries: every probe declared whole, every IUT's halves meeting the
+adapter protocol, and unknown names refused with the known ones listed."""
+
+import inspect
+
+import pytest
+
+import kvref
+from probes.iut import protocol
+from probes.iut.registry import IUTS, adapter_for, iut
+from probes.suite.matrix import build_cases, load_matrix
+from probes.suite.registry import PROBES, SCOPES, probe
+from probes.suite.verdicts import VERDICTS
+
+
+@pytest.mark.parametrize("name", PROBES)
+def test_each_probe_is_declared_whole(name):
+    p = PROBES[name]
+    assert p.name == name and p.scope in SCOPES
+    assert list(inspect.signature(p.run).parameters) == ["case", "iut"], "probes take (case, iut)"
+    assert p.doc, f"{name} says in its docstring what it checks"
+    if p.scope == "shape":
+        assert p.subject is None and not p.kinds
+    else:
+        assert isinstance(p.subject, kvref.ShapeKey), f"{name} needs a fixed subject"
+    assert bool(p.kinds) == (p.scope == "robustness")
+    assert p.predict(kvref.tpu_layout("bf16", (512, 16, 2048), "tpu7x")) in VERDICTS
+    assert p.predict(kvref.tpu_layout("bf16", (512, 3, 2048), "tpu7x")) in VERDICTS
+
+
+def test_cases_come_from_the_registry_alone():
+    cases = build_cases(["tpu7x"], load_matrix("default"), probes=tuple(PROBES))
+    made = {c.probe for c in cases}
+    assert made == set(PROBES)
+    for c in cases:
+        assert c.shape is not None, c.case_id
+        assert (c.kind in PROBES[c.probe].kinds) if PROBES[c.probe].kinds else c.kind == ""
+
+
+def test_unknown_probe_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown probe 'teleport'; expected one of roundtrip, "):
+        probe("teleport")
+
+
+@pytest.mark.parametrize("name", IUTS)
+def test_each_iut_meets_the_protocol(name):
+    declared = iut(name)
+    assert protocol.missing_members(declared.arrays, protocol.Arrays) == []
+    assert protocol.missing_members(declared.library, protocol.Library) == []
+    declared.arrays(declared.targets[0]), declared.library(kvref.Faults())  # construct without a device
+    shape, source = declared.layout_of(declared.targets[0], kvref.ShapeKey("bf16", (512, 16, 2048)))
+    assert isinstance(shape, kvref.Shape) and source
+
+
+def test_protocol_check_names_a_missing_part():
+    class NoScramble:
+        backend = "none"
+        device_kind = ""
+        layout_of = staticmethod(lambda generation, key: None)
+
+        def __init__(self, generation): ...
+
+        def skip_reason(self): ...
+
+        def make_cache(self, key, seed, mode="put", finite=False): ...
+
+        def fetch(self, cache): ...
+
+        def is_materialized(self, cache): ...
+
+    assert protocol.missing_members(NoScramble, protocol.Arrays) == ["scramble"]
+
+
+def test_unknown_iut_and_faults_are_refused():
+    with pytest.raises(ValueError, match=r"unknown implementation under test 'nope'; expected one of \["):
+        iut("nope")
+    with pytest.raises(ValueError, match=r"unknown fault model\(s\) \['bogus'\]; expected any of \["):
+        kvref.Faults.parse("bogus")
+    with pytest.raises(ValueError, match="tpu-sync-jax has no fault models"):
+        iut("tpu-sync-jax").check_faults(kvref.Faults(legacy_slice_formula=True))
+    with pytest.raises(ValueError, match="tpu-sync-jax runs on cpu, not 'v5e'"):
+        iut("tpu-sync-jax").check_target("v5e")
+
+
+def test_faults_are_one_value():
+    faults = kvref.Faults.parse(["allow_mixed_slices", " legacy_slice_formula"], environ={})
+    assert faults.allow_mixed_slices and faults.legacy_slice_formula and not faults.no_host_budget
+    assert faults.names == ("legacy_slice_formula", "allow_mixed_slices")  # declaration order
+    assert kvref.Faults.parse(str(faults), environ={}) == faults
+    assert kvref.Faults.parse((), environ={"KVREF_FAULTS": "no_host_budget"}).no_host_budget
+    assert not kvref.Faults() and set(kvref.FAULTS) == set(kvref.Faults.known())
+
+
+def test_an_adapter_hands_each_call_to_its_half():
+    adapter = adapter_for("kvref-sim", "v5e")
+    key = kvref.ShapeKey("bf16", (64, 8, 128))
+    cache, host = adapter.make_cache(key, seed=1, mode="deferred")
+    assert not adapter.is_materialized(cache)  # really pending: DEFER_AND_FUSE
+    assert adapter.fetch(cache).tobytes() == host.tobytes()
+    assert adapter.is_materialized(cache)
+    assert adapter.layout(key) == kvref.tpu_layout("bf16", (64, 8, 128), "v5e")

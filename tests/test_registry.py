@@ -3,6 +3,7 @@ adapter protocol, and unknown names refused with the known ones listed."""
 
 import inspect
 
+import numpy as np
 import pytest
 
 import kvref
@@ -99,3 +100,13 @@ def test_an_adapter_hands_each_call_to_its_half():
     assert adapter.fetch(cache).tobytes() == host.tobytes()
     assert adapter.is_materialized(cache)
     assert adapter.layout(key) == kvref.tpu_layout("bf16", (64, 8, 128), "v5e")
+
+
+@pytest.mark.parametrize("dtype, low, high", [("pred", 0, 1), ("s4", -8, 7), ("u4", 0, 15)])
+def test_random_contents_stay_within_the_type(dtype, low, high):
+    from probes.iut.host_data import random_host
+
+    values = random_host(kvref.ShapeKey(dtype, (64, 32)), seed=3).astype(np.int64)
+    assert values.min() == low and values.max() == high  # the whole range, nothing outside it
+    if dtype == "pred":  # a bool byte other than 0 or 1 is not a value the type has
+        assert random_host(kvref.ShapeKey(dtype, (64, 32)), seed=3).view(np.uint8).max() == 1

@@ -3,6 +3,7 @@
 import os
 import signal
 import stat
+import sys
 import time
 
 import pytest
@@ -80,3 +81,46 @@ def test_peer_cases_skip_without_the_peer_environment(monkeypatch):
     monkeypatch.setenv("KVPROBE_PEER_PYTHON", "/nonexistent/python")
     result = run_case(Case("roundtrip", "cpu", iut="tpu-sync-jax", shape=ShapeKey("f32", (64, 128))))
     assert result.outcome.verdict == "SKIP" and "kvprobe peer-env" in result.outcome.detail
+
+
+RESULT = 'echo \'KVPROBE-RESULT {"verdict": "PASS", "detail": "2 blocks round-tripped"}\''
+
+
+@pytest.mark.parametrize("teardown, verdict, needle", [
+    ("kill -SEGV $$", "CRASH", "killed by SIGSEGV after the probe"),
+    ("exit 134", "CRASH", "exited 134 after the probe"),
+    ("echo 'Timeout (0:00:02)!' >&2; echo 'File \"teardown.py\"' >&2; exit 1", "HANG",
+     "watchdog fired after 2.0s after the probe"),
+    ("sleep 30", "HANG", "no answer in 2.0s after the probe; killed"),
+])
+def test_a_failure_after_the_result_line_is_the_verdict(tmp_path, teardown, verdict, needle):
+    """A worker that reports PASS and then crashes, fails or hangs while it
+    releases arrays and managers earns CRASH or HANG, not the PASS it printed."""
+    python = fake_python(tmp_path, f"{RESULT}\n{teardown}")
+    outcome = run_case(Case("roundtrip", "tpu7x", shape=ShapeKey("bf16", (512, 16, 2048)), timeout=2.0),
+                       python=python).outcome
+    assert outcome.verdict == verdict, outcome.detail
+    assert needle in outcome.detail and "the probe had reported PASS: 2 blocks round-tripped" in outcome.detail
+
+
+def test_a_clean_exit_keeps_the_reported_verdict(tmp_path):
+    python = fake_python(tmp_path, f"{RESULT}\nexit 0")
+    outcome = run_case(Case("roundtrip", "tpu7x", shape=ShapeKey("bf16", (512, 16, 2048)), timeout=5.0),
+                       python=python).outcome
+    assert outcome.verdict == "PASS" and outcome.detail == "2 blocks round-tripped"
+
+
+def test_the_real_worker_watches_its_own_teardown(tmp_path):
+    """The worker leaves its watchdog armed through interpreter exit: a
+    non-daemon thread that never ends keeps the process from exiting after
+    the result line, and that is a HANG with the thread's stack."""
+    (tmp_path / "stuck_worker.py").write_text(
+        "import runpy, threading, time\n"
+        "def stuck_at_exit():\n    time.sleep(3600)\n"
+        "threading.Thread(target=stuck_at_exit).start()\n"
+        "runpy.run_module('probes.run.worker', run_name='__main__')\n")
+    python = fake_python(tmp_path, f'exec {sys.executable} {tmp_path / "stuck_worker.py"}')
+    case = Case("plan_binding", "tpu7x", shape=ShapeKey("bf16", (512, 8, 2048)), timeout=4.0)
+    outcome = run_case(case, python=python).outcome
+    assert outcome.verdict == "HANG", outcome.detail
+    assert "after the probe" in outcome.detail and "stuck_at_exit" in outcome.detail

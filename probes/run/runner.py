@@ -3,6 +3,7 @@ exactly one verdict."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -62,17 +63,43 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
 
 
 def classify(returncode: int, out: str, err: str, killed: bool, timeout: float) -> Outcome:
+    """One verdict from everything the worker did, from start to exit: a
+    reported result stands only if the process then exited cleanly. A crash,
+    a non-zero exit or a hang while arrays and managers are released at exit
+    is the verdict, "after the probe", with what the probe had reported."""
+    reported = _reported(out)
+    after, said = "", ""
+    if reported is not None:
+        after = " after the probe"
+        said = f" (the probe had reported {reported.verdict}: {reported.detail.strip()[:300]})"
+    if killed:
+        return _finding(reported, HANG, f"no answer in {timeout}s{after}; killed{said}\n{err[-4000:]}",
+                        seconds=timeout)
+    if "Timeout (" in err and returncode == 1:
+        return _finding(reported, HANG, f"watchdog fired after {timeout}s{after}{said}; stacks:\n"
+                        f"{err[-4000:]}", seconds=timeout)
+    if returncode < 0:
+        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
+        return _finding(reported, CRASH, f"killed by {name}{after}{said}\n{err[-4000:]}")
+    if returncode != 0 and reported is not None:
+        return _finding(reported, CRASH, f"exited {returncode}{after}{said}\n{err[-4000:]}")
+    if reported is not None:
+        return reported
+    return Outcome(ERROR, f"worker exited {returncode} without a result\n{err[-4000:]}")
+
+
+def _reported(out: str) -> Outcome | None:
     for line in reversed(out.splitlines()):
         if line.startswith(RESULT_PREFIX):
             return Outcome(**json.loads(line[len(RESULT_PREFIX):]))
-    if killed:
-        return Outcome(HANG, f"no answer in {timeout}s; killed\n{err[-4000:]}", seconds=timeout)
-    if "Timeout (" in err and returncode == 1:
-        return Outcome(HANG, f"watchdog fired after {timeout}s; stacks:\n{err[-4000:]}", seconds=timeout)
-    if returncode < 0:
-        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
-        return Outcome(CRASH, f"killed by {name}\n{err[-4000:]}")
-    return Outcome(ERROR, f"worker exited {returncode} without a result\n{err[-4000:]}")
+    return None
+
+
+def _finding(reported: Outcome | None, verdict: str, detail: str, **fields) -> Outcome:
+    """A failing verdict, keeping what the worker had reported about the IUT."""
+    if reported is None:
+        return Outcome(verdict, detail, **fields)
+    return dataclasses.replace(reported, verdict=verdict, detail=detail, **fields)
 
 
 def run_cases(cases: list[Case], jobs: int | None = None, python: str | None = None,

@@ -1,8 +1,10 @@
 """One probe case in its own process: `python -m probes.run.worker` reads the
 case as JSON on stdin and prints one JSON result line.
 
-faulthandler's watchdog is armed first: it is a C thread, so it fires even
-while C++ holds the GIL, dumps every thread's stack to stderr and exits."""
+faulthandler's watchdog is armed first and never cancelled: it is a C thread,
+so it fires even while C++ holds the GIL, dumps every thread's stack to stderr
+and exits. The parent reads the exit status too: a result line counts only if
+the process then exits cleanly (probes.run.runner.classify)."""
 
 from __future__ import annotations
 
@@ -44,9 +46,10 @@ def run(case: Case) -> Outcome:
 def main() -> int:
     case = Case.from_json(sys.stdin.read())
     faulthandler.enable()  # a crash prints where it happened
+    # Armed until the process is gone: a hang while arrays and managers are
+    # released at exit must still dump the stacks and end the process.
     faulthandler.dump_traceback_later(case.timeout, exit=True)
     outcome = run(case)
-    faulthandler.cancel_dump_traceback_later()
     print(RESULT_PREFIX + json.dumps(outcome.to_dict()), flush=True)
     return 0
 

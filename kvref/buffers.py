@@ -4,6 +4,10 @@ Every unpack caller (the manager, the raw transfer functions) goes through
 `unpack_buffer`: resolve the base buffer, materialize it in place, then await
 it. Awaiting alone waits for materialization but never triggers it; on a
 deferred tensor nothing else would, so it would wait forever (holding the GIL).
+
+A manager holds its views across transfers, and the caller's arrays move on
+meanwhile (a serving step writes the cache in place, or donates it). Before
+every transfer `check_live` brings each view up to date, or refuses.
 """
 
 from __future__ import annotations
@@ -27,16 +31,36 @@ class DeviceBufferView:
 
 def unpack_buffer(array, faults: Faults = Faults()) -> DeviceBufferView:
     if isinstance(array, DeviceArray):
-        if not faults.no_await_before_transfer:
-            if not faults.no_materialize_before_await:
-                array.materialize()
-            array._buffer.await_()
+        _materialize_and_await(array, faults)
         return DeviceBufferView(_core.DeviceRegion.of_buffer(array._buffer), array.shape,
                                 array.device, array)
     if _is_jax_array(array):
         return _unpack_jax(array)
     raise TypeError(f"expected a kvref.sim.DeviceArray or a single-device jax.Array, "
                     f"got {type(array).__module__}.{type(array).__name__}")
+
+
+def check_live(view: DeviceBufferView, faults: Faults = Faults()) -> None:
+    """Make the storage a view addresses hold its array's current contents:
+    run in-place ops recorded since (in place, so the storage stays the same),
+    then wait for them. A jax.Array deleted since (donated to a computation)
+    no longer owns its storage: ValueError."""
+    array = view.keepalive
+    if isinstance(array, DeviceArray):
+        if not faults.buffer_resolved_once:
+            _materialize_and_await(array, faults)
+    elif _is_jax_array(array) and array.is_deleted():
+        raise ValueError(f"a {view.shape} jax.Array was deleted (donated to a computation?) after the "
+                         "manager took it, so the storage it addressed is no longer the array's; "
+                         "build the manager over the live arrays")
+
+
+def _materialize_and_await(array: DeviceArray, faults: Faults) -> None:
+    if faults.no_await_before_transfer:
+        return
+    if not faults.no_materialize_before_await:
+        array.materialize()
+    array._buffer.await_()
 
 
 def _is_jax_array(obj) -> bool:

@@ -32,6 +32,9 @@ class Faults:
         "unpack neither materializes nor awaits: transfers race host->device copies")
     no_host_budget: bool = _fault(
         "the host pool is allocated without checking it against a budget (host OOM)")
+    buffer_resolved_once: bool = _fault(
+        "buffers are resolved at construction only: a transfer after an in-place op moves "
+        "stale storage")
 
     @classmethod
     def known(cls) -> tuple[str, ...]:

@@ -10,7 +10,7 @@ import numpy as np
 
 from kvref import _core
 from kvref.addressing import SLICE_POLICIES, plan_host
-from kvref.buffers import DeviceBufferView, unpack_buffer
+from kvref.buffers import DeviceBufferView, check_live, unpack_buffer
 from kvref.faults import Faults
 from kvref.futures import TransferFuture
 from kvref.offsets import transfer_lists
@@ -115,6 +115,12 @@ class KVCacheManager:
 
     def _copy(self, d2h: bool, src, dst, sizes) -> TransferFuture:
         src, dst, sizes = transfer_lists(src, dst, sizes)
+        for i, layer in enumerate(self._views):
+            for s, view in enumerate(layer):
+                try:
+                    check_live(view, self.faults)
+                except ValueError as e:
+                    raise ValueError(f"layer {i} shard {s}: {e}") from None
         return TransferFuture(self._mover.copy(d2h, src, dst, sizes), keepalive=self._views)
 
 

@@ -44,3 +44,11 @@ def pack(array: np.ndarray, shape) -> np.ndarray:
     bit = index.reshape(-1) * bits
     np.bitwise_or.at(out, bit // 8, (values << (bit % 8)).astype(np.uint8))
     return out
+
+
+def byte_offsets(shape) -> np.ndarray:
+    """Byte offset of each logical element by the model: its physical index
+    times the element's bits, in whole bytes (sub-byte elements that share a
+    byte share its offset)."""
+    index, _ = physical_indices(shape)
+    return index * shape.element_bits // 8

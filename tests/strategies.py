@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
-import ml_dtypes
 import numpy as np
 from hypothesis import strategies as st
 
@@ -31,20 +28,6 @@ def shapes(draw, max_rank=4, max_dim=12, dtypes=DTYPES):
 
     assume(shape._core.physical_elements <= MAX_PHYSICAL_ELEMENTS)
     return shape
-
-
-def random_array(shape, seed: int = 0) -> np.ndarray:
-    """Distinct-looking random contents of the right dtype (bit patterns for
-    floats, so NaNs and all else round-trip as bytes)."""
-    rng = np.random.default_rng(seed)
-    dtype = shape.element.numpy
-    n = math.prod(shape.dims)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, n).astype(np.bool_).reshape(shape.dims)
-    if dtype in (np.dtype(ml_dtypes.int4), np.dtype(ml_dtypes.uint4)):
-        return rng.integers(0, 16, n, dtype=np.uint8).view(dtype).reshape(shape.dims)
-    raw = rng.integers(0, 256, n * dtype.itemsize, dtype=np.uint8)
-    return raw.view(dtype).reshape(shape.dims)
 
 
 def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:

@@ -5,6 +5,7 @@ import pytest
 
 import kvref
 from probes.report import memory_map
+from probes.suite.ownership import PADDING, physical_owners
 from probes.run import cli
 
 
@@ -72,10 +73,10 @@ def test_png_is_written(capsys, tmp_path):
 
 def test_memory_map_owners_follow_the_layout():
     shape = kvref.Shape.parse("bf16[16,128]{1,0:T(8,128)(2,1)}")
-    owners = memory_map.owner_rows(shape)
+    owners = physical_owners(shape)
     # One 32-bit word holds rows 0 and 1 of a column; the next tile holds rows 8..15.
     assert list(owners[:4]) == [0, 1, 0, 1]
     assert owners[1024] == 8 and set(owners[:1024]) == set(range(8))
-    padded = memory_map.owner_rows(kvref.Shape.parse("f32[3,5]{1,0:T(8,128)}"))
-    assert (padded == memory_map.PADDING).sum() == 8 * 128 - 15
+    padded = physical_owners(kvref.Shape.parse("f32[3,5]{1,0:T(8,128)}"))
+    assert (padded == PADDING).sum() == 8 * 128 - 15
     assert np.array_equal(padded[:5], [0] * 5)

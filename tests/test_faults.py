@@ -76,9 +76,14 @@ def test_plan_bytes_accepted_and_refused_by_str_only_binding():
     assert fixed.active_plan("p1")["src_block_ids"] == [1, 2]
     faulty = kvref.KVCacheManager([dev.zeros((512, 8, 2048), "bf16")], 4,
                                   faults=["str_only_plan_binding"])
-    with pytest.raises(TypeError, match="incompatible function arguments"):
+    # The seed bug: the str-only binding refuses the bytes it is handed, whether
+    # the caller passes bytes or a message (serialized on the way). Any other
+    # TypeError would be some other failure.
+    refused = (r"(?s)add_str\(\): incompatible function arguments"
+               r".*Invoked with types: .*, str, bytes, bool")
+    with pytest.raises(TypeError, match=refused):
         faulty.register_active_plan("p1", request.SerializeToString(), is_sender=True)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=refused):
         faulty.register_active_plan("p1", request, is_sender=True)
 
 

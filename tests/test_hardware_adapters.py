@@ -97,7 +97,7 @@ def test_torch_plan_is_the_library_message(tmp_path):
         "from tpu_sync.rpc import raiden_service_pb2 as rpc\n"
         "from kvref import Faults\n"
         "from probes.iut.tpu_sync import TpuSyncTorchLibrary, plan_number\n"
-        "plan = TpuSyncTorchLibrary(Faults()).plan_request('p0')\n"
+        "plan = TpuSyncTorchLibrary(Faults()).plan_request('p0', 1, 2)\n"
         "back = rpc.StartTransferRequest.FromString(plan.SerializeToString())\n"
         "entry = back.shard_push_schedules[0].entries[0]\n"
         "assert type(plan) is rpc.StartTransferRequest and back.is_sender\n"

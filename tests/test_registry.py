@@ -25,8 +25,9 @@ def test_each_probe_is_declared_whole(name):
     else:
         assert isinstance(p.subject, kvref.ShapeKey), f"{name} needs a fixed subject"
     assert bool(p.kinds) == (p.scope == "robustness")
-    assert p.predict(kvref.tpu_layout("bf16", (512, 16, 2048), "tpu7x")) in VERDICTS
-    assert p.predict(kvref.tpu_layout("bf16", (512, 3, 2048), "tpu7x")) in VERDICTS
+    for dims in ((512, 16, 2048), (512, 3, 2048)):
+        predicted = p.predict(kvref.tpu_layout("bf16", dims, "tpu7x"))
+        assert predicted and set(predicted) <= set(VERDICTS) - {"SKIP"}, predicted
 
 
 def test_cases_come_from_the_registry_alone():
@@ -56,6 +57,7 @@ def test_each_iut_meets_the_protocol(name):
 def test_protocol_check_names_a_missing_part():
     class NoScramble:
         backend = "none"
+        scrambles_in_place = False
         device_kind = ""
         layout_of = staticmethod(lambda generation, key: None)
 
@@ -63,7 +65,7 @@ def test_protocol_check_names_a_missing_part():
 
         def skip_reason(self): ...
 
-        def make_cache(self, key, seed, mode="put", finite=False): ...
+        def make_caches(self, key, seeds, mode="put", finite=False): ...
 
         def fetch(self, cache): ...
 

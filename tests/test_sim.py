@@ -5,17 +5,57 @@ import pytest
 
 import kvref
 from kvref import BufferState
+from tests import numpy_model
+from probes.iut.host_data import random_host
+from tests.strategies import same_bytes
 
 
 def test_arrays_take_the_generations_layout_and_physical_order():
+    """The physical bytes against the NumPy model: kvref.pack and fetch share the
+    device's C++ placement, so a buffer compared with its own round trip passes
+    whatever order the bytes are in."""
     dev = kvref.SimDevice("tpu7x")
     a = dev.arange((512, 6144), "bf16")
     assert str(a.shape) == "bf16[512,6144]{1,0:T(8,128)(2,1)}"
+    want = np.arange(512 * 6144).astype(kvref.element_type("bf16").numpy).reshape(512, 6144)
     host = dev.fetch(a)
-    assert host.dtype == kvref.element_type("bf16").numpy and host.shape == (512, 6144)
-    np.testing.assert_array_equal(a.physical_bytes(), kvref.pack(host, a.shape))
+    assert host.dtype == want.dtype and same_bytes(host, want)
+    np.testing.assert_array_equal(a.physical_bytes(), numpy_model.pack(want, a.shape))
     v3 = kvref.SimDevice("v3").zeros((512, 12288), "s8")
     assert v3.shape.layout.tiles[0] == (8, 128)
+
+
+def test_put_element_lands_at_the_hand_computed_byte():
+    """bf16[512,6144]{1,0:T(8,128)(2,1)} by hand: 8x128 tiles, 48 to a row of
+    tiles, 2,048 bytes each; in a tile, (2,1) sub-tiles put (r, c) in slot
+    256*(r//2) + 2*c + r%2. Element (9, 130) is in tile 1*48 + 1 = 49 (byte
+    100,352), slot 2*2 + 1 = 5 (byte 10): bytes 100,362 and 100,363."""
+    dev = kvref.SimDevice("tpu7x")
+    x = np.zeros((512, 6144), kvref.element_type("bf16").numpy)
+    x[9, 130] = 1.5  # bf16 0x3FC0, little-endian
+    a = dev.put(x)
+    assert str(a.shape) == "bf16[512,6144]{1,0:T(8,128)(2,1)}"
+    a.await_buffer(timeout=10)
+    physical = a.physical_bytes()
+    np.testing.assert_array_equal(np.flatnonzero(physical), [100_362, 100_363])
+    assert physical[100_362] == 0xC0 and physical[100_363] == 0x3F
+
+
+def test_put_and_write_place_bytes_as_the_model_does():
+    """Random contents put, then overwritten in place, on the transposed
+    layout tpu7x picks for bf16[512,3,2048]: the physical bytes each time are
+    the NumPy model's packing."""
+    dev = kvref.SimDevice("tpu7x")
+    shape = kvref.Shape.parse("bf16[512,3,2048]{2,0,1:T(8,128)(2,1)}")
+    x = random_host(shape.key, 1)
+    a = dev.put(x)
+    assert a.shape == shape
+    a.await_buffer(timeout=10)
+    np.testing.assert_array_equal(a.physical_bytes(), numpy_model.pack(x, shape))
+    y = random_host(shape.key, 2)
+    a.write_(y)
+    a.await_buffer(timeout=10)
+    np.testing.assert_array_equal(a.physical_bytes(), numpy_model.pack(y, shape))
 
 
 def test_explicit_shape_overrides_and_must_match():

@@ -29,7 +29,7 @@ def main(argv=None) -> None:
     caches = [jnp.asarray(rng.integers(-8, 8, dims).astype(kvref.element_type("bf16").numpy))
               for _ in range(args.layers)]
     reference = kvref.KVCacheManager(caches, rows)
-    production = JaxSyncManager(caches, rows).manager
+    production = JaxSyncManager(caches, rows, {}).manager  # as its users build it
     perm, host = rng.permutation(rows).tolist(), list(range(rows))
     total = args.layers * rows * reference.bytes_per_block / 1e9
 

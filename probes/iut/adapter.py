@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import kvref
-from probes.iut.protocol import Arrays, Library
+from probes.iut.protocol import CACHE_MODES, Arrays, Library
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,11 @@ class Adapter:
     """What a probe holds: one IUT on one generation, with the fault models
     the reference should switch on."""
 
-    def __init__(self, iut: IUT, generation: str, faults: kvref.Faults = kvref.Faults()):
+    def __init__(self, iut: IUT, generation: str, faults: kvref.Faults = kvref.Faults(),
+                 options: dict | None = None):
         self.iut, self.generation, self.faults = iut, generation, faults
         self.arrays = iut.arrays(generation)
-        self.library = iut.library(faults)
+        self.library = iut.library(faults, options)
 
     @property
     def name(self) -> str:
@@ -66,8 +67,13 @@ class Adapter:
     def layout(self, key: kvref.ShapeKey) -> kvref.Shape:
         return self.iut.layout_of(self.generation, key)[0]
 
+    def make_caches(self, key: kvref.ShapeKey, seeds, mode: str = "put", finite: bool = False):
+        if mode not in CACHE_MODES:
+            raise ValueError(f"cache mode {mode!r}; expected one of {CACHE_MODES}")
+        return self.arrays.make_caches(key, list(seeds), mode, finite)
+
     def make_cache(self, key: kvref.ShapeKey, seed: int, mode: str = "put", finite: bool = False):
-        return self.arrays.make_cache(key, seed, mode, finite)
+        return self.make_caches(key, [seed], mode, finite)[0]
 
     def fetch(self, cache):
         return self.arrays.fetch(cache)
@@ -77,6 +83,9 @@ class Adapter:
 
     def is_materialized(self, cache) -> bool:
         return self.arrays.is_materialized(cache)
+
+    def serving_step(self, cache, new):
+        return self.arrays.serving_step(cache, new)
 
     def manager(self, caches, host_blocks: int, **options):
         return self.library.manager(caches, host_blocks, **options)
@@ -90,5 +99,5 @@ class Adapter:
     def h2d(self, manager, src, dst, sizes=None) -> None:
         self.transfer(manager, False, src, dst, sizes)
 
-    def plan_request(self, uuid: str):
-        return self.library.plan_request(uuid)
+    def plan_request(self, uuid: str, src_block: int, dst_block: int):
+        return self.library.plan_request(uuid, src_block, dst_block)

@@ -1,8 +1,15 @@
-"""Caches as JAX arrays: dense on the CPU, or on this machine's TPU."""
+"""Caches as JAX arrays: dense on the CPU, or on this machine's TPU.
+
+A deferred cache is the output of a jitted computation still running when it
+is handed over: JAX dispatches asynchronously, so `is_ready()` stays False
+until the computation ends. The computation XORs the cache's bits with a key
+an even number of times, with the count and key as arguments so that XLA
+cannot fold it away, so its result is the host contents exactly."""
 
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 
@@ -16,6 +23,7 @@ class JaxCpuArrays:
     """JAX CPU arrays, dense row-major; written in place through their buffer."""
 
     backend = "jax-cpu"
+    scrambles_in_place = True
 
     def __init__(self, generation: str):
         self.generation = generation
@@ -35,12 +43,11 @@ class JaxCpuArrays:
             return "jax is not installed (pip install 'kvref[oracle]')"
         return None
 
-    def make_cache(self, key, seed, mode="put", finite=False):
-        import jax.numpy as jnp
+    def make_caches(self, key, seeds, mode="put", finite=False):
+        import jax
 
-        host = random_host(key, seed, finite)
-        # jnp.asarray dispatches asynchronously: the array may still be landing.
-        return jnp.asarray(host), host
+        hosts = [random_host(key, seed, finite) for seed in seeds]
+        return list(zip(jax_caches(hosts, jax.devices("cpu")[0], mode), hosts))
 
     def fetch(self, cache):
         return np.asarray(cache).copy()
@@ -52,12 +59,86 @@ class JaxCpuArrays:
     def is_materialized(self, cache):
         return bool(cache.is_ready())
 
+    def serving_step(self, cache, new):
+        return donating_step(cache, new)
+
+
+# Bytes a deferred cache's computation churns through: about half a second
+# on one core, long enough to be still running when the manager is built.
+PENDING_BYTES = 10 * 2**30
+
+
+def jax_caches(hosts: list[np.ndarray], device, mode: str) -> list:
+    """put: `jax.device_put`, whose copies may still be in flight; deferred:
+    the outputs of computations still running (see the module docstring),
+    all dispatched after every input has landed."""
+    import jax
+
+    # A copy: on the CPU, device_put may take the host array's memory as the
+    # device buffer itself, and the probes keep `host` as what is expected.
+    arrays = [jax.device_put(host.copy(), device) for host in hosts]
+    if mode == "put":
+        return arrays
+    for array in arrays:
+        array.block_until_ready()
+    return [_identity_churn()(array, _rounds(host.nbytes * len(hosts)), _key(host.dtype))
+            for array, host in zip(arrays, hosts)]
+
+
+def donating_step(cache, new: np.ndarray):
+    """A jitted step that donates the cache and returns the updated one, as a
+    serving engine's step does (XLA may reuse the donated buffer for it)."""
+    import jax
+
+    updated = _donating_step()(cache, jax.device_put(new.copy(), list(cache.devices())[0]))
+    updated.block_until_ready()
+    return updated
+
+
+@functools.cache
+def _donating_step():
+    import jax
+
+    return jax.jit(lambda cache, new: cache.at[...].set(new), donate_argnums=0)
+
+
+def _rounds(nbytes: int) -> int:
+    return 2 * max(1, min(100_000, PENDING_BYTES // max(1, 2 * nbytes)))
+
+
+@functools.cache
+def _identity_churn():
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    @jax.jit
+    def churn(x, rounds, key):
+        bits = x if x.dtype == jnp.bool_ or jnp.issubdtype(x.dtype, jnp.integer) else \
+            lax.bitcast_convert_type(x, key.dtype)
+        bits = lax.fori_loop(0, rounds, lambda i, v: v ^ key, bits)
+        return bits if bits.dtype == x.dtype else lax.bitcast_convert_type(bits, x.dtype)
+
+    return churn
+
+
+def _key(dtype: np.dtype):
+    """The XOR key, in the type the computation works in."""
+    import jax.numpy as jnp
+
+    if dtype == np.bool_:
+        return jnp.bool_(True)
+    if np.issubdtype(dtype, np.integer) or dtype.kind in "iu" or "int" in dtype.name:
+        return jnp.asarray(1, dtype=dtype)
+    return jnp.asarray(0x5A, dtype={1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[dtype.itemsize])
+
 
 class JaxTpuArrays:
     """JAX arrays on this machine's TPU, laid out by its compiler; the
     reference predicts from the same layout."""
 
     backend = "jax-tpu"
+    scrambles_in_place = False  # the public API offers no in-place device write
 
     def __init__(self, generation: str):
         self.generation = generation
@@ -76,11 +157,9 @@ class JaxTpuArrays:
             return f"this TPU is {found}, not {self.generation}"
         return None
 
-    def make_cache(self, key, seed, mode="put", finite=False):
-        import jax
-
-        host = random_host(key, seed, finite)
-        return jax.device_put(host, tpu_device()), host
+    def make_caches(self, key, seeds, mode="put", finite=False):
+        hosts = [random_host(key, seed, finite) for seed in seeds]
+        return list(zip(jax_caches(hosts, tpu_device(), mode), hosts))
 
     def fetch(self, cache):
         import jax
@@ -94,3 +173,6 @@ class JaxTpuArrays:
 
     def is_materialized(self, cache):
         return bool(cache.is_ready())
+
+    def serving_step(self, cache, new):
+        return donating_step(cache, new)

@@ -12,7 +12,7 @@ never answer permissively."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -24,6 +24,7 @@ CACHE_MODES = ("put", "deferred")  # ready (or landing) from the host; pending c
 @runtime_checkable
 class Arrays(Protocol):
     backend: str  # "sim", "jax-cpu", "jax-tpu", "torch-tpu"
+    scrambles_in_place: bool  # False: scramble() cannot overwrite the device
 
     def __init__(self, generation: str) -> None: ...
 
@@ -37,9 +38,11 @@ class Arrays(Protocol):
     def skip_reason(self) -> str | None:
         """Why these arrays cannot be made here, or None."""
 
-    def make_cache(self, key: kvref.ShapeKey, seed: int, mode: str = "put",
-                   finite: bool = False) -> tuple[Any, np.ndarray]:
-        """(device cache, its logical host contents); `mode` one of CACHE_MODES."""
+    def make_caches(self, key: kvref.ShapeKey, seeds: Sequence[int], mode: str = "put",
+                    finite: bool = False) -> list[tuple[Any, np.ndarray]]:
+        """(device cache, its logical host contents) per seed; `mode` one of
+        CACHE_MODES. All host contents are made before the first cache, so
+        caches made pending are all still pending together."""
 
     def fetch(self, cache) -> np.ndarray:
         """The cache's current logical contents."""
@@ -49,6 +52,10 @@ class Arrays(Protocol):
 
     def is_materialized(self, cache) -> bool:
         """Whether the cache's contents exist on the device now."""
+
+    def serving_step(self, cache, new: np.ndarray):
+        """Update the cache to hold `new` the way a serving engine updates its
+        KV cache between transfers; returns the cache to use from now on."""
 
 
 @runtime_checkable
@@ -63,13 +70,17 @@ class ManagerView(Protocol):
 
     def register_active_plan(self, uuid: str, request, is_sender: bool) -> None: ...
 
+    def active_plan(self, uuid: str) -> dict:
+        """A registered plan's fields; KeyError or ValueError when none is."""
+
 
 @runtime_checkable
 class Library(Protocol):
     distribution: str  # the installed distribution whose version is reported
     supports_faults: bool  # whether kvref's fault models can be switched on in it
+    OPTION_SETS: tuple[dict, ...]  # each way its manager is built (keyword arguments); {} = defaults
 
-    def __init__(self, faults: kvref.Faults) -> None: ...
+    def __init__(self, faults: kvref.Faults, options: dict | None = None) -> None: ...
 
     @property
     def version(self) -> str: ...
@@ -82,8 +93,11 @@ class Library(Protocol):
     def transfer(self, manager: ManagerView, d2h: bool, src, dst, sizes=None) -> None:
         """One d2h or h2d, waited for; raises what the library raises."""
 
-    def plan_request(self, uuid: str):
-        """A StartTransferRequest this library parses: layer 0's block 1 to block 2."""
+    def plan_request(self, uuid: str, src_block: int, dst_block: int):
+        """A StartTransferRequest this library parses: one block of layer 0."""
+
+    def plan_fields(self, request, is_sender: bool) -> dict:
+        """What the manager's active_plan must read back for this request."""
 
 
 def missing_members(cls: type, proto: type) -> list[str]:

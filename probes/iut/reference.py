@@ -21,8 +21,11 @@ class KvrefLibrary:
 
     distribution = "kvref"
     supports_faults = True
+    OPTION_SETS = ({},)
 
-    def __init__(self, faults: kvref.Faults):
+    def __init__(self, faults: kvref.Faults, options: dict | None = None):
+        if options:
+            raise ValueError(f"kvref's manager is built one way; got options {options}")
         self.faults = faults
 
     @property
@@ -39,8 +42,14 @@ class KvrefLibrary:
         future = (manager.d2h if d2h else manager.h2d)(src, dst, sizes)
         future.result(timeout=60)
 
-    def plan_request(self, uuid: str):
-        return kvref.StartTransferRequest(uuid=uuid, layer_ids=[0], src_block_ids=[1], dst_block_ids=[2])
+    def plan_request(self, uuid: str, src_block: int, dst_block: int):
+        return kvref.StartTransferRequest(uuid=uuid, layer_ids=[0], src_block_ids=[src_block],
+                                          dst_block_ids=[dst_block])
+
+    def plan_fields(self, request, is_sender: bool) -> dict:
+        return {"uuid": request.uuid, "peer": request.peer, "layer_ids": list(request.layer_ids),
+                "src_block_ids": list(request.src_block_ids),
+                "dst_block_ids": list(request.dst_block_ids), "is_sender": is_sender}
 
 
 class SimArrays:
@@ -48,6 +57,7 @@ class SimArrays:
     generation's compiler lays them out."""
 
     backend = "sim"
+    scrambles_in_place = True
     PUT_DELAY_US = 20_000  # host->device copies still landing at construction
 
     def __init__(self, generation: str):
@@ -62,15 +72,15 @@ class SimArrays:
     def skip_reason(self) -> str | None:
         return None
 
-    def make_cache(self, key, seed, mode="put", finite=False):
-        host = random_host(key, seed, finite)
+    def make_caches(self, key, seeds, mode="put", finite=False):
+        hosts = [random_host(key, seed, finite) for seed in seeds]
         if mode == "deferred":
             with self.device.defer_and_fuse():
-                cache = self.device.zeros(key.dims, key.dtype)
-                cache.write_(host)
-            return cache, host
+                caches = [self.device.zeros(key.dims, key.dtype).write_(host) for host in hosts]
+            return list(zip(caches, hosts))
         layout = self.layout_of(self.device.generation, key)[0]
-        return self.device.put(host, shape=layout, land_after_us=self.PUT_DELAY_US), host
+        return [(self.device.put(host, shape=layout, land_after_us=self.PUT_DELAY_US), host)
+                for host in hosts]
 
     def fetch(self, cache):
         return cache.device.fetch(cache)
@@ -81,3 +91,9 @@ class SimArrays:
 
     def is_materialized(self, cache):
         return cache.state == kvref.BufferState.MATERIALIZED
+
+    def serving_step(self, cache, new):
+        """An in-place write recorded under DEFER_AND_FUSE, still pending."""
+        with cache.device.defer_and_fuse():
+            cache.write_(new)
+        return cache

@@ -33,5 +33,6 @@ def check_target(name: str, generation: str) -> None:
     iut(name).check_target(generation)
 
 
-def adapter_for(name: str, generation: str, faults: kvref.Faults = kvref.Faults()) -> Adapter:
-    return Adapter(iut(name), generation, faults)
+def adapter_for(name: str, generation: str, faults: kvref.Faults = kvref.Faults(),
+                options: dict | None = None) -> Adapter:
+    return Adapter(iut(name), generation, faults, options)

@@ -20,6 +20,7 @@ TORCH_TPU_GENERATIONS = tuple(g for g in kvref.GENERATIONS if g in TORCH_TPU_NAM
 
 class TorchTpuArrays:
     backend = "torch-tpu"
+    scrambles_in_place = True
 
     def __init__(self, generation: str):
         self.generation = generation
@@ -47,21 +48,19 @@ class TorchTpuArrays:
             return f"this TPU is {self.device_kind} ({found or 'unknown to kvref'}), not {self.generation}"
         return None
 
-    def make_cache(self, key, seed, mode="put", finite=False):
-        """put: `cpu_tensor.to("tpu")`, whose copy may still be landing.
-        deferred: a clone recorded under DEFER_AND_FUSE, not yet run."""
+    def make_caches(self, key, seeds, mode="put", finite=False):
+        """put: `cpu_tensor.to("tpu")`, whose copies may still be landing.
+        deferred: clones recorded under DEFER_AND_FUSE, not yet run (the
+        probes check that they are still pending when the manager is built)."""
         import torch
 
         self._check_layout(key)
-        host = random_host(key, seed, finite)
-        cache = kvref.to_torch(host).to("tpu")
+        hosts = [random_host(key, seed, finite) for seed in seeds]
+        caches = [kvref.to_torch(host).to("tpu") for host in hosts]
         if mode == "deferred":
             with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
-                cache = cache.clone()
-            if self.is_materialized(cache):
-                raise RuntimeError("a clone made under DEFER_AND_FUSE was materialized at once: "
-                                   "nothing deferred is left to probe")
-        return cache, host
+                caches = [cache.clone() for cache in caches]
+        return list(zip(caches, hosts))
 
     def fetch(self, cache):
         return kvref.from_torch(cache)
@@ -74,6 +73,15 @@ class TorchTpuArrays:
 
     def is_materialized(self, cache):
         return bool(_sync().is_materialized(cache))
+
+    def serving_step(self, cache, new):
+        """An in-place copy recorded under DEFER_AND_FUSE, still pending."""
+        import torch
+
+        update = kvref.to_torch(new).to("tpu")
+        with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+            cache.copy_(update)
+        return cache
 
     def _check_layout(self, key):
         """The reference predicts from the compiler's layout; a tensor that

@@ -19,9 +19,11 @@ def plan_number(uuid: str) -> int:
 
 
 class SyncManagerView:
-    def __init__(self, caches, host_blocks: int, parallelism: int = 2):
-        self.manager = self.library_manager()(caches, 0, host_blocks_to_allocate=host_blocks,
-                                              unsafe_skip_buffer_lock=True, parallelism=parallelism)
+    def __init__(self, caches, host_blocks: int, options: dict):
+        """The library's manager as its users build it: its own defaults, but
+        for `options` (a host pool of `host_blocks` blocks is the one argument
+        the block-offload API needs)."""
+        self.manager = self.library_manager()(caches, 0, host_blocks_to_allocate=host_blocks, **options)
         impl = self.manager._impl
         self.num_layers, self.num_shards = int(impl.num_layers), int(impl.num_shards)
         self.slice_bytes = int(impl.slice_byte_size)
@@ -67,6 +69,9 @@ class JaxSyncManager(SyncManagerView):
     def register_active_plan(self, uuid, request, is_sender):
         raise NotImplementedError("tpu-sync-jax offers no register_active_plan")
 
+    def active_plan(self, uuid):
+        raise NotImplementedError("tpu-sync-jax offers no active plans")
+
 
 class TorchSyncManager(SyncManagerView):
     @staticmethod
@@ -84,6 +89,9 @@ class TorchSyncManager(SyncManagerView):
     def register_active_plan(self, uuid: str, request, is_sender: bool) -> None:
         self.manager.register_active_plan(plan_number(uuid), request, is_sender)
 
+    def active_plan(self, uuid: str) -> dict:
+        raise NotImplementedError("tpu-sync-torch offers no way to read a registered plan back")
+
 
 class SyncLibrary:
     """tpu-sync's KVCacheManager as a Library; each wheel names its
@@ -94,10 +102,14 @@ class SyncLibrary:
     install_hint = ""  # how to get the library, for the skip reason
     view: type[SyncManagerView] = SyncManagerView
     supports_faults = False  # fault models are kvref's
+    # The library's defaults (which skip the buffer lock), and the buffer
+    # lock on, as a user who wants the safety locking builds it.
+    OPTION_SETS = ({}, {"unsafe_skip_buffer_lock": False})
 
-    def __init__(self, faults: kvref.Faults):
+    def __init__(self, faults: kvref.Faults, options: dict | None = None):
         if faults:
             raise ValueError(f"{self.distribution} has no fault models; {faults} are kvref's")
+        self.options = dict(options or {})
 
     @property
     def version(self) -> str:
@@ -113,7 +125,7 @@ class SyncLibrary:
     def manager(self, caches, host_blocks, **options):
         if options.get("slice_policy", "uniform") != "uniform":
             raise NotImplementedError(f"{self.distribution} has no slice_policy")
-        return self.view(caches, host_blocks)
+        return self.view(caches, host_blocks, self.options)
 
     def transfer(self, manager, d2h: bool, src, dst, sizes=None) -> None:
         manager.move(d2h, src, dst, sizes)
@@ -127,8 +139,11 @@ class TpuSyncJaxLibrary(SyncLibrary):
     view = JaxSyncManager
     install_hint = "run `kvprobe peer-env`"
 
-    def plan_request(self, uuid: str):
+    def plan_request(self, uuid: str, src_block: int, dst_block: int):
         raise NotImplementedError("tpu-sync-jax offers no register_active_plan")
+
+    def plan_fields(self, request, is_sender: bool) -> dict:
+        raise NotImplementedError("tpu-sync-jax offers no active plans")
 
 
 class TpuSyncTorchLibrary(SyncLibrary):
@@ -139,10 +154,14 @@ class TpuSyncTorchLibrary(SyncLibrary):
     view = TorchSyncManager
     install_hint = "run `kvprobe peer-env --lib torch` on a TPU VM"
 
-    def plan_request(self, uuid: str):
-        """The wheel's own StartTransferRequest: layer 0's block 1 to block 2."""
+    def plan_request(self, uuid: str, src_block: int, dst_block: int):
+        """The wheel's own StartTransferRequest: one block of layer 0."""
         from tpu_sync.rpc import raiden_service_pb2 as rpc
 
-        entry = rpc.ShardPushEntryProto(layer_idx=0, src_block_id=1, dst_block_id=2, count=1)
+        entry = rpc.ShardPushEntryProto(layer_idx=0, src_block_id=src_block, dst_block_id=dst_block,
+                                        count=1)
         return rpc.StartTransferRequest(uuid=plan_number(uuid), req_id=uuid, is_sender=True,
                                         shard_push_schedules={0: rpc.ShardPushScheduleProto(entries=[entry])})
+
+    def plan_fields(self, request, is_sender: bool) -> dict:
+        raise NotImplementedError("tpu-sync-torch offers no way to read a registered plan back")

@@ -6,16 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 import kvref
-
-PADDING = -1
-
-
-def owner_rows(shape: kvref.Shape) -> np.ndarray:
-    """For every physical element, the dim-0 row that owns it, or PADDING."""
-    owners = np.full(shape.physical_elements, PADDING, dtype=np.int64)
-    index = kvref.element_physical_indices(shape)
-    owners[index.reshape(shape.dims[0], -1)] = np.arange(shape.dims[0])[:, None]
-    return owners
+from probes.suite.ownership import PADDING, physical_owners
 
 
 def draw(shape: kvref.Shape, path, *, title: str = "", width: int = 256, detail_rows: int = 64) -> None:
@@ -29,7 +20,7 @@ def draw(shape: kvref.Shape, path, *, title: str = "", width: int = 256, detail_
 
     if shape.rank == 0 or shape.logical_elements == 0:
         raise ValueError(f"{shape} has no dim-0 rows to draw")
-    owners = owner_rows(shape)
+    owners = physical_owners(shape)
     detail = _grid(owners[: width * detail_rows], width)
     step = max(1, -(-owners.size // (width * 256)))
     overview = _grid(owners[::step], width)

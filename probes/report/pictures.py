@@ -10,6 +10,7 @@ import pandas as pd
 import kvref
 from probes.report import memory_map
 from probes.report.paths import file_safe
+from probes.report.results import implementation
 from probes.suite.registry import PROBES
 from probes.suite.verdicts import VERDICTS
 
@@ -25,12 +26,13 @@ def draw_heatmap(frame: pd.DataFrame, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
 
-    several = frame["iut"].nunique() > 1
+    names = implementation(frame)
+    several = names.nunique() > 1
     # Shape probes are rows by shape; robustness probes by their kind of input.
     by_kind = frame["case_id"].str.rsplit("/", n=1).str[1]
     robustness = frame["probe"].isin([n for n, p in PROBES.items() if p.scope == "robustness"])
     labelled = frame.assign(row=frame["shape"].where(~robustness, by_kind),
-                            column=frame["probe"] + (" / " + frame["iut"] if several else ""))
+                            column=frame["probe"] + (" / " + names if several else ""))
     grid = labelled.pivot_table(index="row", columns="column", values="verdict", aggfunc="first")
     order = {p: i for i, p in enumerate(PROBES)}
     grid = grid[sorted(grid.columns, key=lambda c: (order.get(c.split(" / ")[0], 99), c))]

@@ -6,14 +6,17 @@ from pathlib import Path
 
 import pandas as pd
 
-COLUMNS = ["run_id", "time", "generation", "device_kind", "iut", "iut_version", "backend",
-           "layout_source", "probe", "case_id", "dtype", "shape", "layout", "physical_bytes",
-           "slice_bytes", "legacy_slice_bytes", "predicted", "verdict", "detail", "host_bytes",
-           "bytes_moved", "seconds", "gbps", "faults"]
+from probes.suite.verdicts import SKIP, agrees
+
+COLUMNS = ["run_id", "time", "generation", "device_kind", "iut", "iut_version", "iut_options",
+           "backend", "layout_source", "probe", "case_id", "dtype", "shape", "layout",
+           "physical_bytes", "slice_bytes", "legacy_slice_bytes", "predicted", "verdict", "detail",
+           "pending_at_construction", "host_bytes", "bytes_moved", "seconds", "gbps", "faults"]
 # Columns a rerun of the same cases reproduces exactly (the committed baseline).
-DETERMINISTIC = ["generation", "device_kind", "iut", "backend", "probe", "case_id", "dtype", "shape",
-                 "layout", "physical_bytes", "slice_bytes", "legacy_slice_bytes", "predicted",
-                 "verdict", "host_bytes", "bytes_moved", "faults"]
+DETERMINISTIC = ["generation", "device_kind", "iut", "iut_options", "backend", "probe", "case_id",
+                 "dtype", "shape", "layout", "physical_bytes", "slice_bytes", "legacy_slice_bytes",
+                 "predicted", "verdict", "pending_at_construction", "host_bytes", "bytes_moved",
+                 "faults"]
 
 
 def write_runs(frame: pd.DataFrame, out: Path) -> list[Path]:
@@ -29,11 +32,18 @@ def write_runs(frame: pd.DataFrame, out: Path) -> list[Path]:
 
 def read_run(path) -> pd.DataFrame:
     """A run CSV (or a baseline, which has only the deterministic columns)."""
-    frame = pd.read_csv(path, dtype={"faults": str, "detail": str}, keep_default_na=False,
+    frame = pd.read_csv(path, dtype={"faults": str, "detail": str, "iut_options": str,
+                                     "pending_at_construction": "boolean"}, keep_default_na=False,
                         na_values={"slice_bytes": [""], "host_bytes": [""], "bytes_moved": [""],
-                                   "seconds": [""], "gbps": [""]})
+                                   "seconds": [""], "gbps": [""], "pending_at_construction": [""]})
+    return typed(frame)
+
+
+def typed(frame: pd.DataFrame) -> pd.DataFrame:
+    """The nullable columns in the types a written and a read table share."""
     for col in ("slice_bytes", "host_bytes", "bytes_moved"):
         frame[col] = frame[col].astype("Int64")
+    frame["pending_at_construction"] = frame["pending_at_construction"].astype("boolean")
     return frame
 
 
@@ -43,4 +53,22 @@ def latest_run(generation_dir: Path) -> Path | None:
 
 
 def deterministic(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame[DETERMINISTIC].sort_values("case_id").reset_index(drop=True)
+    return frame[DETERMINISTIC].sort_values(["case_id", "iut", "iut_options"]).reset_index(drop=True)
+
+
+def implementation(frame: pd.DataFrame) -> pd.Series:
+    """Each row's IUT as reports name it: the IUT, and how its manager was
+    built where that is not its defaults."""
+    options = frame["iut_options"].where(frame["iut_options"] != "defaults", "")
+    return frame["iut"] + options.map(lambda o: f" [{o}]" if o else "")
+
+
+def disagreements(frame):
+    """Rows of a results table whose verdict is none of the predicted ones. A
+    SKIP was not tested, so it neither agrees nor disagrees."""
+    agreeing = [agrees(v, p) for v, p in zip(frame["verdict"], frame["predicted"])]
+    return frame[~pd.Series(agreeing, index=frame.index, dtype=bool) & (frame["verdict"] != SKIP)]
+
+
+def skipped(frame):
+    return frame[frame["verdict"] == SKIP]

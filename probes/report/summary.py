@@ -9,24 +9,27 @@ import pandas as pd
 
 import kvref
 from probes.report.pictures import draw_heatmap, draw_refused_maps, layout_reason
-from probes.suite.verdicts import VERDICTS, disagreements, skipped
+from probes.report.results import disagreements, implementation, skipped
+from probes.suite.verdicts import VERDICTS
 
 
 def write_generation_report(frame: pd.DataFrame, gen_dir: Path) -> Path:
     gen_dir.mkdir(parents=True, exist_ok=True)
+    frame = frame.assign(implementation=implementation(frame))
     gen = frame["generation"].iloc[0]
+    tested = frame.drop_duplicates("implementation")
+    who = ", ".join(f"{r.implementation} {r.iut_version} ({r.backend})" for r in tested.itertuples())
     heatmap = gen_dir / "verdicts.png"
     draw_heatmap(frame, heatmap, f"{gen}: verdict per case")
     maps = draw_refused_maps(frame, gen_dir)
     lines = [f"# {gen} ({frame['device_kind'].iloc[0] or 'unknown device'})", "",
-             f"Run `{frame['run_id'].iloc[0]}` of {frame['iut'].iloc[0]} "
-             f"{frame['iut_version'].iloc[0]} ({frame['backend'].iloc[0]}), "
+             f"Run `{frame['run_id'].iloc[0]}` of {who}, "
              f"{len(frame)} cases; layouts from {frame['layout_source'].iloc[0]}."
              + (f" Faults: `{frame['faults'].iloc[0]}`." if frame["faults"].iloc[0] else ""), "",
              "## Verdicts by probe", "", _counts(frame, "probe"), "",
              "## Verdicts by dtype", "", _counts(frame, "dtype"), "",
              f"![verdicts]({heatmap.name})", ""]
-    if frame["iut"].nunique() > 1:
+    if frame["implementation"].nunique() > 1:
         lines += side_by_side(frame)
     disagree, skips = disagreements(frame), skipped(frame)
     tested = len(frame) - len(skips)
@@ -56,8 +59,9 @@ def write_index(frames: dict[str, pd.DataFrame], out: Path) -> Path:
     """reports/README.md: every generation side by side (a run of several
     implementations gets one column each)."""
     links = " | ".join(f"[{g}]({g}/summary.md)" for g in frames)
-    frames = {(gen if f["iut"].nunique() == 1 else f"{gen} {iut}"): part
-              for gen, f in frames.items() for iut, part in f.groupby("iut", sort=False)}
+    named = {gen: f.assign(implementation=implementation(f)) for gen, f in frames.items()}
+    frames = {(gen if f["implementation"].nunique() == 1 else f"{gen} {name}"): part
+              for gen, f in named.items() for name, part in f.groupby("implementation", sort=False)}
     counts = pd.DataFrame({gen: f["verdict"].value_counts() for gen, f in frames.items()})
     counts = counts.reindex([v for v in VERDICTS if v in counts.index]).fillna(0).astype(int)
     shapes = pd.concat([f.assign(column=name) for name, f in frames.items()])
@@ -98,8 +102,8 @@ def _table(frame: pd.DataFrame) -> str:
 
 def side_by_side(frame: pd.DataFrame) -> list[str]:
     """Each case's verdict per implementation, and every case where they differ."""
-    table = frame.pivot_table(index="case_id", columns="iut", values="verdict", aggfunc="first")
-    details = frame.pivot_table(index="case_id", columns="iut", values="detail", aggfunc="first")
+    table = frame.pivot_table(index="case_id", columns="implementation", values="verdict", aggfunc="first")
+    details = frame.pivot_table(index="case_id", columns="implementation", values="detail", aggfunc="first")
     differ = table[table.nunique(axis=1) > 1]
     lines = ["## Side by side", "", _table(table.reset_index()), "",
              "## Where the implementations disagree", ""]

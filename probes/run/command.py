@@ -9,11 +9,12 @@ import pandas as pd
 from kvref import GENERATIONS, Faults
 from probes.iut.registry import iut
 from probes.report import results, summary
+from probes.report.results import disagreements
 from probes.run import rows
 from probes.run.runner import run_cases
 from probes.suite.matrix import build_cases, load_matrix
 from probes.suite.registry import DEFAULT_PROBES
-from probes.suite.verdicts import VERDICTS, disagreements
+from probes.suite.verdicts import VERDICTS
 
 
 def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, console) -> pd.DataFrame:

@@ -7,7 +7,7 @@ import uuid
 
 import pandas as pd
 
-from probes.report.results import COLUMNS
+from probes.report.results import COLUMNS, typed
 from probes.run.runner import CaseResult
 from probes.suite.predict import describe
 
@@ -24,16 +24,15 @@ def to_frame(results: list[CaseResult], run_id: str) -> pd.DataFrame:
         facts = describe(c)
         rows.append({
             "run_id": run_id, "time": now, "generation": c.generation, "device_kind": o.device_kind,
-            "iut": c.iut, "iut_version": o.iut_version, "backend": o.backend,
+            "iut": c.iut, "iut_version": o.iut_version, "iut_options": c.options_text,
+            "backend": o.backend,
             "layout_source": facts["layout_source"], "probe": c.probe, "case_id": c.case_id,
             "dtype": facts["dtype"], "shape": facts["shape"], "layout": facts["layout"],
             "physical_bytes": facts["physical_bytes"], "slice_bytes": facts["slice_bytes"],
             "legacy_slice_bytes": facts["legacy_slice_bytes"], "predicted": facts["predicted"],
-            "verdict": o.verdict, "detail": o.detail, "host_bytes": o.host_bytes,
+            "verdict": o.verdict, "detail": o.detail,
+            "pending_at_construction": o.pending_at_construction, "host_bytes": o.host_bytes,
             "bytes_moved": o.bytes_moved, "seconds": o.seconds, "gbps": o.gbps,
             "faults": str(c.faults),
         })
-    frame = pd.DataFrame(rows, columns=COLUMNS)
-    for col in ("slice_bytes", "host_bytes", "bytes_moved"):
-        frame[col] = frame[col].astype("Int64")
-    return frame
+    return typed(pd.DataFrame(rows, columns=COLUMNS))

@@ -24,7 +24,7 @@ RESULT_PREFIX = "KVPROBE-RESULT "
 
 
 def run(case: Case) -> Outcome:
-    iut = adapter_for(case.iut, case.generation, case.faults)
+    iut = adapter_for(case.iut, case.generation, case.faults, dict(case.iut_options))
     reason = iut.skip_reason()
     if reason:
         return Outcome(SKIP, reason)

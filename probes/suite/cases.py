@@ -20,6 +20,12 @@ class Case:
     timeout: float = 30.0
     seed: int = 0
     kind: str = ""  # robustness probes: which kind of input
+    iut_options: tuple[tuple[str, object], ...] = ()  # how the IUT's manager is built; () = its defaults
+
+    @property
+    def options_text(self) -> str:
+        """`unsafe_skip_buffer_lock=False`, or `defaults`."""
+        return ",".join(f"{k}={v!r}" for k, v in self.iut_options) or "defaults"
 
     @property
     def case_id(self) -> str:
@@ -30,11 +36,12 @@ class Case:
             "probe": self.probe, "generation": self.generation, "iut": self.iut,
             "name": self.name, "shape": str(self.shape) if self.shape else None,
             "faults": list(self.faults.names), "timeout": self.timeout, "seed": self.seed,
-            "kind": self.kind})
+            "kind": self.kind, "iut_options": [list(o) for o in self.iut_options]})
 
     @classmethod
     def from_json(cls, text: str) -> "Case":
         data = json.loads(text)
         data["shape"] = kvref.ShapeKey.parse(data["shape"]) if data.get("shape") else None
         data["faults"] = kvref.Faults.parse(data.get("faults", ()), environ={})
+        data["iut_options"] = tuple(tuple(o) for o in data.get("iut_options", ()))
         return cls(**data)

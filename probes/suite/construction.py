@@ -1,5 +1,7 @@
 """Constructing a manager over caches whose contents are not there yet:
-deferred computations, and host->device copies still landing."""
+deferred computations, and host->device copies still landing. Each probe
+first checks that the caches really are pending at that moment, and says so
+in its outcome; a probe with nothing pending earns no PASS."""
 
 from __future__ import annotations
 
@@ -7,36 +9,59 @@ import kvref
 from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
 from probes.suite.refusals import CLEAN_REFUSALS, first_line
-from probes.suite.verdicts import CORRUPT, ERROR, PASS, REJECTED, Outcome
+from probes.suite.roundtrip import permuted_round_trip
+from probes.suite.verdicts import CORRUPT, ERROR, PASS, REJECTED, SKIP, Outcome
+
+LAYERS = 2
 
 
 def deferred_construction(case: Case, iut: Adapter) -> Outcome:
-    """A manager over caches straight from DEFER_AND_FUSE must construct (the
-    watchdog turns a hang into HANG) and leave the caches materialized."""
-    caches = [iut.make_cache(case.shape, case.seed + i, mode="deferred")[0] for i in range(2)]
+    """Caches whose contents are still being computed when the manager is
+    built (DEFER_AND_FUSE on the simulated device and TorchTPU; a jitted
+    computation still running on JAX): construction must not hang (the
+    watchdog turns a hang into HANG), and every block must then round-trip
+    byte-exact as the computation produced it."""
+    pairs = iut.make_caches(case.shape, [case.seed + i for i in range(LAYERS)], mode="deferred")
+    caches, hosts = [c for c, _ in pairs], [h for _, h in pairs]
+    ready = sum(iut.is_materialized(c) for c in caches)
+    if ready:
+        return Outcome(ERROR, f"nothing deferred: {ready} of {LAYERS} caches were already "
+                       f"materialized when the manager was built ({iut.backend})",
+                       pending_at_construction=False)
     try:
-        manager = iut.manager(caches, 4)
+        manager = iut.manager(caches, case.shape.dims[0])
     except CLEAN_REFUSALS as e:
-        return Outcome(REJECTED, first_line(e))
-    if not all(iut.is_materialized(c) for c in caches):
-        return Outcome(ERROR, "constructed, but the caches are not materialized")
-    return Outcome(PASS, "constructed over deferred caches", host_bytes=manager.host_bytes)
+        return Outcome(REJECTED, first_line(e), pending_at_construction=True)
+    outcome = permuted_round_trip(iut, manager, caches, hosts, case.seed)
+    outcome.pending_at_construction = True
+    if outcome.verdict == PASS:
+        outcome.detail = f"constructed over {LAYERS} pending caches; {outcome.detail}"
+    return outcome
 
 
 def host_transferred_construction(case: Case, iut: Adapter) -> Outcome:
-    """Caches whose host->device copies are still landing: construction must
-    wait for them, and the first blocks moved must be the landed bytes."""
-    pairs = [iut.make_cache(case.shape, case.seed + i, mode="put", finite=True) for i in range(2)]
+    """Caches whose host->device copies are still landing when the manager is
+    built: construction must wait for them, and the first blocks moved must
+    be the landed bytes. Where the backend lands copies before handing the
+    array back, there is nothing in flight to probe: SKIP."""
+    pairs = iut.make_caches(case.shape, [case.seed + i for i in range(LAYERS)], mode="put", finite=True)
     caches = [c for c, _ in pairs]
+    landed = sum(iut.is_materialized(c) for c in caches)
+    if landed:
+        return Outcome(SKIP, f"{iut.backend}: {landed} of {LAYERS} host->device copies had landed "
+                       "before the manager could be built, so none was in flight to probe",
+                       pending_at_construction=False)
     try:
         manager = iut.manager(caches, 4)
         iut.d2h(manager, [0, 1], [0, 1])
     except CLEAN_REFUSALS as e:
-        return Outcome(REJECTED, first_line(e))
+        return Outcome(REJECTED, first_line(e), pending_at_construction=True)
     for layer, (_, host) in enumerate(pairs):
         expected = kvref.pack(host, iut.layout(case.shape))
         block = manager.layer_bytes_per_block[layer]
         got = manager.read_block_bytes(layer, 1)
         if got != expected[block:2 * block].tobytes():
-            return Outcome(CORRUPT, f"layer {layer}: block 1 moved before its host copy landed")
-    return Outcome(PASS, "constructed over landing caches", host_bytes=manager.host_bytes)
+            return Outcome(CORRUPT, f"layer {layer}: block 1 moved before its host copy landed",
+                           host_bytes=manager.host_bytes, pending_at_construction=True)
+    return Outcome(PASS, f"constructed over {LAYERS} landing caches; blocks moved are the landed bytes",
+                   host_bytes=manager.host_bytes, pending_at_construction=True)

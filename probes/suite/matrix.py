@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import kvref
+from probes.iut.registry import iut as declared_iut
 from probes.suite.cases import Case
 from probes.suite.registry import DEFAULT_PROBES, PROBES, SHAPE_PROBES
 
@@ -55,17 +56,20 @@ def load_matrix(name_or_path: str) -> list[MatrixRow]:
 
 def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut="kvref-sim",
                 faults: kvref.Faults = kvref.Faults(), timeout=30.0) -> list[Case]:
-    """Per generation: each matrix row's shape probes, then each selected
+    """Per generation and per way the IUT's manager is built (its library's
+    option sets): each matrix row's shape probes, then each selected
     generation probe once, then each robustness probe once per kind."""
     cases = []
     for gen in generations:
-        for row in matrix:
-            cases += [Case(p, gen, iut, row.name, row.shape, faults, timeout)
-                      for p in row.probes if p in probes]
-        for name, p in PROBES.items():
-            if name not in probes or p.scope == "shape":
-                continue
-            for kind in p.kinds or ("",):
-                cases.append(Case(name, gen, iut, f"{name}-{kind}" if kind else name, p.subject,
-                                  faults, timeout, kind=kind))
+        for options in declared_iut(iut).library.OPTION_SETS:
+            options = tuple(sorted(options.items()))
+            for row in matrix:
+                cases += [Case(p, gen, iut, row.name, row.shape, faults, timeout, iut_options=options)
+                          for p in row.probes if p in probes]
+            for name, p in PROBES.items():
+                if name not in probes or p.scope == "shape":
+                    continue
+                for kind in p.kinds or ("",):
+                    cases.append(Case(name, gen, iut, f"{name}-{kind}" if kind else name, p.subject,
+                                      faults, timeout, kind=kind, iut_options=options))
     return cases

@@ -9,22 +9,25 @@ from dataclasses import dataclass
 from typing import Callable
 
 import kvref
-from probes.suite import construction, host_budget, plan_binding, robustness, roundtrip
+from probes.suite import construction, host_budget, plan_binding, robustness, roundtrip, serving_step
+from probes.suite.ownership import row_byte_ranges
 from probes.suite.verdicts import PASS, REJECTED
 
 SCOPES = ("shape", "generation", "robustness")
+Prediction = tuple[str, ...]  # the verdicts a correct manager may earn, the reference's first
 
 
-def addressable_or_refused(shape: kvref.Shape) -> str:
+def addressable_or_refused(shape: kvref.Shape) -> Prediction:
     """A correct manager moves blocks of a layout whose rows are contiguous
-    byte ranges, and refuses any other."""
-    return PASS if kvref.major_slice(shape).addressable else REJECTED
+    byte ranges, and refuses any other (found by packing, not by asking
+    kvref.major_slice)."""
+    return (PASS,) if row_byte_ranges(str(shape)).contiguous else (REJECTED,)
 
 
-def always(verdict: str) -> Callable[[kvref.Shape], str]:
-    def predict(shape: kvref.Shape) -> str:
-        return verdict
-    predict.__doc__ = f"{verdict}, whatever the layout"
+def always(*verdicts: str) -> Callable[[kvref.Shape], Prediction]:
+    def predict(shape: kvref.Shape) -> Prediction:
+        return verdicts
+    predict.__doc__ = f"{' or '.join(verdicts)}, whatever the layout"
     return predict
 
 
@@ -34,7 +37,7 @@ class Probe:
     run: Callable  # (Case, Adapter) -> Outcome
     scope: str  # shape: one case per matrix row; generation: one per generation;
     #             robustness: one per kind of input
-    predict: Callable[[kvref.Shape], str]  # the verdict a correct manager earns on the subject's layout
+    predict: Callable[[kvref.Shape], Prediction]  # what a correct manager earns on the subject's layout
     subject: kvref.ShapeKey | None = None  # the fixed subject of generation and robustness probes
     kinds: tuple[str, ...] = ()  # robustness probes: the kinds of input, one case each
     default: bool = True  # in `kvprobe run` without --probe
@@ -53,8 +56,13 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           addressable_or_refused),
     Probe("host_transferred_construction", construction.host_transferred_construction, "shape",
           addressable_or_refused),
-    Probe("mixed_slices", roundtrip.mixed_slices, "generation", always(REJECTED), subject=PLAN_SHAPE),
+    # Refusing layers of two block sizes is right; so is moving each exactly.
+    Probe("mixed_slices", roundtrip.mixed_slices, "generation", always(REJECTED, PASS),
+          subject=PLAN_SHAPE),
     Probe("plan_binding", plan_binding.plan_binding, "generation", always(PASS), subject=PLAN_SHAPE),
+    # Moving the updated contents is right; so is refusing a donated array.
+    Probe("serving_step", serving_step.serving_step, "generation", always(PASS, REJECTED),
+          subject=PLAN_SHAPE),
     Probe("host_budget", host_budget.host_budget, "generation", addressable_or_refused,
           subject=kvref.ShapeKey("bf16", (512, 3, 2048)),
           address_space_limit=host_budget.ADDRESS_SPACE_LIMIT),

@@ -11,7 +11,7 @@ import kvref
 from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
 from probes.suite.refusals import CLEAN_REFUSALS, first_line
-from probes.suite.verdicts import CORRUPT, PASS, REJECTED, Outcome
+from probes.suite.verdicts import CORRUPT, ERROR, PASS, REJECTED, Outcome
 
 # mixed_slices' second layer; its first is the probe's subject.
 MIXED_SECOND_LAYER = kvref.ShapeKey("bf16", (512, 16, 2048))
@@ -41,10 +41,16 @@ def mixed_slices(case: Case, iut: Adapter) -> Outcome:
 
 def permuted_round_trip(iut: Adapter, manager, caches, hosts, seed: int) -> Outcome:
     """d2h every block in one permutation, scramble the device, h2d back in
-    another; device block perm_b[j] must then hold what block perm_a[j] held."""
+    another; device block perm_b[j] must then hold what block perm_a[j] held.
+    No block comes back to where it started, and every block's contents are
+    distinct, so a block that did not move is seen even where the device
+    cannot be scrambled in place."""
     rows = min(c.shape[0] for c in hosts)
-    rng = np.random.default_rng(seed + 1)
-    perm_a, perm_b = rng.permutation(rows), rng.permutation(rows)
+    for layer, host in enumerate(hosts):
+        if rows > 1 and len({bytes(row) for row in host[:rows].reshape(rows, -1).view(np.uint8)}) < rows:
+            return Outcome(ERROR, f"layer {layer}: two blocks hold the same bytes, so a block "
+                           "that did not move could pass; use contents with distinct blocks")
+    perm_a, perm_b = moving_permutations(rows, seed + 1)
     start = time.perf_counter()
     iut.d2h(manager, perm_a, np.arange(rows))
     moved = time.perf_counter() - start
@@ -60,8 +66,22 @@ def permuted_round_trip(iut: Adapter, manager, caches, hosts, seed: int) -> Outc
             return Outcome(CORRUPT, f"layer {layer}: {int(wrong.sum())} of {rows} rows differ after a "
                            f"permuted round trip (first: row {int(np.argmax(wrong))})",
                            host_bytes=manager.host_bytes, bytes_moved=bytes_moved, seconds=moved)
-    return Outcome(PASS, f"{rows} blocks round-tripped byte-exact", host_bytes=manager.host_bytes,
+    how = "" if iut.arrays.scrambles_in_place else \
+        " (device not scrambled in place: every block moved, none came back to its place)"
+    return Outcome(PASS, f"{rows} blocks round-tripped byte-exact{how}", host_bytes=manager.host_bytes,
                    bytes_moved=bytes_moved, seconds=moved)
+
+
+def moving_permutations(rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(perm_a, perm_b), random, with perm_b[j] != perm_a[j] for every j when
+    rows > 1: device block perm_a[j] goes out to host j and back into
+    perm_b[j], so every block lands somewhere else."""
+    rng = np.random.default_rng(seed)
+    perm_a = rng.permutation(rows)
+    cycle = rng.permutation(rows)  # one cycle through every j: a derangement
+    shift = np.empty(rows, dtype=np.int64)
+    shift[cycle] = np.roll(cycle, -1)
+    return perm_a, perm_a[shift]
 
 
 def expected_after(host: np.ndarray, perm_a, perm_b) -> np.ndarray:

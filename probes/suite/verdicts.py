@@ -14,14 +14,9 @@ SKIP = "SKIP"  # not applicable here, with a reason
 VERDICTS = (PASS, REJECTED, CORRUPT, HANG, CRASH, ERROR, SKIP)
 
 
-def disagreements(frame):
-    """Rows of a results table whose verdict is not the predicted one. A SKIP
-    was not tested, so it neither agrees nor disagrees."""
-    return frame[(frame["verdict"] != frame["predicted"]) & (frame["verdict"] != SKIP)]
-
-
-def skipped(frame):
-    return frame[frame["verdict"] == SKIP]
+def agrees(verdict: str, predicted: str) -> bool:
+    """Whether a verdict is one of the predicted ones (`PASS|REJECTED`)."""
+    return verdict in predicted.split("|")
 
 
 @dataclass
@@ -31,6 +26,7 @@ class Outcome:
     host_bytes: int | None = None
     bytes_moved: int | None = None
     seconds: float | None = None
+    pending_at_construction: bool | None = None  # the caches' contents were not there yet
     iut_version: str = ""
     backend: str = ""
     device_kind: str = ""

@@ -114,3 +114,37 @@ def test_jax_cpu_arrays_round_trip_in_place():
 
 def _must_not_allocate(*args, **kwargs):
     raise AssertionError("the host pool was allocated before the budget check")
+
+
+def test_transfers_move_what_in_place_ops_wrote_since_construction(dev):
+    """A serving step writes the cache in place (recorded, still pending):
+    the next transfer runs it first and moves the new contents."""
+    cache, _ = random_cache(dev, "bf16", (512, 8, 2048), seed=1)
+    m = kvref.KVCacheManager([cache], 4)
+    m.d2h([5], [0]).result()
+    new = np.full((512, 8, 2048), 3, dtype=kvref.element_type("bf16").numpy)
+    with dev.defer_and_fuse():
+        cache.write_(new)
+    assert cache.state == kvref.BufferState.DEFERRED
+    m.d2h([5], [1]).result()
+    assert m.read_block_bytes(0, 1) == kvref.pack(new, cache.shape)[5 * 32768:6 * 32768].tobytes()
+    # The old behaviour moves the storage as it was at construction; the
+    # simulated DMA engine refuses a buffer with ops still pending.
+    stale = kvref.KVCacheManager([cache], 4, faults=["buffer_resolved_once"])
+    with dev.defer_and_fuse():
+        cache.write_(new)
+    with pytest.raises(kvref.DeviceError, match="not materialized"):
+        stale.d2h([5], [1]).result()
+
+
+def test_a_donated_jax_array_is_refused_by_name():
+    jax = pytest.importorskip("jax")
+    cache = jax.numpy.zeros((64, 4, 128), jax.numpy.float32)
+    m = kvref.KVCacheManager([cache], 4)
+    m.d2h([1], [0]).result()
+    step = jax.jit(lambda c: c + 1, donate_argnums=0)
+    step(cache).block_until_ready()
+    assert cache.is_deleted()
+    with pytest.raises(ValueError, match=r"layer 0 shard 0: a f32\[64,4,128\]\{2,1,0\} jax.Array was "
+                       r"deleted \(donated to a computation\?\)"):
+        m.d2h([1], [1])

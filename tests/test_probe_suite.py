@@ -38,6 +38,6 @@ def test_hardware_probes(case, iut):
         pytest.skip(f"{iut} does not run on {generation}")
     hardware = dataclasses.replace(case, generation=generation, iut=iut)
     result = run_case(hardware)
-    if result.outcome.verdict == "SKIP":
-        pytest.skip(result.outcome.detail)
+    # A TPU is here: a case that cannot run on it is a failure, not a skip.
+    assert result.outcome.verdict != "SKIP", f"{generation} TPU here, but: {result.outcome.detail}"
     assert agrees(result.outcome.verdict, describe(hardware)["predicted"]), result.outcome.detail

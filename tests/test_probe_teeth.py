@@ -19,6 +19,8 @@ TEETH = [
     ("mixed_slices", "", (), ["allow_mixed_slices"], "CORRUPT"),
     ("plan_binding", "", (), ["str_only_plan_binding"], "ERROR"),
     ("host_budget", "", (), ["legacy_slice_formula", "no_host_budget"], "ERROR"),
+    # The simulated DMA engine refuses a buffer with in-place ops still pending.
+    ("serving_step", "", (), ["buffer_resolved_once"], "ERROR"),
 ]
 
 

@@ -71,6 +71,8 @@ def test_protocol_check_names_a_missing_part():
 
         def is_materialized(self, cache): ...
 
+        def serving_step(self, cache, new): ...
+
     assert protocol.missing_members(NoScramble, protocol.Arrays) == ["scramble"]
 
 

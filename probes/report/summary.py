@@ -3,6 +3,8 @@ pictures of probes.report.pictures) and reports/README.md side by side."""
 
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -50,9 +52,24 @@ def write_generation_report(frame: pd.DataFrame, gen_dir: Path) -> Path:
         reasons = refused.assign(reason=[layout_reason(t) for t in refused["layout"]])
         lines += [_table(reasons[["shape", "layout", "legacy_slice_bytes", "reason"]]), ""]
     lines += [f"![memory map]({p.name})" for p in maps] + [""]
+    lines += findings(gen_dir)
     path = gen_dir / "summary.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def findings(gen_dir: Path) -> list[str]:
+    """The standalone reproducers kept in <generation>/findings/, each with the
+    first line of its docstring."""
+    scripts = sorted((gen_dir / "findings").glob("*.py"))
+    if not scripts:
+        return []
+    lines = ["## Findings", "", "Each has a standalone reproducer that fails the same way when run "
+             "alone (`python findings/NAME.py`).", ""]
+    for script in scripts:
+        summary = ast.get_docstring(ast.parse(script.read_text())) or ""
+        lines.append(f"- [`{script.name}`](findings/{script.name}): {' '.join(summary.split(chr(10) + chr(10))[0].split())}")
+    return lines + [""]
 
 
 def write_index(frames: dict[str, pd.DataFrame], out: Path) -> Path:
@@ -112,7 +129,25 @@ def side_by_side(frame: pd.DataFrame) -> list[str]:
     for case_id in differ.index:
         lines += [f"### {case_id}", ""]
         for iut in table.columns:
-            lines.append(f"- **{iut}**: {table.at[case_id, iut]}: "
-                         f"{str(details.at[case_id, iut]).strip()[:1500]}")
+            detail = str(details.at[case_id, iut])
+            lines.append(f"- **{iut}**: {table.at[case_id, iut]}: {detail.strip().splitlines()[0][:500]}")
+            stack = stacks(detail)
+            if stack:
+                lines += ["", "  ```", *[f"  {line}" for line in stack.splitlines()], "  ```"]
         lines.append("")
     return lines
+
+
+STACK_START = re.compile(r"^(Fatal Python error|Timeout \(|Thread 0x|Current thread 0x|Traceback)")
+LOG_LINE = re.compile(r"^([IWEF]\d{4} |WARNING: All log messages|InitTransportServer)")
+
+
+def stacks(detail: str, limit: int = 40) -> str:
+    """The Python stacks in a detail (faulthandler's dump or a traceback),
+    without the log lines a library writes around them."""
+    lines = detail.splitlines()
+    start = next((i for i, line in enumerate(lines) if STACK_START.match(line)), None)
+    if start is None:
+        return ""
+    kept = [line for line in lines[start:] if line.strip() and not LOG_LINE.match(line)]
+    return "\n".join(kept[:limit])

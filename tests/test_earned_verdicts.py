@@ -1,0 +1,138 @@
+"""Each probe earns PASS only for the property it is named for. Stand-ins
+built from the reference break one thing at a time, in process, and each
+probe must then refuse its PASS."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import kvref
+from probes.iut.adapter import IUT, Adapter
+from probes.iut.reference import KvrefLibrary, SimArrays
+from probes.suite.cases import Case
+from probes.suite.construction import deferred_construction, host_transferred_construction
+from probes.suite.host_budget import host_budget
+from probes.suite.plan_binding import plan_binding
+from probes.suite.registry import PLAN_SHAPE, PROBES
+from probes.suite.roundtrip import moving_permutations, roundtrip
+
+SHAPE = kvref.ShapeKey("bf16", (64, 8, 128))
+
+
+def stand_in(arrays=SimArrays, library=KvrefLibrary, generation="tpu7x") -> Adapter:
+    return Adapter(IUT("stand-in", arrays, library, targets=(generation,)), generation)
+
+
+def case(probe, shape=SHAPE):
+    return Case(probe, "tpu7x", "stand-in", probe, shape)
+
+
+class ReadyArrays(SimArrays):
+    """Caches that are materialized before anyone can see them pending."""
+
+    def make_caches(self, key, seeds, mode="put", finite=False):
+        made = super().make_caches(key, seeds, mode, finite)
+        for cache, _ in made:
+            cache.materialize()
+            cache.await_buffer()
+        return made
+
+
+def test_deferred_construction_with_nothing_deferred_is_an_error():
+    outcome = deferred_construction(case("deferred_construction"), stand_in(ReadyArrays))
+    assert outcome.verdict == "ERROR" and outcome.detail.startswith("nothing deferred")
+    assert outcome.pending_at_construction is False
+
+
+def test_deferred_construction_passes_only_over_pending_caches():
+    outcome = deferred_construction(case("deferred_construction"), stand_in())
+    assert outcome.verdict == "PASS" and outcome.pending_at_construction is True
+    assert "64 blocks round-tripped byte-exact" in outcome.detail
+
+
+def test_landed_copies_skip_host_transferred_construction():
+    outcome = host_transferred_construction(case("host_transferred_construction"), stand_in(ReadyArrays))
+    assert outcome.verdict == "SKIP" and "none was in flight" in outcome.detail
+    assert outcome.pending_at_construction is False
+
+
+class IdleLibrary(KvrefLibrary):
+    """A manager whose h2d moves nothing."""
+
+    def transfer(self, manager, d2h, src, dst, sizes=None):
+        if d2h:
+            super().transfer(manager, d2h, src, dst, sizes)
+
+
+class NoScrambleArrays(SimArrays):
+    scrambles_in_place = False
+
+    def scramble(self, cache):
+        pass
+
+
+def test_a_block_that_never_moves_is_seen_without_a_scramble():
+    """With no in-place scramble and an h2d that does nothing, every block
+    still holds its own old contents, and none of them is where it should be."""
+    outcome = roundtrip(case("roundtrip"), stand_in(NoScrambleArrays, IdleLibrary))
+    assert outcome.verdict == "CORRUPT" and "64 of 64 rows differ" in outcome.detail
+
+
+@pytest.mark.parametrize("rows", [2, 3, 64, 513])
+@pytest.mark.parametrize("seed", range(5))
+def test_every_block_moves(rows, seed):
+    perm_a, perm_b = moving_permutations(rows, seed)
+    assert sorted(perm_a) == sorted(perm_b) == list(range(rows))
+    assert (perm_a != perm_b).all()
+
+
+def test_identical_blocks_cannot_prove_movement(monkeypatch):
+    class FlatArrays(SimArrays):
+        def make_caches(self, key, seeds, mode="put", finite=False):
+            return [(self.device.zeros(key.dims, key.dtype), np.zeros(key.dims, kvref.element_type(key.dtype).numpy))
+                    for _ in seeds]
+
+    outcome = roundtrip(case("roundtrip"), stand_in(FlatArrays))
+    assert outcome.verdict == "ERROR" and "two blocks hold the same bytes" in outcome.detail
+
+
+class ForgetfulLibrary(KvrefLibrary):
+    """Registers plans, and reads every one back as the first it was given."""
+
+    def manager(self, caches, host_blocks, **options):
+        manager = super().manager(caches, host_blocks, **options)
+        first = []
+
+        def active_plan(uuid):
+            first.append(uuid)
+            return kvref.KVCacheManager.active_plan(manager, first[0])
+
+        manager.active_plan = active_plan
+        return manager
+
+
+def test_plan_binding_reads_each_plan_back():
+    outcome = plan_binding(case("plan_binding", PLAN_SHAPE), stand_in(library=ForgetfulLibrary))
+    assert outcome.verdict == "CORRUPT" and "message plan p1 reads back as" in outcome.detail
+    assert plan_binding(case("plan_binding", PLAN_SHAPE), stand_in()).verdict == "PASS"
+
+
+class UnreportedPoolLibrary(KvrefLibrary):
+    """A manager on dense arrays that reports no pool and allocates none."""
+
+    def manager(self, caches, host_blocks, **options):
+        return dataclasses.make_dataclass("NoPool", [("host_bytes", object, None)])()
+
+
+class DenseSimArrays(SimArrays):
+    layout_of = staticmethod(lambda generation, key: (kvref.Shape(key.dtype, key.dims), "dense"))
+
+    def make_caches(self, key, seeds, mode="put", finite=False):
+        return [(None, None) for _ in seeds]
+
+
+def test_host_budget_judges_a_pool_it_is_not_told_by_its_growth():
+    outcome = host_budget(case("host_budget", PROBES["host_budget"].subject),
+                          stand_in(DenseSimArrays, UnreportedPoolLibrary))
+    assert outcome.verdict == "ERROR" and "its size cannot be judged" in outcome.detail

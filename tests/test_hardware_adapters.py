@@ -13,6 +13,9 @@ from probes.iut.host_data import random_host
 from probes.iut.registry import check_target
 from probes.run.runner import owns_device, run_case, run_cases
 from probes.suite.cases import Case
+from probes.suite.matrix import build_cases
+from probes.suite.predict import describe
+from probes.suite.verdicts import agrees
 from tests.test_runner import fake_python
 
 TORCH_CASE = Case("roundtrip", "tpu7x", iut="tpu-sync-torch-tpu", shape=ShapeKey("bf16", (512, 16, 2048)))
@@ -106,3 +109,80 @@ def test_torch_plan_is_the_library_message(tmp_path):
     done = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["0", "1", "2", "1"]
+
+
+def test_a_tpu_run_with_nothing_run_fails():
+    from tests.hardware_gate import no_hardware_case_ran
+
+    assert no_hardware_case_ran(True, ["skipped"] * 3).startswith("a TPU is here, but none of the 3")
+    assert no_hardware_case_ran(True, ["skipped", "passed"]) is None
+    assert no_hardware_case_ran(False, ["skipped"] * 3) is None  # no TPU: skipping is right
+    assert no_hardware_case_ran(True, []) is None  # no hardware test selected
+
+
+def test_a_visible_tpu_that_does_not_start_is_an_error(monkeypatch):
+    """Where the machine has a TPU, JAX failing to open it (busy, no runtime,
+    fallen back to CPU) is raised, never "no TPU here"."""
+    from probes.iut import hardware
+
+    monkeypatch.setattr(hardware, "tpu_visible", lambda: True)
+    monkeypatch.setattr(hardware, "ASK_JAX", "raise SystemExit('TPU initialization failed: busy')")
+    hardware.local_generation.cache_clear()
+    try:
+        with pytest.raises(hardware.TpuUnavailable, match="a TPU is here, but JAX could not open it: "
+                           "TPU initialization failed: busy"):
+            hardware.local_generation()
+    finally:
+        hardware.local_generation.cache_clear()
+
+
+def test_no_tpu_on_this_machine_is_one_clear_reason():
+    from probes.iut import hardware
+
+    assert not hardware.tpu_visible()
+    assert hardware.local_generation() is None and hardware.local_tpu_generation() is None
+
+
+def test_tpu_workers_do_not_inherit_the_parents_jax_platforms(monkeypatch):
+    from probes.run.runner import _worker_env
+
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    hardware = Case("roundtrip", "tpu7x", iut="tpu-sync-jax-tpu", shape=ShapeKey("bf16", (512, 16, 2048)))
+    assert "JAX_PLATFORMS" not in _worker_env(hardware)
+    assert _worker_env(Case("roundtrip", "cpu", iut="kvref-jax"))["JAX_PLATFORMS"] == "cpu"
+
+
+@pytest.mark.peer
+def test_jax_hardware_adapter_runs_here_with_a_cpu_standing_in(monkeypatch):
+    """Every step of tpu-sync-jax-tpu's own code (deferred creation, scramble,
+    serving step, the manager view, host reads) runs on JAX CPU devices in
+    place of the TPU, and earns the verdicts tpu-sync-jax earns on the same
+    arrays through the CPU adapter; only the device itself is left untested."""
+    from probes.iut.hardware import STANDIN_VARIABLE
+    from probes.iut.peer_env import PEER_ENVS
+    from probes.suite.matrix import MatrixRow
+    from probes.suite.registry import PROBES
+
+    if PEER_ENVS["jax"].python() is None:
+        pytest.skip(PEER_ENVS["jax"].missing())
+    monkeypatch.setenv(STANDIN_VARIABLE, "cpu")
+    row = [MatrixRow("addressable", ShapeKey("bf16", (512, 8, 2048)),
+                     ("roundtrip", "deferred_construction", "host_transferred_construction"))]
+    probes = tuple(p for p in PROBES if p != "bad_input")
+    standin = [c for c in build_cases(["tpu7x"], row, probes, "tpu-sync-jax-tpu") if not c.iut_options]
+    cpu = {c.case_id.split("/", 1)[1]: c for c in build_cases(["cpu"], row, probes, "tpu-sync-jax")
+           if not c.iut_options}
+    ran = run_cases(standin + list(cpu.values()), jobs=2)
+    by_iut = {(r.case.iut, r.case.case_id.split("/", 1)[1]): r.outcome for r in ran}
+    for case in standin:
+        key = case.case_id.split("/", 1)[1]
+        outcome = by_iut[("tpu-sync-jax-tpu", key)]
+        assert "standing in for a TPU" in outcome.device_kind or outcome.verdict in ("CRASH", "HANG")
+        reference = by_iut[("tpu-sync-jax", key)]
+        if "SKIP" in (outcome.verdict, reference.verdict):
+            # copies landed before construction; the jax wheel has no plan API
+            assert case.probe in ("host_transferred_construction", "plan_binding"), outcome.detail
+            continue
+        agree = agrees(outcome.verdict, describe(case)["predicted"])
+        assert agree == agrees(reference.verdict, describe(cpu[key])["predicted"]), \
+            (key, outcome.verdict, outcome.detail[:500], reference.verdict)

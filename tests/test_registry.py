@@ -69,7 +69,7 @@ def test_protocol_check_names_a_missing_part():
 
         def fetch(self, cache): ...
 
-        def is_materialized(self, cache): ...
+        def is_pending(self, cache): ...
 
         def serving_step(self, cache, new): ...
 
@@ -100,9 +100,9 @@ def test_an_adapter_hands_each_call_to_its_half():
     adapter = adapter_for("kvref-sim", "v5e")
     key = kvref.ShapeKey("bf16", (64, 8, 128))
     cache, host = adapter.make_cache(key, seed=1, mode="deferred")
-    assert not adapter.is_materialized(cache)  # really pending: DEFER_AND_FUSE
+    assert adapter.is_pending(cache)  # really pending: DEFER_AND_FUSE
     assert adapter.fetch(cache).tobytes() == host.tobytes()
-    assert adapter.is_materialized(cache)
+    assert not adapter.is_pending(cache)
     assert adapter.layout(key) == kvref.tpu_layout("bf16", (64, 8, 128), "v5e")
 
 

@@ -1,5 +1,6 @@
 """The runner: one verdict per case, and no worker outlives its run."""
 
+import dataclasses
 import os
 import signal
 import stat
@@ -10,6 +11,7 @@ import pytest
 
 from kvref import ShapeKey
 from probes.run.runner import GRACE_SECONDS, classify, run_case, run_cases
+from probes.run.worker import PHASE_PROBE
 from probes.suite.cases import Case
 from probes.suite.matrix import build_cases
 
@@ -31,16 +33,20 @@ def alive(pid: int) -> bool:
         return f.read().split()[2] != "Z"
 
 
-def test_unresponsive_worker_costs_timeout_plus_a_second_and_leaves_nothing(tmp_path):
+PROBING = f"echo '{PHASE_PROBE}' >&2"  # a stand-in worker whose start-up is over
+SHAPE = ShapeKey("bf16", (512, 16, 2048))
+
+
+def test_unresponsive_worker_costs_its_limits_plus_a_second_and_leaves_nothing(tmp_path):
     pids = tmp_path / "pids"
-    python = fake_python(tmp_path, f"sleep 1000 & echo $! >> {pids}\necho $$ >> {pids}\n"
+    python = fake_python(tmp_path, f"{PROBING}\nsleep 1000 & echo $! >> {pids}\necho $$ >> {pids}\n"
                                    "trap '' TERM\nwait")
-    c = Case("roundtrip", "tpu7x", shape=ShapeKey("bf16", (512, 16, 2048)), timeout=1.0)
+    c = Case("roundtrip", "tpu7x", shape=SHAPE, timeout=1.0, startup_timeout=0.5)
     start = time.monotonic()
     result = run_case(c, python=python)
     elapsed = time.monotonic() - start
-    assert result.outcome.verdict == "HANG" and "killed" in result.outcome.detail
-    assert elapsed <= c.timeout + GRACE_SECONDS + 0.5
+    assert result.outcome.verdict == "HANG" and "no answer in 1.0s; killed" in result.outcome.detail
+    assert elapsed <= c.startup_timeout + c.timeout + GRACE_SECONDS + 0.5
     time.sleep(0.2)
     for pid in map(int, pids.read_text().split()):
         assert not alive(pid), f"process {pid} outlived its case"
@@ -60,9 +66,43 @@ def test_exit_without_result_is_an_error(tmp_path):
 
 
 def test_classify_watchdog_exit():
-    err = "Timeout (0:00:02)!\nThread 0x1 (most recent call first):\n  File \"x.py\", line 1 in f\n"
+    err = f"{PHASE_PROBE}\nTimeout (0:00:02)!\nThread 0x1 (most recent call first):\n  File \"x.py\", line 1 in f\n"
     outcome = classify(1, "", err, killed=False, timeout=2.0)
-    assert outcome.verdict == "HANG" and "x.py" in outcome.detail
+    assert outcome.verdict == "HANG" and "watchdog fired after 2.0s" in outcome.detail and "x.py" in outcome.detail
+
+
+def test_a_hang_in_start_up_is_reported_as_start_up(tmp_path):
+    """A worker stuck before its probe starts (a cold TPU runtime, an import)
+    has the start-up limit, and the verdict says it was start-up."""
+    err = "Timeout (0:05:00)!\nThread 0x1 (most recent call first):\n  File \"libtpu.py\", line 9 in init\n"
+    outcome = classify(1, "", err, killed=False, timeout=30.0, startup_timeout=300.0)
+    assert outcome.verdict == "HANG" and "start-up" in outcome.detail and "300.0s" in outcome.detail
+    python = fake_python(tmp_path, "sleep 30")
+    start = time.monotonic()
+    outcome = run_case(Case("roundtrip", "tpu7x", shape=SHAPE, timeout=0.5, startup_timeout=1.0),
+                       python=python).outcome
+    assert outcome.verdict == "HANG" and outcome.detail.startswith("start-up")
+    assert time.monotonic() - start < 1.0 + 0.5 + GRACE_SECONDS + 0.5
+
+
+def test_the_real_worker_gives_start_up_its_own_limit(tmp_path):
+    """The worker's start-up may take longer than the probe's limit: a start-up
+    of 2 s under a 1 s probe limit still runs the probe."""
+    (tmp_path / "slow_start.py").write_text(
+        "import runpy, time\n"
+        "import probes.run.probe_case as p\n"
+        "_run = p.run_case_here\n"
+        "def slow(text, on_probe_start):\n"
+        "    time.sleep(2)\n"
+        "    return _run(text, on_probe_start)\n"
+        "p.run_case_here = slow\n"
+        "runpy.run_module('probes.run.worker', run_name='__main__')\n")
+    python = fake_python(tmp_path, f'exec {sys.executable} {tmp_path / "slow_start.py"}')
+    case = build_cases(["tpu7x"], [], probes=("plan_binding",), timeout=10.0)[0]
+    case = dataclasses.replace(case, startup_timeout=5.0)
+    assert run_case(case, python=python).outcome.verdict == "PASS"
+    outcome = run_case(dataclasses.replace(case, startup_timeout=1.0), python=python).outcome
+    assert outcome.verdict == "HANG" and outcome.detail.startswith("start-up") and "slow" in outcome.detail
 
 
 def test_parallel_runs_keep_input_order():
@@ -96,8 +136,8 @@ RESULT = 'echo \'KVPROBE-RESULT {"verdict": "PASS", "detail": "2 blocks round-tr
 def test_a_failure_after_the_result_line_is_the_verdict(tmp_path, teardown, verdict, needle):
     """A worker that reports PASS and then crashes, fails or hangs while it
     releases arrays and managers earns CRASH or HANG, not the PASS it printed."""
-    python = fake_python(tmp_path, f"{RESULT}\n{teardown}")
-    outcome = run_case(Case("roundtrip", "tpu7x", shape=ShapeKey("bf16", (512, 16, 2048)), timeout=2.0),
+    python = fake_python(tmp_path, f"{PROBING}\n{RESULT}\n{teardown}")
+    outcome = run_case(Case("roundtrip", "tpu7x", shape=SHAPE, timeout=2.0, startup_timeout=1.0),
                        python=python).outcome
     assert outcome.verdict == verdict, outcome.detail
     assert needle in outcome.detail and "the probe had reported PASS: 2 blocks round-tripped" in outcome.detail

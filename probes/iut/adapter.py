@@ -19,6 +19,7 @@ class IUT:
     interpreter: str = "main"  # or a peer environment's name (probes.iut.peer_env)
     jax_platforms: str | None = "cpu"  # JAX_PLATFORMS for its workers; None: leave as is
     owns_device: bool = False  # a worker holds a real TPU: cases run one at a time
+    startup_seconds: float = 60.0  # a worker's start-up limit (a cold TPU runtime takes minutes)
 
     def layout_of(self, generation: str, key: kvref.ShapeKey) -> tuple[kvref.Shape, str]:
         return self.arrays.layout_of(generation, key)
@@ -81,8 +82,8 @@ class Adapter:
     def scramble(self, cache) -> None:
         self.arrays.scramble(cache)
 
-    def is_materialized(self, cache) -> bool:
-        return self.arrays.is_materialized(cache)
+    def is_pending(self, cache) -> bool:
+        return self.arrays.is_pending(cache)
 
     def serving_step(self, cache, new):
         return self.arrays.serving_step(cache, new)

@@ -14,7 +14,7 @@ import functools
 import numpy as np
 
 import kvref
-from probes.iut.hardware import local_tpu_generation, tpu_device
+from probes.iut.hardware import NO_TPU, local_tpu_generation, standin_platform, tpu_device
 from probes.iut.host_data import random_host
 from probes.iut.reference import tpu_layout_of
 
@@ -56,8 +56,8 @@ class JaxCpuArrays:
         cache.block_until_ready()
         ctypes.memset(cache.unsafe_buffer_pointer(), 0, cache.nbytes)
 
-    def is_materialized(self, cache):
-        return bool(cache.is_ready())
+    def is_pending(self, cache):
+        return not cache.is_ready()
 
     def serving_step(self, cache, new):
         return donating_step(cache, new)
@@ -143,16 +143,23 @@ class JaxTpuArrays:
     def __init__(self, generation: str):
         self.generation = generation
 
-    layout_of = staticmethod(tpu_layout_of)
+    @staticmethod
+    def layout_of(generation, key):
+        if standin_platform():
+            return JaxCpuArrays.layout_of(generation, key)
+        return tpu_layout_of(generation, key)
 
     @property
     def device_kind(self) -> str:
-        return tpu_device().device_kind
+        kind = tpu_device().device_kind
+        return f"{kind} (standing in for a TPU)" if standin_platform() else kind
 
     def skip_reason(self):
+        if standin_platform():
+            return None
         found = local_tpu_generation()
         if found is None:
-            return "no TPU here: jax.devices('tpu') found none"
+            return NO_TPU
         if found != self.generation:
             return f"this TPU is {found}, not {self.generation}"
         return None
@@ -171,8 +178,8 @@ class JaxTpuArrays:
         # a second permutation must still move every block for the check to hold.
         cache.block_until_ready()
 
-    def is_materialized(self, cache):
-        return bool(cache.is_ready())
+    def is_pending(self, cache):
+        return not cache.is_ready()
 
     def serving_step(self, cache, new):
         return donating_step(cache, new)

@@ -50,8 +50,10 @@ class Arrays(Protocol):
     def scramble(self, cache) -> None:
         """Overwrite the cache's storage in place."""
 
-    def is_materialized(self, cache) -> bool:
-        """Whether the cache's contents exist on the device now."""
+    def is_pending(self, cache) -> bool:
+        """Whether the cache's contents are not on the device yet: an op
+        recorded and not launched, a computation still running, a copy still
+        landing."""
 
     def serving_step(self, cache, new: np.ndarray):
         """Update the cache to hold `new` the way a serving engine updates its

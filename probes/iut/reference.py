@@ -89,8 +89,8 @@ class SimArrays:
         cache.fill_(0)
         cache.await_buffer()
 
-    def is_materialized(self, cache):
-        return cache.state == kvref.BufferState.MATERIALIZED
+    def is_pending(self, cache):
+        return cache.state != kvref.BufferState.MATERIALIZED
 
     def serving_step(self, cache, new):
         """An in-place write recorded under DEFER_AND_FUSE, still pending."""

@@ -16,9 +16,9 @@ IUTS: dict[str, IUT] = {iut.name: iut for iut in (
     IUT("kvref-jax", JaxCpuArrays, KvrefLibrary, targets=("cpu",)),
     IUT("tpu-sync-jax", JaxCpuArrays, TpuSyncJaxLibrary, targets=("cpu",), interpreter="jax"),
     IUT("tpu-sync-jax-tpu", JaxTpuArrays, TpuSyncJaxLibrary, targets=kvref.GENERATIONS,
-        interpreter="jax", jax_platforms=None, owns_device=True),
+        interpreter="jax", jax_platforms=None, owns_device=True, startup_seconds=300.0),
     IUT("tpu-sync-torch-tpu", TorchTpuArrays, TpuSyncTorchLibrary, targets=TORCH_TPU_GENERATIONS,
-        interpreter="torch", jax_platforms=None, owns_device=True),
+        interpreter="torch", jax_platforms=None, owns_device=True, startup_seconds=300.0),
 )}
 
 

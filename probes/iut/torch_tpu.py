@@ -8,6 +8,7 @@ for DEFER_AND_FUSE, and its sync module's `is_materialized` / `synchronize`."""
 from __future__ import annotations
 
 import kvref
+from probes.iut.hardware import NO_TPU, TpuUnavailable, tpu_visible
 from probes.iut.host_data import random_host
 from probes.iut.reference import tpu_layout_of
 
@@ -41,8 +42,10 @@ class TorchTpuArrays:
         except ImportError as e:
             return f"TorchTPU is not importable here ({e}); run `kvprobe peer-env --lib torch` " \
                    "on a TPU VM"
+        if not tpu_visible():
+            return NO_TPU
         if not torch.accelerator.is_available():
-            return "no TPU here: torch.accelerator.is_available() is False"
+            raise TpuUnavailable("a TPU is here, but torch.accelerator.is_available() is False")
         found = TORCH_TPU_NAMES.get(self.device_kind)
         if found != self.generation:
             return f"this TPU is {self.device_kind} ({found or 'unknown to kvref'}), not {self.generation}"
@@ -71,8 +74,15 @@ class TorchTpuArrays:
         cache.zero_()
         _sync().synchronize([cache], wait=True)
 
-    def is_materialized(self, cache):
-        return bool(_sync().is_materialized(cache))
+    def is_pending(self, cache):
+        """Recorded and not launched. is_materialized is False for a tensor
+        already executing too, which finishes on its own: where TorchTPU has
+        is_materializing, an executing tensor is not pending."""
+        sync = _sync()
+        if sync.is_materialized(cache):
+            return False
+        materializing = getattr(sync, "is_materializing", None)
+        return not (materializing is not None and materializing(cache))
 
     def serving_step(self, cache, new):
         """An in-place copy recorded under DEFER_AND_FUSE, still pending."""

@@ -18,6 +18,15 @@ def plan_number(uuid: str) -> int:
     return zlib.crc32(uuid.encode())
 
 
+def layer_block_sizes(impl, layers: int) -> tuple[int, ...]:
+    """Each layer's block size as the library reports it: block_bytes(i) per
+    layer where the wheel has it (layers of different sizes differ), else
+    its one slice_byte_size for every layer."""
+    if hasattr(impl, "block_bytes") and int(getattr(impl, "num_block_arrays", layers)) == layers:
+        return tuple(int(impl.block_bytes(i)) for i in range(layers))
+    return (int(impl.slice_byte_size),) * layers
+
+
 class SyncManagerView:
     def __init__(self, caches, host_blocks: int, options: dict):
         """The library's manager as its users build it: its own defaults, but
@@ -26,8 +35,7 @@ class SyncManagerView:
         self.manager = self.library_manager()(caches, 0, host_blocks_to_allocate=host_blocks, **options)
         impl = self.manager._impl
         self.num_layers, self.num_shards = int(impl.num_layers), int(impl.num_shards)
-        self.slice_bytes = int(impl.slice_byte_size)
-        self.layer_bytes_per_block = (self.slice_bytes,) * self.num_layers
+        self.layer_bytes_per_block = layer_block_sizes(impl, self.num_layers)
         self.host_blocks = host_blocks
         self.host_bytes = None  # the library does not report its pool size
 
@@ -62,7 +70,7 @@ class JaxSyncManager(SyncManagerView):
         may not survive the trip through Python floats: probes that read host
         blocks use finite contents."""
         self.check_block(block)
-        floats = self.slice_bytes // 4
+        floats = self.layer_bytes_per_block[layer] // 4
         values = self.manager._impl.read_host_memory(layer, shard, (block + 1) * floats)
         return np.asarray(values[block * floats:], dtype=np.float32).tobytes()
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from probes.iut.peer_env import peer_env
 from probes.iut.registry import iut
-from probes.run.worker import RESULT_PREFIX
+from probes.run.worker import PHASE_PROBE, RESULT_PREFIX
 from probes.suite.cases import Case
 from probes.suite.verdicts import CRASH, ERROR, HANG, SKIP, Outcome
 
@@ -51,27 +51,33 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env=_worker_env(case))
     try:
-        out, err = proc.communicate(case.to_json(), timeout=case.timeout + GRACE_SECONDS)
+        out, err = proc.communicate(case.to_json(),
+                                    timeout=case.startup_timeout + case.timeout + GRACE_SECONDS)
         killed = False
     except subprocess.TimeoutExpired:
         _kill_group(proc.pid)
         out, err = proc.communicate()
         killed = True
     _kill_group(proc.pid)  # nothing the worker started may outlive it
-    outcome = classify(proc.returncode, out, err, killed, case.timeout)
+    outcome = classify(proc.returncode, out, err, killed, case.timeout, case.startup_timeout)
     return CaseResult(case, outcome, time.monotonic() - start, err)
 
 
-def classify(returncode: int, out: str, err: str, killed: bool, timeout: float) -> Outcome:
+def classify(returncode: int, out: str, err: str, killed: bool, timeout: float,
+             startup_timeout: float = 60.0) -> Outcome:
     """One verdict from everything the worker did, from start to exit: a
     reported result stands only if the process then exited cleanly. A crash,
     a non-zero exit or a hang while arrays and managers are released at exit
-    is the verdict, "after the probe", with what the probe had reported."""
+    is the verdict, "after the probe", with what the probe had reported. A
+    hang before the probe started is one of the start-up, with its own limit."""
     reported = _reported(out)
     after, said = "", ""
     if reported is not None:
         after = " after the probe"
         said = f" (the probe had reported {reported.verdict}: {reported.detail.strip()[:300]})"
+    if PHASE_PROBE not in err and (killed or ("Timeout (" in err and returncode == 1)):
+        return Outcome(HANG, f"start-up (imports, the device runtime, the adapter's checks) did not "
+                       f"finish in {startup_timeout}s; stacks:\n{err[-4000:]}", seconds=startup_timeout)
     if killed:
         return _finding(reported, HANG, f"no answer in {timeout}s{after}; killed{said}\n{err[-4000:]}",
                         seconds=timeout)
@@ -135,5 +141,7 @@ def _worker_env(case: Case) -> dict:
     platforms = iut(case.iut).jax_platforms
     if platforms:
         env.setdefault("JAX_PLATFORMS", platforms)
+    else:  # a worker on the real device must see it, whatever the parent runs on
+        env.pop("JAX_PLATFORMS", None)
     env.pop("KVREF_FAULTS", None)  # a case's faults travel in the case itself
     return env

@@ -17,7 +17,8 @@ class Case:
     name: str = ""
     shape: kvref.ShapeKey | None = None  # the subject: a matrix row's, or the probe's fixed one
     faults: kvref.Faults = kvref.Faults()
-    timeout: float = 30.0
+    timeout: float = 30.0  # the probe, from its start to the worker's exit
+    startup_timeout: float = 60.0  # imports, the device runtime and the adapter's checks
     seed: int = 0
     kind: str = ""  # robustness probes: which kind of input
     iut_options: tuple[tuple[str, object], ...] = ()  # how the IUT's manager is built; () = its defaults
@@ -35,7 +36,8 @@ class Case:
         return json.dumps({
             "probe": self.probe, "generation": self.generation, "iut": self.iut,
             "name": self.name, "shape": str(self.shape) if self.shape else None,
-            "faults": list(self.faults.names), "timeout": self.timeout, "seed": self.seed,
+            "faults": list(self.faults.names), "timeout": self.timeout,
+            "startup_timeout": self.startup_timeout, "seed": self.seed,
             "kind": self.kind, "iut_options": [list(o) for o in self.iut_options]})
 
     @classmethod

@@ -23,7 +23,7 @@ def deferred_construction(case: Case, iut: Adapter) -> Outcome:
     byte-exact as the computation produced it."""
     pairs = iut.make_caches(case.shape, [case.seed + i for i in range(LAYERS)], mode="deferred")
     caches, hosts = [c for c, _ in pairs], [h for _, h in pairs]
-    ready = sum(iut.is_materialized(c) for c in caches)
+    ready = sum(not iut.is_pending(c) for c in caches)
     if ready:
         return Outcome(ERROR, f"nothing deferred: {ready} of {LAYERS} caches were already "
                        f"materialized when the manager was built ({iut.backend})",
@@ -46,7 +46,7 @@ def host_transferred_construction(case: Case, iut: Adapter) -> Outcome:
     array back, there is nothing in flight to probe: SKIP."""
     pairs = iut.make_caches(case.shape, [case.seed + i for i in range(LAYERS)], mode="put", finite=True)
     caches = [c for c, _ in pairs]
-    landed = sum(iut.is_materialized(c) for c in caches)
+    landed = sum(not iut.is_pending(c) for c in caches)
     if landed:
         return Outcome(SKIP, f"{iut.backend}: {landed} of {LAYERS} host->device copies had landed "
                        "before the manager could be built, so none was in flight to probe",

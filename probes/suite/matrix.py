@@ -59,17 +59,19 @@ def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut
     """Per generation and per way the IUT's manager is built (its library's
     option sets): each matrix row's shape probes, then each selected
     generation probe once, then each robustness probe once per kind."""
+    declared = declared_iut(iut)
     cases = []
     for gen in generations:
-        for options in declared_iut(iut).library.OPTION_SETS:
-            options = tuple(sorted(options.items()))
+        for options in declared.library.OPTION_SETS:
+            common = dict(faults=faults, timeout=timeout, startup_timeout=declared.startup_seconds,
+                          iut_options=tuple(sorted(options.items())))
             for row in matrix:
-                cases += [Case(p, gen, iut, row.name, row.shape, faults, timeout, iut_options=options)
+                cases += [Case(p, gen, iut, row.name, row.shape, **common)
                           for p in row.probes if p in probes]
             for name, p in PROBES.items():
                 if name not in probes or p.scope == "shape":
                     continue
                 for kind in p.kinds or ("",):
                     cases.append(Case(name, gen, iut, f"{name}-{kind}" if kind else name, p.subject,
-                                      faults, timeout, kind=kind, iut_options=options))
+                                      kind=kind, **common))
     return cases

@@ -1,0 +1,38 @@
+"""What a worker does with one case: build the adapter, let it say why it
+cannot run here, then run the probe and describe the IUT in the outcome."""
+
+from __future__ import annotations
+
+import resource
+import time
+import traceback
+
+from probes.iut.registry import adapter_for
+from probes.suite.cases import Case
+from probes.suite.registry import probe
+from probes.suite.verdicts import ERROR, SKIP, Outcome
+
+
+def run_case_here(text: str, on_probe_start=lambda timeout: None) -> Outcome:
+    case = Case.from_json(text)
+    iut = adapter_for(case.iut, case.generation, case.faults, dict(case.iut_options))
+    try:
+        reason = iut.skip_reason()
+    except Exception as e:  # the IUT is here but could not start: never a skip
+        return Outcome(ERROR, f"{case.iut} could not start: {type(e).__name__}: {e}")
+    if reason:
+        return Outcome(SKIP, reason)
+    declared = probe(case.probe)
+    if declared.address_space_limit:
+        limit = declared.address_space_limit
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    on_probe_start(case.timeout)
+    start = time.perf_counter()
+    try:
+        outcome = declared.run(case, iut)
+    except Exception as e:  # the IUT failed in a way no probe expected
+        outcome = Outcome(ERROR, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}")
+    if outcome.seconds is None:
+        outcome.seconds = time.perf_counter() - start
+    outcome.iut_version, outcome.backend, outcome.device_kind = iut.version, iut.backend, iut.device_kind
+    return outcome

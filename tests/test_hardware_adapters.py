@@ -186,3 +186,54 @@ def test_jax_hardware_adapter_runs_here_with_a_cpu_standing_in(monkeypatch):
         agree = agrees(outcome.verdict, describe(case)["predicted"])
         assert agree == agrees(reference.verdict, describe(cpu[key])["predicted"]), \
             (key, outcome.verdict, outcome.detail[:500], reference.verdict)
+
+
+@pytest.mark.parametrize("error, refusal", [
+    (RuntimeError("absl::StatusOr not ok: INVALID_ARGUMENT: Copy range exceeds source device buffer "
+                  "size; DispatchD2hChunks: Scheduled dispatch failed: "), True),
+    (RuntimeError("absl::StatusOr not ok: OUT_OF_RANGE: Copy range exceeds destination host buffer size"), True),
+    (RuntimeError("absl::StatusOr not ok: INTERNAL: DMA engine fault"), False),
+    (RuntimeError("KVCacheManager register_active_plan failed: invalid StartTransferRequest bytes"), True),
+    (ValueError("Must specify either (max_blocks, num_slots) or host_blocks_to_allocate."), True),
+    (TypeError("request must be bytes or a protobuf message"), True),
+    (MemoryError(), False),
+])
+def test_tpu_sync_refusals(error, refusal):
+    """tpu-sync refuses input with RuntimeError from its native layer (the
+    jax wheel with an absl status code, the torch wheel with the message
+    only); a failure code is not a refusal, nor is a copy failing after it
+    was accepted."""
+    from probes.iut.tpu_sync import AsyncFailure, refuses
+
+    assert refuses(error) is refusal
+    assert not refuses(AsyncFailure("Await raised RuntimeError: Async copy failed: x"))
+
+
+class FakeFuture:
+    def __init__(self, raises=None, ok=None):
+        self.raises, self._ok = raises, ok
+        if ok is not None:  # tpu-sync-torch's future has ok() and error_message()
+            self.ok = lambda: self._ok
+            self.error_message = lambda: "copy 3 failed"
+
+    def Await(self):
+        if self.raises:
+            raise self.raises
+
+
+@pytest.mark.parametrize("future, message", [
+    (FakeFuture(raises=RuntimeError("Async copy failed: x")), "Await raised RuntimeError: Async copy failed: x"),
+    (FakeFuture(ok=False), "Await returned, but the future reports an error: copy 3 failed"),
+    (FakeFuture(ok=True), None),
+    (FakeFuture(), None),
+])
+def test_a_failed_copy_is_seen_whichever_way_the_future_says_it(future, message):
+    from probes.iut.tpu_sync import AsyncFailure, SyncManagerView
+
+    view = object.__new__(SyncManagerView)
+    view.manager = type("M", (), {"d2h": lambda self, *a: future})()
+    if message is None:
+        view.move(True, [0], [0])
+    else:
+        with pytest.raises(AsyncFailure, match=message):
+            view.move(True, [0], [0])

@@ -88,6 +88,9 @@ class Adapter:
     def serving_step(self, cache, new):
         return self.arrays.serving_step(cache, new)
 
+    def refuses(self, e: BaseException) -> bool:
+        return self.library.refuses(e)
+
     def manager(self, caches, host_blocks: int, **options):
         return self.library.manager(caches, host_blocks, **options)
 

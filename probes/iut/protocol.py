@@ -92,6 +92,10 @@ class Library(Protocol):
 
     def manager(self, caches, host_blocks: int, **options) -> ManagerView: ...
 
+    def refuses(self, e: BaseException) -> bool:
+        """Whether `e` is this library's clean refusal of the input it was
+        given (as opposed to a failure while carrying it out)."""
+
     def transfer(self, manager: ManagerView, d2h: bool, src, dst, sizes=None) -> None:
         """One d2h or h2d, waited for; raises what the library raises."""
 

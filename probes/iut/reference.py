@@ -38,6 +38,9 @@ class KvrefLibrary:
     def manager(self, caches, host_blocks, **options):
         return kvref.KVCacheManager(caches, host_blocks, faults=self.faults, **options)
 
+    def refuses(self, e: BaseException) -> bool:
+        return isinstance(e, (kvref.LayoutError, kvref.HostBudgetError, ValueError))
+
     def transfer(self, manager, d2h, src, dst, sizes=None) -> None:
         future = (manager.d2h if d2h else manager.h2d)(src, dst, sizes)
         future.result(timeout=60)

@@ -25,7 +25,6 @@ class TorchTpuArrays:
 
     def __init__(self, generation: str):
         self.generation = generation
-        self._layouts_checked: set = set()
 
     layout_of = staticmethod(tpu_layout_of)
 
@@ -57,7 +56,6 @@ class TorchTpuArrays:
         probes check that they are still pending when the manager is built)."""
         import torch
 
-        self._check_layout(key)
         hosts = [random_host(key, seed, finite) for seed in seeds]
         caches = [kvref.to_torch(host).to("tpu") for host in hosts]
         if mode == "deferred":
@@ -66,7 +64,9 @@ class TorchTpuArrays:
         return list(zip(caches, hosts))
 
     def fetch(self, cache):
-        return kvref.from_torch(cache)
+        contents = kvref.from_torch(cache)  # waits for the cache to materialize
+        self._check_layout(cache)
+        return contents
 
     def scramble(self, cache):
         # In place, as a serving engine writes its cache: the manager must
@@ -93,26 +93,22 @@ class TorchTpuArrays:
             cache.copy_(update)
         return cache
 
-    def _check_layout(self, key):
-        """The reference predicts from the compiler's layout; a tensor that
-        TorchTPU laid out otherwise would make that prediction meaningless. A
-        scratch tensor is read, so the probed caches stay as the probe made them."""
-        import torch
+    def _check_layout(self, cache) -> None:
+        """The reference predicts from the compiler's layout; a cache that
+        TorchTPU laid out otherwise would make that prediction meaningless.
+        Read from the cache under test itself, once it is materialized
+        (get_device_layout_if_materialized answers None before)."""
         from torch_tpu._internal.compile import tpu_torch_compile
 
-        if key in self._layouts_checked:
-            return
-        scratch = torch.empty(key.dims, dtype=kvref.torch_dtype(key.dtype), device="tpu")
-        _sync().synchronize([scratch], wait=True)
-        # (minor_to_major, tiles, an int): the first two are what the compiler also decides
-        found = tpu_torch_compile.get_device_layout_if_materialized(scratch)
-        expected = self.layout_of(self.generation, key)[0].layout
+        key = kvref.ShapeKey(kvref.element_type(cache.dtype).name, tuple(cache.shape))
+        found = tpu_torch_compile.get_device_layout_if_materialized(cache)
         if found is None:
-            raise RuntimeError(f"TorchTPU reports no layout for a materialized {key}")
+            raise RuntimeError(f"TorchTPU reports no layout for a materialized {key} cache")
+        # (minor_to_major, tiles, an int): the first two are what the compiler also decides
+        expected = self.layout_of(self.generation, key)[0].layout
         if (tuple(found[0]), tuple(map(tuple, found[1]))) != (expected.minor_to_major, expected.tiles):
-            raise RuntimeError(f"TorchTPU laid out {key} as {found}; the compiler's layout, which "
-                               f"the prediction uses, is {expected}")
-        self._layouts_checked.add(key)
+            raise RuntimeError(f"TorchTPU laid out a {key} cache as {found}; the compiler's layout, "
+                               f"which the prediction uses, is {expected}")
 
 
 def _sync():

@@ -5,6 +5,7 @@ caches: the release-order probes rely on that."""
 from __future__ import annotations
 
 import importlib
+import re
 import zlib
 from importlib import metadata
 
@@ -16,6 +17,30 @@ import kvref
 def plan_number(uuid: str) -> int:
     """The integer id tpu-sync-torch names a plan by, for the probes' string id."""
     return zlib.crc32(uuid.encode())
+
+
+class AsyncFailure(RuntimeError):
+    """A transfer the library accepted failed while it ran: never a refusal."""
+
+
+# absl status codes that refuse the input; any other code is a failure.
+REFUSAL_CODES = ("INVALID_ARGUMENT", "OUT_OF_RANGE", "FAILED_PRECONDITION", "UNIMPLEMENTED")
+STATUS_CODE = re.compile(r"\b([A-Z][A-Z_]+[A-Z]): ")
+
+
+def refuses(e: BaseException) -> bool:
+    """tpu-sync refuses input with ValueError or TypeError from its Python
+    layer, or RuntimeError from the call itself: the jax wheel keeps the absl
+    status code ("absl::StatusOr not ok: INVALID_ARGUMENT: ..."), which must
+    be one that refuses input; the torch wheel keeps only the message."""
+    if isinstance(e, AsyncFailure):
+        return False
+    if isinstance(e, (ValueError, TypeError)):
+        return True
+    if isinstance(e, RuntimeError):
+        code = STATUS_CODE.search(str(e))
+        return code is None or code.group(1) in REFUSAL_CODES
+    return False
 
 
 def layer_block_sizes(impl, layers: int) -> tuple[int, ...]:
@@ -45,11 +70,20 @@ class SyncManagerView:
         raise NotImplementedError
 
     def move(self, d2h: bool, src, dst, sizes=None) -> None:
-        """One d2h or h2d, waited for."""
+        """One d2h or h2d, waited for. The call itself may refuse the request;
+        a failure while it runs is an AsyncFailure, whichever way the future
+        reports it: Await raising, or (tpu-sync-torch's future) Await
+        returning while ok() is False."""
         future = (self.manager.d2h if d2h else self.manager.h2d)(
             [int(x) for x in src], [int(x) for x in dst],
             None if sizes is None else [int(x) for x in sizes])
-        future.Await()
+        try:
+            future.Await()
+        except Exception as e:  # the copy failed after it was accepted
+            raise AsyncFailure(f"Await raised {type(e).__name__}: {e}") from e
+        ok = getattr(future, "ok", None)
+        if ok is not None and not ok():
+            raise AsyncFailure(f"Await returned, but the future reports an error: {future.error_message()}")
 
     def check_block(self, block: int) -> None:
         if not 0 <= block < self.host_blocks:
@@ -137,6 +171,9 @@ class SyncLibrary:
 
     def transfer(self, manager, d2h: bool, src, dst, sizes=None) -> None:
         manager.move(d2h, src, dst, sizes)
+
+    def refuses(self, e: BaseException) -> bool:
+        return refuses(e)
 
 
 class TpuSyncJaxLibrary(SyncLibrary):

@@ -9,6 +9,7 @@ import traceback
 
 from probes.iut.registry import adapter_for
 from probes.suite.cases import Case
+from probes.suite.host_budget import address_space_bytes
 from probes.suite.registry import probe
 from probes.suite.verdicts import ERROR, SKIP, Outcome
 
@@ -23,8 +24,9 @@ def run_case_here(text: str, on_probe_start=lambda timeout: None) -> Outcome:
     if reason:
         return Outcome(SKIP, reason)
     declared = probe(case.probe)
-    if declared.address_space_limit:
-        limit = declared.address_space_limit
+    if declared.address_space_headroom:
+        # On top of what is mapped now: a TPU runtime already loaded maps a lot.
+        limit = address_space_bytes() + declared.address_space_headroom
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     on_probe_start(case.timeout)
     start = time.perf_counter()

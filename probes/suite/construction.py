@@ -8,9 +8,9 @@ from __future__ import annotations
 import kvref
 from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
-from probes.suite.refusals import CLEAN_REFUSALS, first_line
+from probes.suite.refusals import refused
 from probes.suite.roundtrip import permuted_round_trip
-from probes.suite.verdicts import CORRUPT, ERROR, PASS, REJECTED, SKIP, Outcome
+from probes.suite.verdicts import CORRUPT, ERROR, PASS, SKIP, Outcome
 
 LAYERS = 2
 
@@ -30,8 +30,8 @@ def deferred_construction(case: Case, iut: Adapter) -> Outcome:
                        pending_at_construction=False)
     try:
         manager = iut.manager(caches, case.shape.dims[0])
-    except CLEAN_REFUSALS as e:
-        return Outcome(REJECTED, first_line(e), pending_at_construction=True)
+    except Exception as e:  # a clean refusal, or the worker's ERROR
+        return refused(iut, e, pending_at_construction=True)
     outcome = permuted_round_trip(iut, manager, caches, hosts, case.seed)
     outcome.pending_at_construction = True
     if outcome.verdict == PASS:
@@ -54,8 +54,8 @@ def host_transferred_construction(case: Case, iut: Adapter) -> Outcome:
     try:
         manager = iut.manager(caches, 4)
         iut.d2h(manager, [0, 1], [0, 1])
-    except CLEAN_REFUSALS as e:
-        return Outcome(REJECTED, first_line(e), pending_at_construction=True)
+    except Exception as e:  # a clean refusal, or the worker's ERROR
+        return refused(iut, e, pending_at_construction=True)
     for layer, (_, host) in enumerate(pairs):
         expected = kvref.pack(host, iut.layout(case.shape))
         block = manager.layer_bytes_per_block[layer]

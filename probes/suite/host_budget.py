@@ -6,13 +6,13 @@ import kvref
 from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
 from probes.suite.ownership import row_byte_ranges
-from probes.suite.refusals import first_line
-from probes.suite.verdicts import ERROR, PASS, REJECTED, Outcome
+from probes.suite.refusals import first_line, refused
+from probes.suite.verdicts import ERROR, PASS, Outcome
 
 BUDGET_LAYERS, BUDGET_HOST_BLOCKS = 20, 1886
-# The worker's address-space limit for this probe: a manager without a budget
-# check must fail to allocate, not take the machine.
-ADDRESS_SPACE_LIMIT = 16 * 2**30
+# How far the worker's address space may grow in this probe: a manager
+# without a budget check must fail to allocate, not take the machine.
+ADDRESS_SPACE_HEADROOM = 16 * 2**30
 POOL_SLACK_BYTES = 256 * 2**20  # staging and threads cost something
 
 
@@ -27,10 +27,10 @@ def host_budget(case: Case, iut: Adapter) -> Outcome:
     before = address_space_bytes()
     try:
         manager = iut.manager(caches, BUDGET_HOST_BLOCKS)
-    except (kvref.LayoutError, kvref.HostBudgetError) as e:
-        return Outcome(REJECTED, first_line(e))
-    except MemoryError as e:
-        return Outcome(ERROR, f"host OOM: the pool was allocated and failed: {first_line(e) or 'MemoryError'}")
+    except Exception as e:  # a clean refusal, a host OOM, or the worker's ERROR
+        if isinstance(e, MemoryError) and not iut.refuses(e):
+            return Outcome(ERROR, f"host OOM: the pool was allocated and failed: {first_line(e)}")
+        return refused(iut, e)
     grown = address_space_bytes() - before
     rows = row_byte_ranges(str(iut.layout(case.shape)))
     if not rows.contiguous:

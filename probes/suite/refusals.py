@@ -1,12 +1,19 @@
-"""How probes read a manager's exceptions: which count as a clean refusal,
-and the one-line form details quote."""
+"""How probes read a manager's exceptions: the IUT's library says which are
+clean refusals of the input (probes.iut.protocol.Library.refuses), and
+details quote them in one line."""
 
 from __future__ import annotations
 
-import kvref
+from probes.iut.adapter import Adapter
+from probes.suite.verdicts import REJECTED, Outcome
 
-# Refusals a manager may give for input it cannot handle.
-CLEAN_REFUSALS = (kvref.LayoutError, kvref.HostBudgetError, ValueError)
+
+def refused(iut: Adapter, e: Exception, context: str = "", **fields) -> Outcome:
+    """REJECTED for the library's clean refusal of the input; anything else
+    propagates, and the worker records it as ERROR with its traceback."""
+    if not iut.refuses(e):
+        raise e
+    return Outcome(REJECTED, f"{context}{first_line(e)}", **fields)
 
 
 def first_line(e: BaseException) -> str:

@@ -41,7 +41,7 @@ class Probe:
     subject: kvref.ShapeKey | None = None  # the fixed subject of generation and robustness probes
     kinds: tuple[str, ...] = ()  # robustness probes: the kinds of input, one case each
     default: bool = True  # in `kvprobe run` without --probe
-    address_space_limit: int | None = None  # RLIMIT_AS for the worker, in bytes
+    address_space_headroom: int | None = None  # bytes the worker's address space may grow by
 
     @property
     def doc(self) -> str:
@@ -65,7 +65,7 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           subject=PLAN_SHAPE),
     Probe("host_budget", host_budget.host_budget, "generation", addressable_or_refused,
           subject=kvref.ShapeKey("bf16", (512, 3, 2048)),
-          address_space_limit=host_budget.ADDRESS_SPACE_LIMIT),
+          address_space_headroom=host_budget.ADDRESS_SPACE_HEADROOM),
     Probe("bad_input", robustness.bad_input, "robustness", always(REJECTED), subject=PLAN_SHAPE,
           kinds=robustness.BAD_INPUTS, default=False),
     Probe("release_order", robustness.release_order, "robustness", always(PASS), subject=PLAN_SHAPE,

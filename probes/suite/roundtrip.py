@@ -10,8 +10,8 @@ import numpy as np
 import kvref
 from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
-from probes.suite.refusals import CLEAN_REFUSALS, first_line
-from probes.suite.verdicts import CORRUPT, ERROR, PASS, REJECTED, Outcome
+from probes.suite.refusals import refused
+from probes.suite.verdicts import CORRUPT, ERROR, PASS, Outcome
 
 # mixed_slices' second layer; its first is the probe's subject.
 MIXED_SECOND_LAYER = kvref.ShapeKey("bf16", (512, 16, 2048))
@@ -23,8 +23,8 @@ def roundtrip(case: Case, iut: Adapter) -> Outcome:
     cache, host = iut.make_cache(case.shape, case.seed)
     try:
         manager = iut.manager([cache], case.shape.dims[0])
-    except CLEAN_REFUSALS as e:
-        return Outcome(REJECTED, first_line(e))
+    except Exception as e:  # a clean refusal, or the worker's ERROR
+        return refused(iut, e)
     return permuted_round_trip(iut, manager, [cache], [host], case.seed)
 
 
@@ -34,8 +34,8 @@ def mixed_slices(case: Case, iut: Adapter) -> Outcome:
     pairs = [iut.make_cache(key, case.seed + i) for i, key in enumerate((case.shape, MIXED_SECOND_LAYER))]
     try:
         manager = iut.manager([c for c, _ in pairs], 512)
-    except CLEAN_REFUSALS as e:
-        return Outcome(REJECTED, first_line(e))
+    except Exception as e:  # a clean refusal, or the worker's ERROR
+        return refused(iut, e)
     return permuted_round_trip(iut, manager, [c for c, _ in pairs], [h for _, h in pairs], case.seed)
 
 

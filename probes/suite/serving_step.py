@@ -5,9 +5,9 @@ from __future__ import annotations
 from probes.iut.adapter import Adapter
 from probes.iut.host_data import random_host
 from probes.suite.cases import Case
-from probes.suite.refusals import CLEAN_REFUSALS, first_line
+from probes.suite.refusals import refused
 from probes.suite.roundtrip import permuted_round_trip
-from probes.suite.verdicts import PASS, REJECTED, Outcome
+from probes.suite.verdicts import PASS, Outcome
 
 LAYERS = 2
 
@@ -24,15 +24,15 @@ def serving_step(case: Case, iut: Adapter) -> Outcome:
     rows = case.shape.dims[0]
     try:
         manager = iut.manager(caches, rows)
-    except CLEAN_REFUSALS as e:
-        return Outcome(REJECTED, first_line(e))
+    except Exception as e:  # a clean refusal, or the worker's ERROR
+        return refused(iut, e)
     iut.d2h(manager, list(range(rows)), list(range(rows)))
     updated = [random_host(case.shape, case.seed + 100 + i, finite=True) for i in range(LAYERS)]
     caches = [iut.serving_step(cache, new) for cache, new in zip(caches, updated)]
     try:
         outcome = permuted_round_trip(iut, manager, caches, updated, case.seed)
-    except CLEAN_REFUSALS as e:
-        return Outcome(REJECTED, f"after the serving step: {first_line(e)}")
+    except Exception as e:  # a clean refusal, or the worker's ERROR
+        return refused(iut, e, "after the serving step: ")
     if outcome.verdict == PASS:
         outcome.detail = f"after a serving step: {outcome.detail}"
     return outcome

@@ -237,3 +237,69 @@ def test_a_failed_copy_is_seen_whichever_way_the_future_says_it(future, message)
     else:
         with pytest.raises(AsyncFailure, match=message):
             view.move(True, [0], [0])
+
+
+def test_each_layer_keeps_the_block_size_the_library_reports():
+    from probes.iut.tpu_sync import layer_block_sizes
+
+    class Impl:  # the jax wheel: block_bytes per block array, slice_byte_size of layer 0
+        num_block_arrays, slice_byte_size = 2, 32768
+
+        def block_bytes(self, i):
+            return (32768, 65536)[i]
+
+    assert layer_block_sizes(Impl(), 2) == (32768, 65536)
+    older = type("Older", (), {"slice_byte_size": 4096})()  # no block_bytes: one size for all
+    assert layer_block_sizes(older, 3) == (4096, 4096, 4096)
+
+
+def test_every_probe_runs_on_the_hardware_matrix():
+    from probes.suite.registry import PROBES
+    from tests.test_probe_suite import HARDWARE_CASES
+
+    for iut in ("tpu-sync-jax-tpu", "tpu-sync-torch-tpu"):
+        assert {c.probe for c in HARDWARE_CASES if c.iut == iut} == set(PROBES)
+
+
+@pytest.fixture
+def fake_torch_tpu(monkeypatch):
+    """TorchTPU's sync and compile modules, standing in on CPU tensors."""
+    import types
+
+    state = {"materialized": False, "materializing": False, "layout": None}
+    sync = types.SimpleNamespace(is_materialized=lambda t: state["materialized"],
+                                 is_materializing=lambda t: state["materializing"])
+    compile_module = types.SimpleNamespace(
+        tpu_torch_compile=types.SimpleNamespace(get_device_layout_if_materialized=lambda t: state["layout"]))
+    monkeypatch.setitem(sys.modules, "torch_tpu", types.ModuleType("torch_tpu"))
+    monkeypatch.setitem(sys.modules, "torch_tpu._internal", types.SimpleNamespace(sync=sync))
+    monkeypatch.setitem(sys.modules, "torch_tpu._internal.sync", sync)
+    monkeypatch.setitem(sys.modules, "torch_tpu._internal.compile", compile_module)
+    return state
+
+
+def test_torch_pending_means_not_yet_launched(fake_torch_tpu):
+    """is_materialized is False for a tensor already executing too; one that
+    is materializing finishes on its own, so it is not pending."""
+    from probes.iut.torch_tpu import TorchTpuArrays
+
+    arrays, cache = TorchTpuArrays("v6e"), object()
+    assert arrays.is_pending(cache)
+    fake_torch_tpu["materializing"] = True
+    assert not arrays.is_pending(cache)
+    fake_torch_tpu.update(materializing=False, materialized=True)
+    assert not arrays.is_pending(cache)
+
+
+def test_torch_layout_is_checked_on_the_cache_under_test(fake_torch_tpu):
+    torch = pytest.importorskip("torch")
+    from probes.iut.torch_tpu import TorchTpuArrays
+
+    arrays = TorchTpuArrays("v6e")
+    cache = torch.zeros((512, 16, 2048), dtype=torch.bfloat16)
+    fake_torch_tpu["layout"] = ([2, 1, 0], [[8, 128], [2, 1]], 0)  # the compiler's, on v6e
+    assert arrays.fetch(cache).shape == (512, 16, 2048)
+    fake_torch_tpu["layout"] = ([2, 0, 1], [[8, 128], [2, 1]], 0)
+    with pytest.raises(RuntimeError, match=r"TorchTPU laid out a bf16\[512,16,2048\] cache as .*the "
+                       r"compiler's layout, which the prediction uses, is \{2,1,0:T\(8,128\)\(2,1\)\}"):
+        arrays.fetch(cache)

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "checked.h"
 #include "pack.h"
 #include "tiled_layout.h"
 

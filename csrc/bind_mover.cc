@@ -9,6 +9,22 @@
 
 namespace kvref_bind {
 
+namespace {
+
+// A reference to a Python object for C++ to hold: taken now, with the GIL,
+// and dropped with the GIL on whichever thread lets go of it last.
+kvref::Owner python_owner(nb::handle object) {
+  if (!object.is_valid() || object.is_none()) return nullptr;
+  object.inc_ref();
+  return kvref::Owner(object.ptr(), [](void* p) {
+    if (!Py_IsInitialized()) return;  // the interpreter is gone, and its objects with it
+    nb::gil_scoped_acquire gil;
+    Py_DECREF(static_cast<PyObject*>(p));
+  });
+}
+
+}  // namespace
+
 using kvref::BlockMover;
 using kvref::DeviceRegion;
 using kvref::LayerAddressing;
@@ -19,10 +35,16 @@ void bind_mover(nb::module_& m) {
       .def_static("of_buffer", [](kvref::DeviceBuffer& b) {
         return DeviceRegion{b.shared_from_this(), nullptr, b.size()};
       })
-      .def_static("of_pointer", [](uintptr_t address, int64_t size) {
-        if (!address && size) throw std::invalid_argument("null device pointer");
-        return DeviceRegion{nullptr, reinterpret_cast<uint8_t*>(address), size};
-      })
+      .def_static(
+          "of_pointer",
+          [](uintptr_t address, int64_t size, nb::object owner) {
+            if (!address && size) throw std::invalid_argument("null device pointer");
+            if (owner.is_none()) throw std::invalid_argument("raw device memory needs its owner");
+            return DeviceRegion{nullptr, reinterpret_cast<uint8_t*>(address), size,
+                                python_owner(owner)};
+          },
+          nb::arg("address"), nb::arg("size"), nb::arg("owner"),
+          "Memory at `address`, kept alive by holding `owner` (the array it belongs to).")
       .def_prop_ro("size", [](const DeviceRegion& r) { return r.size; });
 
   nb::class_<LayerAddressing>(m, "LayerAddressing")
@@ -44,12 +66,20 @@ void bind_mover(nb::module_& m) {
   nb::class_<BlockMover>(m, "BlockMover")
       // Made through a shared_ptr: transfer tasks keep the mover alive.
       .def(nb::new_([](std::vector<LayerAddressing> layers, int64_t host_blocks,
-                       int64_t host_bytes, uintptr_t external_host) {
-             return std::make_shared<BlockMover>(std::move(layers), host_blocks, host_bytes,
-                                                 reinterpret_cast<uint8_t*>(external_host));
+                       int64_t host_bytes, nb::object external_host) {
+             uint8_t* host = nullptr;
+             kvref::Owner owner;
+             if (!external_host.is_none()) {  // the caller's array, held while the mover lives
+               Bytes bytes = nb::cast<Bytes>(external_host);
+               check_size("external host array", bytes.size(), host_bytes);
+               host = bytes.data();
+               owner = python_owner(external_host);
+             }
+             return std::make_shared<BlockMover>(std::move(layers), host_blocks, host_bytes, host,
+                                                 std::move(owner));
            }),
            nb::arg("layers"), nb::arg("host_blocks"), nb::arg("host_bytes"),
-           nb::arg("external_host") = 0)
+           nb::arg("external_host") = nb::none())
       .def("copy",
            [](BlockMover& mover, bool d2h, Int64s src, Int64s dst, Int64s counts) {
              if (src.size() != dst.size() || src.size() != counts.size())

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "checked.h"
 #include "thread_pool.h"
 
 namespace kvref {
@@ -12,8 +13,13 @@ namespace {
 
 constexpr int64_t kChunkBytes = 256 << 10;  // aim for this much work per task
 
+// "[start, start + count)", the end computed without wrapping.
 std::string range_text(int64_t start, int64_t count) {
-  return "[" + std::to_string(start) + ", " + std::to_string(start + count) + ")";
+  const std::string end =
+      start >= 0 && count >= 0
+          ? std::to_string(static_cast<uint64_t>(start) + static_cast<uint64_t>(count))
+          : std::to_string(start + count);
+  return "[" + std::to_string(start) + ", " + end + ")";
 }
 
 }  // namespace
@@ -58,8 +64,11 @@ void TransferFuture::rethrow() {
 }
 
 BlockMover::BlockMover(std::vector<LayerAddressing> layers, int64_t host_blocks,
-                       int64_t host_bytes, uint8_t* external_host)
-    : layers_(std::move(layers)), host_blocks_(host_blocks), host_size_(host_bytes) {
+                       int64_t host_bytes, uint8_t* external_host, Owner host_owner)
+    : layers_(std::move(layers)),
+      host_blocks_(host_blocks),
+      host_owner_(std::move(host_owner)),
+      host_size_(host_bytes) {
   if (external_host) {
     host_ = external_host;
   } else {
@@ -72,8 +81,12 @@ BlockMover::BlockMover(std::vector<LayerAddressing> layers, int64_t host_blocks,
   for (const auto& layer : layers_) {
     if (layer.shards.size() != shards || shards == 0)
       throw std::invalid_argument("every layer needs the same, non-zero number of shards");
-    const int64_t last = layer.host_base + (shards - 1) * layer.host_shard_stride +
-                         (host_blocks - 1) * layer.host_stride + layer.copy_bytes;
+    int64_t last = layer.host_base;
+    for (int64_t term : {checked_mul(static_cast<int64_t>(shards) - 1, layer.host_shard_stride,
+                                     "host shard offset"),
+                         checked_mul(host_blocks - 1, layer.host_stride, "host block offset"),
+                         layer.copy_bytes})
+      last = checked_add(last, term, "host range end");
     if (layer.host_base < 0 || last > host_bytes)
       throw std::invalid_argument("host addressing reaches past the host pool");
   }
@@ -120,9 +133,9 @@ void BlockMover::validate(Direction dir, const int64_t* src, const int64_t* dst,
       }
       for (size_t l = 0; l < layers_.size(); ++l) {
         const auto& layer = layers_[l];
-        const bool past_bytes = (end - 1) * layer.device_stride + layer.copy_bytes >
-                                layer.shards[0].size;
-        if (end > layer.device_blocks || past_bytes)
+        // Byte ends are formed only for ranges within the block count, so never wrap.
+        if (end > layer.device_blocks ||
+            (end - 1) * layer.device_stride + layer.copy_bytes > layer.shards[0].size)
           throw std::invalid_argument(
               "device block range " + range_text(start, counts[i]) + at + " exceeds layer " +
               std::to_string(l) + " (" + std::to_string(layer.device_blocks) + " blocks of " +

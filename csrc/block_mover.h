@@ -14,11 +14,17 @@
 
 namespace kvref {
 
-// One shard of one layer: a simulated buffer, or raw memory (a JAX CPU array).
+// Keeps something alive for as long as C++ uses it (a Python object whose
+// memory a region or the host pool points into); released on the last drop.
+using Owner = std::shared_ptr<void>;
+
+// One shard of one layer: a simulated buffer, or raw memory (a JAX CPU array)
+// together with the owner of that memory.
 struct DeviceRegion {
   std::shared_ptr<DeviceBuffer> sim;
   uint8_t* raw = nullptr;
   int64_t size = 0;
+  Owner owner;
   void read(int64_t offset, int64_t n, uint8_t* dst) const;
   void write(int64_t offset, int64_t n, const uint8_t* src) const;
 };
@@ -55,11 +61,11 @@ enum class Direction { kDeviceToHost, kHostToDevice };
 
 class BlockMover : public std::enable_shared_from_this<BlockMover> {
  public:
-  // host_bytes: the pool to allocate (or, with external_host, memory the
-  // caller owns and keeps alive); every host range the layers address must
-  // fit in it (checked here).
+  // host_bytes: the pool to allocate (or, with external_host, memory that
+  // host_owner keeps alive while the mover, and so every task using it,
+  // exists); every host range the layers address must fit in it (checked here).
   BlockMover(std::vector<LayerAddressing> layers, int64_t host_blocks, int64_t host_bytes,
-             uint8_t* external_host = nullptr);
+             uint8_t* external_host = nullptr, Owner host_owner = nullptr);
 
   // src/dst/counts in blocks. Validates everything before moving a byte.
   std::shared_ptr<TransferFuture> copy(Direction dir, const int64_t* src, const int64_t* dst,
@@ -78,6 +84,7 @@ class BlockMover : public std::enable_shared_from_this<BlockMover> {
   std::vector<LayerAddressing> layers_;
   int64_t host_blocks_;
   std::unique_ptr<PageBuffer> owned_host_;
+  Owner host_owner_;
   uint8_t* host_;
   int64_t host_size_;
 };

@@ -19,6 +19,10 @@ void check_blocks(const std::vector<int64_t>& ids, int64_t limit, const char* wh
 }  // namespace
 
 void PlanRegistry::add(const std::string& uuid, const char* data, size_t size, bool is_sender) {
+  if (size > kMaxPlanBytes)  // protobuf takes an int size: never let it wrap
+    throw std::invalid_argument("a StartTransferRequest of " + std::to_string(size) +
+                                " bytes is over the " + std::to_string(kMaxPlanBytes) +
+                                "-byte limit");
   StartTransferRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size)))
     throw std::invalid_argument("malformed StartTransferRequest (" + std::to_string(size) +

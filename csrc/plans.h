@@ -9,6 +9,9 @@
 
 namespace kvref {
 
+// Plans are a few block lists; anything near protobuf's 2 GiB limit is not one.
+constexpr size_t kMaxPlanBytes = 64u << 20;
+
 struct Plan {
   std::string uuid, peer;
   std::vector<int32_t> layer_ids;

@@ -3,14 +3,9 @@
 #include <algorithm>
 #include <string>
 
-namespace kvref {
+#include "checked.h"
 
-int64_t checked_mul(int64_t a, int64_t b, const char* what) {
-  int64_t r;
-  if (__builtin_mul_overflow(a, b, &r))
-    throw std::overflow_error(std::string(what) + " overflows int64");
-  return r;
-}
+namespace kvref {
 
 int TiledLayout::add_digit(Digit d) {
   digits_.push_back(d);
@@ -56,7 +51,7 @@ TiledLayout::TiledLayout(std::vector<int64_t> dims,
       if (t <= 0) throw std::invalid_argument("tile sizes must be positive");
       const int parent = shape[first + i];
       Digit count, within;
-      count.extent = (digits_[parent].extent + t - 1) / t;
+      count.extent = ceil_div(digits_[parent].extent, t);
       count.logical_dim = within.logical_dim = digits_[parent].logical_dim;
       count.parent = within.parent = parent;
       count.weight = t;
@@ -81,7 +76,8 @@ TiledLayout::TiledLayout(std::vector<int64_t> dims,
     physical_elements_ =
         checked_mul(physical_elements_, digits_[*it].extent, "physical element count");
   }
-  checked_mul(physical_elements_, element_bits_, "physical bit count");
+  const int64_t bits = checked_mul(physical_elements_, element_bits_, "physical bit count");
+  physical_bytes_ = ceil_div(bits, 8);
 
   std::vector<int64_t> logical_stride(rank, 1);
   for (size_t d = rank; d-- > 1;) logical_stride[d - 1] = logical_stride[d] * dims_[d];
@@ -95,19 +91,15 @@ TiledLayout::TiledLayout(std::vector<int64_t> dims,
     int64_t mult = 1;
     int node = leaf;
     while (digits_[node].parent >= 0) {
-      mult *= digits_[node].weight;
+      mult = checked_mul(mult, digits_[node].weight, "tile weight");
       node = digits_[node].parent;
       loop.ancestors.emplace_back(node, mult);
     }
     loop.root = node;
     const int d = digits_[node].logical_dim;
-    loop.logical_stride = d >= 0 ? mult * logical_stride[d] : 0;
+    loop.logical_stride = d >= 0 ? checked_mul(mult, logical_stride[d], "logical stride") : 0;
     loops_.push_back(std::move(loop));
   }
-}
-
-int64_t TiledLayout::physical_bytes() const {
-  return (physical_elements_ * element_bits_ + 7) / 8;
 }
 
 void TiledLayout::contribute(int digit, int64_t value, int64_t* acc) const {

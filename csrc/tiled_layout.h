@@ -41,7 +41,7 @@ class TiledLayout {
 
   int64_t logical_elements() const { return logical_elements_; }
   int64_t physical_elements() const { return physical_elements_; }
-  int64_t physical_bytes() const;
+  int64_t physical_bytes() const { return physical_bytes_; }
   int element_bits() const { return element_bits_; }
   const std::vector<int64_t>& dims() const { return dims_; }
   const std::vector<Digit>& digits() const { return digits_; }
@@ -63,8 +63,7 @@ class TiledLayout {
   std::vector<Loop> loops_;
   int64_t logical_elements_ = 1;
   int64_t physical_elements_ = 1;
+  int64_t physical_bytes_ = 0;
 };
-
-int64_t checked_mul(int64_t a, int64_t b, const char* what);
 
 }  // namespace kvref

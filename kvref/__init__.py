@@ -1,11 +1,12 @@
 """kvref: an exact model of XLA TPU tiled layouts and KV-cache block offload."""
 
 from kvref.dtypes import ELEMENT_TYPES, element_type
-from kvref.errors import LayoutError
+from kvref.errors import HostBudgetError, LayoutError
 from kvref.faults import FAULTS, Faults
 from kvref.futures import TransferFuture
 from kvref.generations import GENERATIONS
-from kvref.manager import HostBudgetError, KVCacheManager
+from kvref.limits import AllocationError
+from kvref.manager import KVCacheManager
 from kvref.oracle import LayoutAnswer, OracleUnavailable, tpu_layout
 from kvref.placement import element_byte_offsets, element_physical_indices, pack, unpack
 from kvref.plans import StartTransferRequest
@@ -22,7 +23,7 @@ from kvref.torch_interop import from_torch, to_torch, torch_dtype
 from kvref.transfer import transfer_d2h, transfer_d2h_async, transfer_h2d, transfer_h2d_async
 
 __all__ = [
-    "ELEMENT_TYPES", "FAULTS", "Faults", "GENERATIONS", "BufferState", "DeviceArray", "DeviceError",
+    "AllocationError", "ELEMENT_TYPES", "FAULTS", "Faults", "GENERATIONS", "BufferState", "DeviceArray", "DeviceError",
     "HostBudgetError", "KVCacheManager", "Layout", "LayoutAnswer", "LayoutError", "MajorSlice",
     "OracleUnavailable", "Shape", "ShapeKey", "SimDevice", "StartTransferRequest", "TransferFuture",
     "element_byte_offsets", "from_torch", "to_torch", "torch_dtype", "element_physical_indices", "element_type", "legacy_major_slice_byte_size", "major_slice", "pack",

@@ -6,10 +6,12 @@ from dataclasses import dataclass
 
 from kvref import _core
 from kvref.buffers import DeviceBufferView
+from kvref.errors import HostBudgetError
 from kvref.faults import Faults
 from kvref.slices import legacy_major_slice_byte_size, validate_major_slice_addressable
 
 SLICE_POLICIES = ("uniform", "per_layer")
+MAX_HOST_BYTES = 2**62  # offsets within a pool stay far from int64's end
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,12 @@ def plan_host(views: list[list[DeviceBufferView]], host_blocks: int, policy: str
                     f"{slices[0]}-byte blocks ({views[0][0].shape}); use slice_policy='per_layer' "
                     "or one manager per block size")
     shards = len(views[0])
+    host_slices = [slices[0] if mixed_from_layer0 else s for s in slices]
+    total = shards * host_blocks * sum(host_slices)
+    if total > MAX_HOST_BYTES:  # before any C++ sees a size that does not fit
+        raise HostBudgetError(f"the host pool would take {total:,} bytes ({host_blocks} host blocks x "
+                              f"{len(views)} layers x {shards} shards), more than one pool can address "
+                              f"({MAX_HOST_BYTES:,} bytes); nothing was allocated")
     layers, base, reach = [], 0, 0
     for i, layer in enumerate(views):
         # The old manager derived every layer's host stride from layer 0's slice.

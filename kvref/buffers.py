@@ -78,5 +78,6 @@ def _unpack_jax(array) -> DeviceBufferView:
     array.block_until_ready()
     shape = Shape(element_type(array.dtype).name, tuple(array.shape),
                   Layout.from_jax(array.format.layout))
-    region = _core.DeviceRegion.of_pointer(array.unsafe_buffer_pointer(), shape.physical_size_bytes)
+    region = _core.DeviceRegion.of_pointer(array.unsafe_buffer_pointer(), shape.physical_size_bytes,
+                                           array)
     return DeviceBufferView(region, shape, device, array)

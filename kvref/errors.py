@@ -4,3 +4,7 @@
 class LayoutError(ValueError):
     """A layout is malformed, or cannot do what was asked of it (for example,
     its dim-0 rows are not contiguous byte ranges)."""
+
+
+class HostBudgetError(MemoryError):
+    """The host pool would exceed the budget; nothing was allocated."""

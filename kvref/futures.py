@@ -7,9 +7,8 @@ class TransferFuture:
     """Completes when every chunk of a transfer has finished; carries the first
     error. A transfer that did not fully happen never reports success."""
 
-    def __init__(self, core_future, keepalive=None):
-        self._core = core_future
-        self._keepalive = keepalive  # host/device arrays the copy still touches
+    def __init__(self, core_future):
+        self._core = core_future  # its tasks own what they touch (the C++ block mover's owners)
 
     def done(self) -> bool:
         return self._core.done()

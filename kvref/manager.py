@@ -4,23 +4,19 @@ aligned host pool."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from kvref import _core
 from kvref.addressing import SLICE_POLICIES, plan_host
 from kvref.buffers import DeviceBufferView, check_live, unpack_buffer
+from kvref.errors import HostBudgetError
 from kvref.faults import Faults
+from kvref.limits import memory_available
 from kvref.futures import TransferFuture
 from kvref.offsets import transfer_lists
 from kvref.plans import request_bytes
 
 BUDGET_SHARE = 0.5  # default budget: this share of the memory available now
-
-
-class HostBudgetError(MemoryError):
-    """The host pool would exceed the budget; nothing was allocated."""
 
 
 class KVCacheManager:
@@ -78,15 +74,17 @@ class KVCacheManager:
 
     def read_block_bytes(self, layer: int, block: int, shard: int = 0) -> bytes:
         """One host block of one layer."""
-        return self._mover.read_host_block(*_indices(layer, shard, block))
+        return self._mover.read_host_block(*self._indices(layer, shard, block))
 
     def write_block_bytes(self, layer: int, block: int, payload, shard: int = 0) -> None:
         """Overwrite one host block; `payload` is bytes-like of exactly the block size."""
-        if isinstance(payload, str) or not _is_bytes_like(payload):
-            raise TypeError(f"payload must be bytes-like (bytes, bytearray, memoryview or a "
-                            f"uint8 array), got {type(payload).__name__}")
-        data = np.frombuffer(memoryview(payload).cast("B"), dtype=np.uint8)
-        self._mover.write_host_block(*_indices(layer, shard, block), data)
+        if isinstance(payload, str) or not _is_bytes(payload):
+            got = f"an array of {payload.dtype}" if isinstance(payload, np.ndarray) else type(payload).__name__
+            raise TypeError(f"payload must be bytes (bytes, bytearray, a byte memoryview or a "
+                            f"uint8 array), got {got}")
+        data = (np.ascontiguousarray(payload).reshape(-1).view(np.uint8)
+                if isinstance(payload, np.ndarray) else np.frombuffer(memoryview(payload).cast("B"), np.uint8))
+        self._mover.write_host_block(*self._indices(layer, shard, block), data)
 
     def host_pool(self) -> np.ndarray:
         """A view of the host pool's bytes (no copy)."""
@@ -109,6 +107,17 @@ class KVCacheManager:
     def active_plan(self, uuid: str) -> dict:
         return self._plans.get(uuid)
 
+    def _indices(self, layer, shard, block) -> tuple[int, int, int]:
+        """Host block coordinates as ints, each checked against its range."""
+        limits = (("layer", layer, self.num_layers), ("shard", shard, self.num_shards),
+                  ("host block", block, self.host_blocks))
+        for name, value, limit in limits:
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"{name} must be an integer, got {value!r}")
+            if not 0 <= value < limit:
+                raise IndexError(f"{name} {int(value)} is out of range [0, {limit})")
+        return int(layer), int(shard), int(block)
+
     def __repr__(self) -> str:
         return (f"KVCacheManager({self.num_layers} layers x {self.num_shards} shards, "
                 f"{self.host_blocks} host blocks, {self.host_bytes:,} host bytes)")
@@ -121,18 +130,12 @@ class KVCacheManager:
                     check_live(view, self.faults)
                 except ValueError as e:
                     raise ValueError(f"layer {i} shard {s}: {e}") from None
-        return TransferFuture(self._mover.copy(d2h, src, dst, sizes), keepalive=self._views)
+        return TransferFuture(self._mover.copy(d2h, src, dst, sizes))
 
 
 def default_host_budget() -> int:
     """BUDGET_SHARE of the memory available now."""
-    try:
-        with open("/proc/meminfo") as f:
-            info = dict(line.split(":", 1) for line in f)
-        available = int(info["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return int(available * BUDGET_SHARE)
+    return int(memory_available() * BUDGET_SHARE)
 
 
 def _layers(kv_caches) -> list[list]:
@@ -164,19 +167,16 @@ def _check_devices(views: list[list[DeviceBufferView]]) -> None:
             raise ValueError(f"layer {i} has two shards on one device")
 
 
-def _indices(layer, shard, block) -> tuple[int, int, int]:
-    for name, value in (("layer", layer), ("shard", shard), ("block", block)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name} must be an integer, got {value!r}")
-    return int(layer), int(shard), int(block)
-
-
-def _is_bytes_like(obj) -> bool:
+def _is_bytes(obj) -> bool:
+    """Bytes, not just anything with a buffer: an object array's buffer holds
+    pointers, a float array's holds floats."""
+    if isinstance(obj, np.ndarray):
+        return obj.dtype in (np.uint8, np.int8)
     try:
-        memoryview(obj)
+        view = memoryview(obj)
     except TypeError:
         return False
-    return True
+    return view.format in ("B", "b", "c")
 
 
 def _sizes(sizes: tuple[int, ...]) -> str:

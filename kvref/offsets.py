@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 
 def block_list(values, name: str) -> np.ndarray:
     """A 1-D int64 array from a list or array of integers, or a ValueError
     naming the argument and what was wrong."""
     if isinstance(values, (str, bytes)) or np.isscalar(values):
         raise ValueError(f"{name} must be a list of block numbers, got {values!r}")
+    if not isinstance(values, np.ndarray):
+        for i, value in enumerate(values):
+            if np.ndim(value):
+                raise ValueError(f"{name} must be 1-D, got a sequence at index {i}")
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"{name}[{i}] must be an integer block number, got {value!r}")
+            if not INT64_MIN <= int(value) <= INT64_MAX:
+                raise ValueError(f"{name}[{i}] = {int(value)} does not fit in int64")
     array = np.asarray(values)
     if array.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {array.shape}")

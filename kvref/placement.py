@@ -5,12 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from kvref.dtypes import element_type
+from kvref.limits import check_allocation
 from kvref.shape import Shape
 from kvref.torch_interop import from_torch, is_torch_tensor
 
 
 def element_physical_indices(shape: Shape) -> np.ndarray:
     """Physical element index of every logical element (int64, logical shape)."""
+    check_allocation(3 * 8 * shape.logical_elements, f"element offsets of {shape}")
     return shape._core.element_indices().reshape(shape.dims)
 
 
@@ -36,6 +38,8 @@ def pack(array, shape: Shape, out: np.ndarray | None = None) -> np.ndarray:
     padding zero. Accepts NumPy arrays and torch tensors; `out`, if given, is a
     uint8 array of that size to write into."""
     logical = _as_logical(array, shape)
+    if out is None:
+        check_allocation(shape.physical_size_bytes, f"packing {shape}")
     physical = _output(out, (shape.physical_size_bytes,), np.dtype(np.uint8), shape)
     shape._core.pack(logical.reshape(-1).view(np.uint8), physical, shape.element.numpy.itemsize)
     return physical
@@ -46,6 +50,8 @@ def unpack(buffer, shape: Shape, out: np.ndarray | None = None) -> np.ndarray:
     logical NumPy array; `out`, if given, is a C-contiguous array of the
     logical shape and dtype to write into."""
     physical = _as_bytes(buffer, shape)
+    if out is None:
+        check_allocation(shape.logical_elements * shape.element.numpy.itemsize, f"unpacking {shape}")
     logical = _output(out, shape.dims, shape.element.numpy, shape)
     shape._core.unpack(physical, logical.reshape(-1).view(np.uint8), shape.element.numpy.itemsize)
     return logical

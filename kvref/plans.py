@@ -7,8 +7,20 @@ from kvref.proto.transfer_pb2 import StartTransferRequest
 __all__ = ["StartTransferRequest", "request_bytes"]
 
 
+MAX_PLAN_BYTES = 64 * 2**20  # as csrc/plans.h: a plan is a few block lists
+
+
 def request_bytes(request) -> bytes:
-    """The serialized request from bytes-like data or the message itself."""
+    """The serialized request from bytes-like data or the message itself,
+    checked against the size limit before protobuf sees it."""
+    data = _serialized(request)
+    if len(data) > MAX_PLAN_BYTES:
+        raise ValueError(f"a plan request of {len(data):,} bytes is over the {MAX_PLAN_BYTES:,}-byte "
+                         "limit; a StartTransferRequest is a few block lists")
+    return data
+
+
+def _serialized(request) -> bytes:
     if isinstance(request, str):
         raise TypeError("a plan request must be the serialized StartTransferRequest as bytes "
                         "(or the message), got str")

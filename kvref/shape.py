@@ -12,8 +12,9 @@ from kvref.errors import LayoutError
 from kvref.shape_key import ShapeKey
 
 _INT64_MAX = 2**63 - 1
-_SHAPE_RE = re.compile(r"^\s*([a-z][a-z0-9]*)\[([^\]]*)\](?:\{([^{}]*)\})?\s*$")
+_SHAPE_RE = re.compile(r"^\s*([a-z][a-z0-9]*)\[([^\]]*)\](?:\{([^{}]*)\})?\s*$", re.ASCII)
 _TILE_RE = re.compile(r"T((?:\([^()]*\))+)")
+_DIGITS = re.compile(r"[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -170,14 +171,14 @@ def _as_int(value, what: str) -> int:
 
 
 def _parse_ints(text: str, whole: str, what: str) -> tuple[int, ...]:
-    text = text.strip()
+    text = text.strip(" ")
     if not text:
         return ()
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
+    parts = [part.strip(" ") for part in text.split(",")]
+    if not all(_DIGITS.fullmatch(part) for part in parts):
         raise LayoutError(f"malformed {what} {text!r} in {whole!r}; expected comma-separated "
-                          "integers") from None
+                          "integers of ASCII digits")
+    return tuple(int(part) for part in parts)
 
 
 def _parse_layout(text: str, whole: str) -> Layout:
@@ -191,7 +192,7 @@ def _parse_layout(text: str, whole: str) -> Layout:
         groups = re.findall(r"\(([^()]*)\)", m.group(1))
         tiles = tuple(_parse_ints(g, whole, "tile") for g in groups)
         rest = rest[m.end():]
-    m = re.match(r"E\((\d+)\)", rest)
+    m = re.match(r"E\(([0-9]+)\)", rest)
     if m:
         element_bits = int(m.group(1))
         rest = rest[m.end():]

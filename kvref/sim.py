@@ -11,6 +11,7 @@ import numpy as np
 from kvref import _core
 from kvref.dtypes import element_type
 from kvref.generations import check_generation
+from kvref.limits import check_allocation
 from kvref.oracle import tpu_layout
 from kvref.placement import unpack
 from kvref.shape import Shape
@@ -112,11 +113,15 @@ class SimDevice:
 
     def full(self, dims, value, dtype="bf16", *, shape: Shape | None = None) -> DeviceArray:
         layout = self._layout(dtype, dims, shape)
+        check_allocation(layout.logical_elements * layout.element.numpy.itemsize
+                         + layout.physical_size_bytes, f"a {layout} device array")
         return self._create(np.full(layout.dims, value, dtype=layout.element.numpy), layout, self._mode())
 
     def arange(self, dims, dtype="bf16", *, shape: Shape | None = None) -> DeviceArray:
         """Element i (row-major) holds i, wrapped to the dtype's range."""
         layout = self._layout(dtype, dims, shape)
+        check_allocation(9 * layout.logical_elements + layout.physical_size_bytes,
+                         f"a {layout} device array")
         n = layout.logical_elements
         values = np.arange(n, dtype=np.int64)
         if layout.element.numpy.kind == "b":
@@ -175,6 +180,7 @@ class SimDevice:
         return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
     def _create(self, array: np.ndarray, shape: Shape, mode: str, land_after_us: int = 0) -> DeviceArray:
+        check_allocation(shape.physical_size_bytes, f"a {shape} device buffer")
         logical = self._logical(array, shape)
         buffer = _core.DeviceBuffer.create(self._core, shape._core, logical,
                                            shape.element.numpy.itemsize, mode, land_after_us)

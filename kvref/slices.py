@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvref.errors import LayoutError
+from kvref.limits import check_allocation
 from kvref.placement import dim_tables
 from kvref.shape import Shape
 
@@ -34,6 +35,7 @@ def major_slice(shape: Shape) -> MajorSlice:
         return MajorSlice(str(shape), False, None, 0, None,
                           "the array has no dim-0 rows to address")
     rows = shape.dims[0]
+    check_allocation(8 * (sum(shape.dims) + 6 * rows), f"the major-slice analysis of {shape}")
     extents = _row_bit_extents(shape)
     for group in _candidate_groups(rows):
         bits = _group_bits(shape, extents, group)
@@ -102,6 +104,8 @@ def _candidate_groups(rows: int) -> list[int]:
 
 
 def _which_blocks_work(shape: Shape, info: MajorSlice) -> str:
+    if shape.rank == 0 or shape.logical_elements == 0:
+        return "A KV cache needs a block dimension with at least one element per block."
     rows = shape.dims[0]
     if info.rows_per_group >= rows:
         return (f"No group of rows smaller than the whole buffer ({rows} rows, "

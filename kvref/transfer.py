@@ -48,6 +48,8 @@ def _transfer(d2h, device_array, host_array, src, dst, sizes, faults) -> Transfe
                          f"{block}-byte blocks of {view.shape}")
     host_blocks = host_array.nbytes // block
     plan = plan_host([[view]], host_blocks, "uniform", faults)
+    # The mover holds the host array, and its tasks hold the mover: whatever
+    # the caller drops, the memory stays until the last copy is done.
     mover = _core.BlockMover(plan.layers, host_blocks, plan.allocate_bytes,
-                             host_array.ctypes.data)
-    return TransferFuture(mover.copy(d2h, src, dst, sizes), keepalive=(view, host_array, mover))
+                             host_array.reshape(-1).view(np.uint8))
+    return TransferFuture(mover.copy(d2h, src, dst, sizes))

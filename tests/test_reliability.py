@@ -1,0 +1,108 @@
+"""Regression tests for the defects a fuzz campaign found in kvref: each ran
+in a subprocess (a crash there fails this test, not the suite) and must now
+end in a clear error or a correct answer."""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import kvref
+
+
+def run_alone(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("code, needle", [
+    # A tile count of (extent + t - 1) / t wrapped: size 0, then SIGSEGV in pack.
+    ("""
+     import numpy as np, kvref
+     kvref.pack(np.arange(4, dtype=np.uint16), kvref.Shape.parse("u16[4]{0:T(9223372036854775807)}"))
+     """, "physical bit count overflows int64"),
+    ("""
+     import kvref
+     kvref.SimDevice("v5e").zeros((4,), "u16", shape=kvref.Shape.parse("u16[4]{0:T(9223372036854775807)}"))
+     """, "overflows int64"),
+    ("""
+     import kvref
+     kvref.unpack(b"", kvref.Shape.parse("u16[1000000]{0:T(9223372036854775807)}"))
+     """, "overflows int64"),
+    # The task did not keep the host array alive: freed memory was written.
+    ("""
+     import gc, time, numpy as np, kvref
+     dev = kvref.SimDevice("v5e")
+     s = kvref.Shape.parse("bf16[32768,8,128]{2,1,0:T(8,128)(2,1)}")
+     x = dev.ones(s.dims, "bf16", shape=s); dev.set_dma_faults(delay_us=20000)
+     host = np.zeros(s.physical_size_bytes, np.uint8)
+     kvref.transfer_d2h_async(x, host, list(range(64)), list(range(64)))
+     del host; gc.collect()
+     filler = [np.full(s.physical_size_bytes, 7, np.uint8) for _ in range(4)]
+     time.sleep(2)
+     assert all((f == 7).all() for f in filler), "the transfer wrote into another array"
+     raise SystemExit("ok")
+     """, "ok"),
+])
+def test_crashers_are_clear_errors_now(code, needle):
+    done = run_alone(code)
+    assert done.returncode in (0, 1), f"died by signal {-done.returncode}: {done.stderr[-2000:]}"
+    assert needle in done.stderr, done.stderr[-2000:]
+
+
+def test_rounding_cannot_make_a_size_negative():
+    shape = kvref.Shape.parse("u4[1]{0:T(2305843009213693951)E(4)}")
+    assert shape.physical_size_bytes == 2305843009213693951 // 2 + 1  # 4-bit slots, rounded up
+    with pytest.raises(kvref.AllocationError, match=r"packing u4\[1\].* would allocate "
+                       r"1,152,921,504,606,846,976 bytes .* over the .*-byte limit"):
+        kvref.pack(np.zeros(1, kvref.element_type("u4").numpy), shape)
+
+
+@pytest.mark.parametrize("text", ["f32[512,16,\uff13]", "f8e4m3fn[512,4,1_024]", "f32[+4]",
+                                  "bf16[4]{0:T(\u0668)}"])
+def test_shape_text_is_ascii_digits_only(text):
+    with pytest.raises(kvref.LayoutError, match="ASCII digits|unsupported layout part"):
+        kvref.Shape.parse(text)
+
+
+def test_scalar_and_empty_shapes_get_a_clear_error():
+    for text in ("f16[]", "f16[0,4]"):
+        with pytest.raises(kvref.LayoutError, match="no dim-0 rows to address"):
+            kvref.validate_major_slice_addressable(kvref.Shape.parse(text))
+
+
+def test_sizes_are_checked_before_allocating(monkeypatch):
+    monkeypatch.setenv("KVREF_MAX_ALLOCATION_BYTES", str(2**20))
+    shape = kvref.Shape.parse("f32[1024,512]{1,0}")  # 2 MiB
+    for call in (lambda: kvref.pack(np.zeros(shape.dims, np.float32), shape),
+                 lambda: kvref.unpack(np.zeros(shape.physical_size_bytes, np.uint8), shape),
+                 lambda: kvref.SimDevice("v5e").zeros(shape.dims, "f32", shape=shape),
+                 lambda: kvref.element_byte_offsets(shape)):
+        with pytest.raises(kvref.AllocationError, match=r"would allocate [0-9,]+ bytes .* over the "
+                           r"1,048,576-byte limit .*nothing was allocated"):
+            call()
+    big_rows = kvref.Shape.parse("u8[1099511627776]{0}")
+    with pytest.raises(kvref.AllocationError, match="the major-slice analysis of u8"):
+        kvref.major_slice(big_rows)
+
+
+def test_plan_sizes_are_checked_before_protobuf_sees_them():
+    dev = kvref.SimDevice("tpu7x")
+    m = kvref.KVCacheManager([dev.zeros((512, 8, 2048), "bf16")], 4)
+    valid = kvref.StartTransferRequest(uuid="p", layer_ids=[0], src_block_ids=[1], dst_block_ids=[2])
+    with pytest.raises(ValueError, match=r"a plan request of 2,147,483,655 bytes is over the 67,108,864"):
+        m.register_active_plan("p", bytes(2**31 + 7), True)
+    padded = valid.SerializeToString() + bytes(2**26)
+    with pytest.raises(ValueError, match="over the 67,108,864-byte limit"):
+        m.register_active_plan("p", padded, True)
+    with pytest.raises(ValueError, match="no active plan with uuid 'p'"):
+        m.active_plan("p")
+
+
+def test_a_huge_pool_is_refused_in_its_own_terms():
+    dev = kvref.SimDevice("tpu7x")
+    with pytest.raises(kvref.HostBudgetError, match=r"the host pool would take [0-9,]+ bytes "
+                       r"\(4503599627370496 host blocks x 1 layers x 1 shards\)"):
+        kvref.KVCacheManager([dev.zeros((512, 8, 2048), "bf16")], 2**52)

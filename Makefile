@@ -10,7 +10,7 @@ PEER_STAMP := .venv-peer/.kvref-installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SYSTEM_PACKAGES := libprotobuf-dev protobuf-compiler
 
-.PHONY: probe peer-probe peer-env peer-env-torch tpu-test test bench baseline refresh-layouts clean system-deps
+.PHONY: probe peer-probe peer-env peer-env-torch tpu-test test bench fuzz baseline refresh-layouts clean system-deps
 
 # C++ protobuf for the plan binding comes from Debian.
 system-deps:
@@ -65,3 +65,7 @@ refresh-layouts: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .venv-peer .venv-peer-torch build
+
+# A fuzz campaign over kvref's API: inputs, refusals, acceptances, failures per category.
+fuzz: $(STAMP)
+	$(BIN)/python -m probes.fuzz.campaign --inputs 100000

@@ -36,6 +36,7 @@ void bind_layout(nb::module_& m) {
       .def_prop_ro("physical_elements", &TiledLayout::physical_elements)
       .def_prop_ro("physical_bytes", &TiledLayout::physical_bytes)
       .def_prop_ro("element_bits", &TiledLayout::element_bits)
+      .def("dim_max", &TiledLayout::dim_max, nb::arg("dim"))
       .def("dim_table",
            [](const TiledLayout& l, int d) { return to_numpy(l.dim_table(d)); },
            nb::arg("dim"),

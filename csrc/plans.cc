@@ -27,6 +27,11 @@ void PlanRegistry::add(const std::string& uuid, const char* data, size_t size, b
   if (!request.ParseFromArray(data, static_cast<int>(size)))
     throw std::invalid_argument("malformed StartTransferRequest (" + std::to_string(size) +
                                 " bytes do not parse)");
+  // Fields this message does not define are not a plan this manager can carry
+  // out (and are how an old protobuf lets some corrupt bytes through).
+  if (!request.GetReflection()->GetUnknownFields(request).empty())
+    throw std::invalid_argument("malformed StartTransferRequest (" + std::to_string(size) +
+                                " bytes hold fields it does not define)");
   Plan plan;
   plan.uuid = uuid;
   plan.peer = request.peer();

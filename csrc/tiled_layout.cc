@@ -28,10 +28,13 @@ TiledLayout::TiledLayout(std::vector<int64_t> dims,
   }
   if (element_bits <= 0 || element_bits > 64)
     throw std::invalid_argument("element_bits must be in 1..64");
+  const bool empty = std::find(dims_.begin(), dims_.end(), 0) != dims_.end();
   for (int64_t d : dims_) {
     if (d < 0) throw std::invalid_argument("dims must be non-negative");
-    logical_elements_ = checked_mul(logical_elements_, d, "logical element count");
+    // With a zero dim the product is zero, however large the others are.
+    if (!empty) logical_elements_ = checked_mul(logical_elements_, d, "logical element count");
   }
+  if (empty) logical_elements_ = 0;
 
   // Digits currently forming the shape, major to minor.
   std::vector<int> shape;
@@ -71,13 +74,20 @@ TiledLayout::TiledLayout(std::vector<int64_t> dims,
 
   // Row-major strides over the final digits.
   leaf_stride_.assign(digits_.size(), 0);
+  const bool no_slots = std::any_of(shape.begin(), shape.end(),
+                                    [this](int leaf) { return digits_[leaf].extent == 0; });
   for (auto it = shape.rbegin(); it != shape.rend(); ++it) {
     leaf_stride_[*it] = physical_elements_;
-    physical_elements_ =
-        checked_mul(physical_elements_, digits_[*it].extent, "physical element count");
+    // A zero extent makes the buffer empty: strides past it are never used.
+    if (!no_slots)
+      physical_elements_ =
+          checked_mul(physical_elements_, digits_[*it].extent, "physical element count");
   }
+  if (no_slots) physical_elements_ = 0;
   const int64_t bits = checked_mul(physical_elements_, element_bits_, "physical bit count");
   physical_bytes_ = ceil_div(bits, 8);
+
+  if (empty) return;  // no element to place: no loops to walk
 
   std::vector<int64_t> logical_stride(rank, 1);
   for (size_t d = rank; d-- > 1;) logical_stride[d - 1] = logical_stride[d] * dims_[d];
@@ -112,12 +122,37 @@ void TiledLayout::contribute(int digit, int64_t value, int64_t* acc) const {
   contribute(g.tile_child, value % g.split, acc);
 }
 
-std::vector<int64_t> TiledLayout::dim_table(int d) const {
+int TiledLayout::root_of(int d) const {
   if (d < 0 || static_cast<size_t>(d) >= dims_.size())
     throw std::invalid_argument("dim out of range");
-  int root = -1;
   for (size_t i = 0; i < digits_.size(); ++i)
-    if (digits_[i].parent < 0 && digits_[i].logical_dim == d) root = static_cast<int>(i);
+    if (digits_[i].parent < 0 && digits_[i].logical_dim == d) return static_cast<int>(i);
+  throw std::logic_error("no root digit for a dim");
+}
+
+// max over x in [0, limit) of the contribution of `digit` (limit >= 1). A split
+// digit contributes count(x / t) + tile(x % t): either x's count is below the
+// last one, so its tile part ranges over all of [0, t), or it is the last one,
+// so its tile part ranges over [0, (limit - 1) % t].
+int64_t TiledLayout::max_below(int digit, int64_t limit) const {
+  const Digit& g = digits_[digit];
+  if (g.split == 0) return (limit - 1) * leaf_stride_[digit];
+  const int64_t last = (limit - 1) / g.split;
+  int64_t at_last = 0;
+  contribute(g.count_child, last, &at_last);
+  int64_t best = at_last + max_below(g.tile_child, (limit - 1) % g.split + 1);
+  if (last > 0)
+    best = std::max(best, max_below(g.count_child, last) + max_below(g.tile_child, g.split));
+  return best;
+}
+
+int64_t TiledLayout::dim_max(int d) const {
+  const int root = root_of(d);
+  return dims_[d] > 0 ? max_below(root, dims_[d]) : 0;
+}
+
+std::vector<int64_t> TiledLayout::dim_table(int d) const {
+  const int root = root_of(d);
   std::vector<int64_t> table(dims_[d], 0);
   for (int64_t x = 0; x < dims_[d]; ++x) contribute(root, x, &table[x]);
   return table;

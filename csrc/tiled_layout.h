@@ -49,12 +49,17 @@ class TiledLayout {
 
   // Physical element index contributed by coordinate x of logical dim d.
   std::vector<int64_t> dim_table(int d) const;
+  // The largest of those over every coordinate of dim d (the smallest is 0,
+  // at x = 0), without enumerating them.
+  int64_t dim_max(int d) const;
   // Physical element index of every logical element, in row-major order.
   void element_indices(int64_t* out) const;
 
  private:
   int add_digit(Digit d);
   void contribute(int digit, int64_t value, int64_t* acc) const;
+  int64_t max_below(int digit, int64_t limit) const;
+  int root_of(int d) const;
 
   std::vector<int64_t> dims_;
   int element_bits_;

@@ -27,12 +27,6 @@ def element_byte_offsets(shape: Shape) -> np.ndarray:
     return element_bit_offsets(shape) // 8
 
 
-def dim_tables(shape: Shape) -> list[np.ndarray]:
-    """Per logical dim, the physical element index each coordinate adds; an
-    element's index is the sum over its coordinates."""
-    return [shape._core.dim_table(d) for d in range(shape.rank)]
-
-
 def pack(array, shape: Shape, out: np.ndarray | None = None) -> np.ndarray:
     """Logical array -> its physical bytes (uint8, `physical_size_bytes` long),
     padding zero. Accepts NumPy arrays and torch tensors; `out`, if given, is a

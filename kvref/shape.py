@@ -171,10 +171,9 @@ def _as_int(value, what: str) -> int:
 
 
 def _parse_ints(text: str, whole: str, what: str) -> tuple[int, ...]:
-    text = text.strip(" ")
     if not text:
         return ()
-    parts = [part.strip(" ") for part in text.split(",")]
+    parts = text.split(",")
     if not all(_DIGITS.fullmatch(part) for part in parts):
         raise LayoutError(f"malformed {what} {text!r} in {whole!r}; expected comma-separated "
                           "integers of ASCII digits")
@@ -186,7 +185,7 @@ def _parse_layout(text: str, whole: str) -> Layout:
     minor_to_major = _parse_ints(order_text, whole, "minor_to_major")
     tiles: tuple = ()
     element_bits = 0
-    rest = extra.strip()
+    rest = extra
     m = _TILE_RE.match(rest)
     if m:
         groups = re.findall(r"\(([^()]*)\)", m.group(1))

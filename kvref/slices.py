@@ -16,7 +16,6 @@ import numpy as np
 
 from kvref.errors import LayoutError
 from kvref.limits import check_allocation
-from kvref.placement import dim_tables
 from kvref.shape import Shape
 
 
@@ -35,7 +34,7 @@ def major_slice(shape: Shape) -> MajorSlice:
         return MajorSlice(str(shape), False, None, 0, None,
                           "the array has no dim-0 rows to address")
     rows = shape.dims[0]
-    check_allocation(8 * (sum(shape.dims) + 6 * rows), f"the major-slice analysis of {shape}")
+    check_allocation(8 * 7 * rows, f"the major-slice analysis of {shape}")
     extents = _row_bit_extents(shape)
     for group in _candidate_groups(rows):
         bits = _group_bits(shape, extents, group)
@@ -75,10 +74,11 @@ def legacy_major_slice_byte_size(shape: Shape) -> int:
 def _row_bit_extents(shape: Shape) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the first bit and one past the last bit its elements occupy."""
     bits = shape.element_bits
-    tables = dim_tables(shape)
-    low = sum(int(t.min()) for t in tables[1:])
-    high = sum(int(t.max()) for t in tables[1:])
-    row = tables[0].astype(np.int64)
+    # Every other dim contributes 0 at coordinate 0, so the least a row reaches
+    # is its own start; the most is found per dim without enumerating it.
+    low = 0
+    high = sum(shape._core.dim_max(d) for d in range(1, shape.rank))
+    row = shape._core.dim_table(0).astype(np.int64)
     return (row + low) * bits, (row + high + 1) * bits
 
 

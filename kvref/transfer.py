@@ -39,11 +39,13 @@ def _transfer(d2h, device_array, host_array, src, dst, sizes, faults) -> Transfe
     src, dst, sizes = transfer_lists(src, dst, sizes)
     if not isinstance(host_array, np.ndarray):
         raise TypeError(f"host_array must be a NumPy array, got {type(host_array).__name__}")
+    if host_array.dtype.hasobject:  # its memory holds pointers, which blocks would overwrite
+        raise TypeError(f"host_array must hold plain data, got an array of {host_array.dtype}")
     if not host_array.flags.c_contiguous or not host_array.flags.writeable:
         raise ValueError("host_array must be C-contiguous and writable")
     view = unpack_buffer(device_array, faults)
     block = layer_slice_bytes(view, 0, faults)
-    if block == 0 or host_array.nbytes % block:
+    if block == 0 or host_array.nbytes % block or not host_array.nbytes:
         raise ValueError(f"host_array has {host_array.nbytes} bytes, not a whole number of "
                          f"{block}-byte blocks of {view.shape}")
     host_blocks = host_array.nbytes // block

@@ -11,7 +11,7 @@ import kvref
 
 ROOT = Path(__file__).resolve().parent.parent
 # probes' rooms, lowest first: a module may import its own room or a lower one.
-ROOMS = ["iut", "suite", "report", "run", "bench"]
+ROOMS = ["iut", "suite", "fuzz", "report", "run", "bench"]
 
 
 def modules(package: str) -> dict[str, Path]:

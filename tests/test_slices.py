@@ -101,3 +101,13 @@ def test_no_rows():
     for text in ("f32[]", "f32[0,4]{1,0}"):
         info = kvref.major_slice(kvref.Shape.parse(text))
         assert not info.addressable and "no dim-0 rows" in info.reason
+
+
+@settings(max_examples=300, deadline=None)
+@given(shapes())
+def test_dim_max_is_the_largest_table_entry(shape):
+    """The analysis takes each dim's largest contribution without enumerating
+    the dim; enumeration gives the same number."""
+    for d in range(shape.rank):
+        table = shape._core.dim_table(d)
+        assert shape._core.dim_max(d) == (int(table.max()) if table.size else 0), (str(shape), d)

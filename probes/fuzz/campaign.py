@@ -1,0 +1,104 @@
+"""A fuzz campaign over kvref's API: `python -m probes.fuzz.campaign
+--inputs 100000` (`make fuzz`). Inputs run in a worker process that logs each
+one before running it, so a crash or a hang is pinned to the input that
+caused it, and the campaign goes on from the next. Prints inputs, refusals,
+acceptances and failures per category, with every failure's input."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from probes.fuzz.kvref_api import CATEGORIES
+
+INPUT_SECONDS = 30.0  # one input's watchdog in the worker
+
+
+@dataclass
+class Tally:
+    category: str
+    inputs: int = 0
+    accepted: int = 0
+    refused: int = 0
+    failures: list[dict] = field(default_factory=list)  # index, kind, detail, input
+
+
+def run_category(spec: str, count: int, seed: int, log_dir: Path) -> Tally:
+    """`count` inputs of the category `spec` ("module:Class"), in as many
+    worker processes as crashes and hangs need."""
+    module, name = spec.split(":")
+    tally = Tally(getattr(importlib.import_module(module), name).name)
+    start = 0
+    while start < count:
+        log = log_dir / f"{tally.category}-{start}.log"
+        done = subprocess.run([sys.executable, "-m", "probes.fuzz.worker", spec, str(start), str(count),
+                               str(seed), str(log), str(INPUT_SECONDS)],
+                              capture_output=True, text=True)
+        started, next_start = None, count
+        for line in log.read_text().splitlines() if log.exists() else []:
+            record = json.loads(line)
+            if record["event"] == "start":
+                started = record
+                continue
+            started = None
+            tally.inputs += 1
+            if record["event"] in ("accepted", "refused"):
+                setattr(tally, record["event"], getattr(tally, record["event"]) + 1)
+            else:
+                tally.failures.append(record)
+        if started is not None:  # the worker died inside this input
+            tally.inputs += 1
+            kind = "hang" if "Timeout (" in done.stderr else "crash"
+            tally.failures.append({"index": started["index"], "event": kind, "input": started["input"],
+                                   "detail": f"exit {done.returncode}: {done.stderr.strip()[-1500:]}"})
+            next_start = started["index"] + 1
+        elif done.returncode != 0:
+            raise RuntimeError(f"the fuzz worker failed outside any input: {done.stderr[-2000:]}")
+        start = next_start
+    return tally
+
+
+def campaign(total: int, seed: int = 0, specs=None) -> list[Tally]:
+    specs = specs or [f"probes.fuzz.kvref_api:{type(c).__name__}" for c in CATEGORIES.values()]
+    per = -(-total // len(specs))
+    with tempfile.TemporaryDirectory(prefix="kvref-fuzz-") as tmp:
+        return [run_category(spec, per, seed, Path(tmp)) for spec in specs]
+
+
+def render(tallies: list[Tally], seconds: float) -> str:
+    lines = [f"{'category':<15} {'inputs':>8} {'refused':>8} {'accepted':>9} {'failures':>9}"]
+    for t in tallies:
+        lines.append(f"{t.category:<15} {t.inputs:>8,} {t.refused:>8,} {t.accepted:>9,} {len(t.failures):>9,}")
+    inputs = sum(t.inputs for t in tallies)
+    lines.append(f"{'total':<15} {inputs:>8,} {sum(t.refused for t in tallies):>8,} "
+                 f"{sum(t.accepted for t in tallies):>9,} {sum(len(t.failures) for t in tallies):>9,}"
+                 f"   ({seconds:.1f} s, {inputs / max(seconds, 1e-9):,.0f} inputs/s)")
+    for t in tallies:
+        for f in t.failures:
+            lines.append(f"FAILURE {t.category} #{f['index']} {f['event']}: {f['detail'][:500]}\n"
+                         f"  input: {json.dumps(f['input'])[:1000]}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--inputs", type=int, default=100_000, help="inputs in all (default 100000)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    start = time.perf_counter()
+    tallies = campaign(args.inputs, args.seed)
+    print(render(tallies, time.perf_counter() - start))
+    return 1 if any(t.failures for t in tallies) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,7 +9,7 @@ import numpy as np
 from google.protobuf import unknown_fields
 
 import kvref
-from probes.fuzz.block_model import BlockModel
+from probes.suite.block_model import BlockModel
 from probes.fuzz.layout_model import expected_bytes
 from probes.iut.host_data import random_host
 from probes.suite.ownership import row_byte_ranges

@@ -87,6 +87,20 @@ def build_parser() -> argparse.ArgumentParser:
     peer.add_argument("--check", action="store_true", help="only check an existing environment")
     peer.set_defaults(run=_peer_env)
 
+    fz = sub.add_parser("fuzz", help="random call sequences against an IUT; shrunk reproducers of "
+                        "every kind of failure under <out>/<generation>/findings/")
+    fz.add_argument("--iut", default="kvref-sim", choices=list(IUTS))
+    fz.add_argument("--generation", "-g", default=None,
+                    help="its target (default: the IUT's first, e.g. cpu for tpu-sync-jax)")
+    fz.add_argument("--sequences", type=_positive, default=40, help="sequences per way the manager is built")
+    fz.add_argument("--seed", type=int, default=0)
+    fz.add_argument("--faults", type=lambda v: [f for f in v.split(",") if f], default=[],
+                    help="kvref fault models to switch on (kvref IUTs)")
+    fz.add_argument("--timeout", type=_positive_number(float), default=60.0, help="seconds per sequence")
+    fz.add_argument("--jobs", "-j", type=_positive, default=None)
+    fz.add_argument("--out", type=Path, default=Path("reports"))
+    fz.set_defaults(run=_fuzz)
+
     diff = sub.add_parser("diff", help="what changed between two run CSVs")
     diff.add_argument("a", type=Path)
     diff.add_argument("b", type=Path)
@@ -142,6 +156,18 @@ def _report(args) -> int:
         for path in command.update_baselines(args.out, frames):
             print(f"baseline: {path}")
     return 0
+
+
+def _fuzz(args) -> int:
+    import kvref
+    from probes.run import fuzz_command
+
+    generation = args.generation or IUTS[args.iut].targets[0]
+    results, findings = fuzz_command.fuzz_iut(args.iut, generation, args.sequences, args.seed,
+                                              kvref.Faults.parse(args.faults, environ={}), args.timeout,
+                                              args.jobs, args.out)
+    print(fuzz_command.summary(results, findings))
+    return 1 if findings else 0
 
 
 def _diff(args) -> int:

@@ -22,6 +22,7 @@ class Case:
     seed: int = 0
     kind: str = ""  # robustness probes: which kind of input
     iut_options: tuple[tuple[str, object], ...] = ()  # how the IUT's manager is built; () = its defaults
+    calls: dict | None = None  # a call sequence (probes.fuzz.sequences), for call_sequence
 
     @property
     def options_text(self) -> str:
@@ -38,7 +39,8 @@ class Case:
             "name": self.name, "shape": str(self.shape) if self.shape else None,
             "faults": list(self.faults.names), "timeout": self.timeout,
             "startup_timeout": self.startup_timeout, "seed": self.seed,
-            "kind": self.kind, "iut_options": [list(o) for o in self.iut_options]})
+            "kind": self.kind, "iut_options": [list(o) for o in self.iut_options],
+            "calls": self.calls})
 
     @classmethod
     def from_json(cls, text: str) -> "Case":

@@ -69,7 +69,7 @@ def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut
                 cases += [Case(p, gen, iut, row.name, row.shape, **common)
                           for p in row.probes if p in probes]
             for name, p in PROBES.items():
-                if name not in probes or p.scope == "shape":
+                if name not in probes or p.scope in ("shape", "fuzz"):
                     continue
                 for kind in p.kinds or ("",):
                     cases.append(Case(name, gen, iut, f"{name}-{kind}" if kind else name, p.subject,

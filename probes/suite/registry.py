@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 import kvref
-from probes.suite import construction, host_budget, plan_binding, robustness, roundtrip, serving_step
+from probes.suite import (call_sequence, construction, host_budget, plan_binding, robustness, roundtrip,
+                          serving_step)
 from probes.suite.ownership import row_byte_ranges
 from probes.suite.verdicts import PASS, REJECTED
 
-SCOPES = ("shape", "generation", "robustness")
+SCOPES = ("shape", "generation", "robustness", "fuzz")
 Prediction = tuple[str, ...]  # the verdicts a correct manager may earn, the reference's first
 
 
@@ -36,7 +37,7 @@ class Probe:
     name: str
     run: Callable  # (Case, Adapter) -> Outcome
     scope: str  # shape: one case per matrix row; generation: one per generation;
-    #             robustness: one per kind of input
+    #             robustness: one per kind of input; fuzz: cases come from `kvprobe fuzz`
     predict: Callable[[kvref.Shape], Prediction]  # what a correct manager earns on the subject's layout
     subject: kvref.ShapeKey | None = None  # the fixed subject of generation and robustness probes
     kinds: tuple[str, ...] = ()  # robustness probes: the kinds of input, one case each
@@ -72,6 +73,7 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           kinds=robustness.RELEASE_ORDERS, default=False),
     Probe("concurrent_transfers", robustness.concurrent_transfers, "robustness", always(PASS),
           subject=PLAN_SHAPE, kinds=robustness.CONCURRENCY, default=False),
+    Probe("call_sequence", call_sequence.call_sequence, "fuzz", always(PASS), default=False),
 )}
 
 DEFAULT_PROBES = tuple(name for name, p in PROBES.items() if p.default)

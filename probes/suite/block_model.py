@@ -13,12 +13,14 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 @dataclass
 class BlockModel:
     device: list[list[bytes]]  # per layer, per device block
-    host: list[list[bytes]] = field(default_factory=list)  # per layer, per host block
+    host: list[list[bytes | None]] = field(default_factory=list)  # per layer, per host block
     host_blocks: int = 0
+    zeroed_pool: bool = True  # False: a new pool's contents are unknown (None) until written
 
     def __post_init__(self):
-        if not self.host:  # a new pool holds zeros
-            self.host = [[bytes(len(layer[0]))] * self.host_blocks for layer in self.device]
+        if not self.host:
+            self.host = [[bytes(len(layer[0])) if self.zeroed_pool else None] * self.host_blocks
+                         for layer in self.device]
 
     @property
     def rows(self) -> int:

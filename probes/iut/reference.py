@@ -61,7 +61,9 @@ class SimArrays:
 
     backend = "sim"
     scrambles_in_place = True
-    PUT_DELAY_US = 20_000  # host->device copies still landing at construction
+    # Host->device copies still landing when the manager is built: long enough
+    # to outlast making the other caches of the case on a loaded machine.
+    PUT_DELAY_US = 200_000
 
     def __init__(self, generation: str):
         self.device = kvref.SimDevice(generation)

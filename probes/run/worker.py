@@ -22,7 +22,11 @@ DEFAULT_STARTUP_SECONDS = 60.0
 
 
 def main() -> int:
-    text = sys.stdin.read()
+    return run_text(sys.stdin.read())
+
+
+def run_text(text: str) -> int:
+    """The case in `text`, watched; prints the result line, returns the exit status."""
     faulthandler.enable()  # a crash prints where it happened
     faulthandler.dump_traceback_later(json.loads(text).get("startup_timeout", DEFAULT_STARTUP_SECONDS),
                                       exit=True)

@@ -32,7 +32,7 @@ def recompute(x, rounds, key):
 host = np.random.default_rng(0).integers(-8, 8, DIMS).astype(jnp.bfloat16)
 source = jax.device_put(host.copy())
 source.block_until_ready()
-caches = [recompute(source, 400, jnp.uint16(0x5A)) for _ in range(2)]
+caches = [recompute(source, 8000, jnp.uint16(0x5A)) for _ in range(2)]  # seconds of work
 print("pending at construction:", [not c.is_ready() for c in caches])
 manager = KVCacheManager(caches, 0, host_blocks_to_allocate=ROWS)
 manager.d2h(list(range(ROWS)), list(range(ROWS))).Await()

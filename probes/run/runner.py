@@ -9,14 +9,12 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from probes.iut.peer_env import peer_env
 from probes.iut.registry import iut
-from probes.run import forked
 from probes.run.worker import PHASE_PROBE, RESULT_PREFIX
 from probes.suite.cases import Case
 from probes.suite.verdicts import CRASH, ERROR, HANG, SKIP, Outcome
@@ -44,11 +42,8 @@ def worker_python(case: Case) -> str | None:
 
 
 def run_case(case: Case, python: str | None = None) -> CaseResult:
-    """One case in its own watched process: forked from the warm forkserver
-    for the main interpreter's IUTs, else a fresh `python` (an explicit one,
-    or the IUT's peer environment's)."""
-    if python is None and iut(case.iut).interpreter == "main":
-        return _run_forked(case)
+    """One case in its own watched process: `python` (an explicit one, or the
+    interpreter of the IUT's environment)."""
     python = python or worker_python(case)
     if python is None:
         env = peer_env(iut(case.iut).interpreter)
@@ -67,21 +62,6 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
         killed = True
     _kill_group(proc.pid)  # nothing the worker started may outlive it
     outcome = classify(proc.returncode, out, err, killed, case.timeout, case.startup_timeout)
-    return CaseResult(case, outcome, time.monotonic() - start, err)
-
-
-def _run_forked(case: Case) -> CaseResult:
-    start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="kvprobe-case-") as tmp:
-        out_path, err_path = os.path.join(tmp, "out"), os.path.join(tmp, "err")
-        process = forked.start(case.to_json(), _worker_env(case), out_path, err_path)
-        process.join(case.startup_timeout + case.timeout + GRACE_SECONDS)
-        killed = process.is_alive()
-        _kill_group(process.pid)  # nothing the case started may outlive it
-        process.join()
-        out, err = (open(p, errors="replace").read() if os.path.exists(p) else ""
-                    for p in (out_path, err_path))
-    outcome = classify(process.exitcode, out, err, killed, case.timeout, case.startup_timeout)
     return CaseResult(case, outcome, time.monotonic() - start, err)
 
 

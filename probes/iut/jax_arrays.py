@@ -69,15 +69,15 @@ PENDING_BYTES = 10 * 2**30
 
 
 def jax_caches(hosts: list[np.ndarray], device, mode: str) -> list:
-    """put: `jax.device_put`, whose copies may still be in flight; deferred:
-    the outputs of computations still running (see the module docstring),
-    all dispatched after every input has landed."""
+    """put and landing: `jax.device_put`, whose copies may still be in flight;
+    deferred: the outputs of computations still running (see the module
+    docstring), all dispatched after every input has landed."""
     import jax
 
     # A copy: on the CPU, device_put may take the host array's memory as the
     # device buffer itself, and the probes keep `host` as what is expected.
     arrays = [jax.device_put(host.copy(), device) for host in hosts]
-    if mode == "put":
+    if mode != "deferred":
         return arrays
     for array in arrays:
         array.block_until_ready()

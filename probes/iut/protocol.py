@@ -18,7 +18,9 @@ import numpy as np
 
 import kvref
 
-CACHE_MODES = ("put", "deferred")  # ready (or landing) from the host; pending computation
+# put: copied from the host; landing: copied from the host and, where the
+# backend allows, still in flight; deferred: a computation not yet done.
+CACHE_MODES = ("put", "landing", "deferred")
 
 
 @runtime_checkable

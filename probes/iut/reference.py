@@ -84,7 +84,8 @@ class SimArrays:
                 caches = [self.device.zeros(key.dims, key.dtype).write_(host) for host in hosts]
             return list(zip(caches, hosts))
         layout = self.layout_of(self.device.generation, key)[0]
-        return [(self.device.put(host, shape=layout, land_after_us=self.PUT_DELAY_US), host)
+        land_after_us = self.PUT_DELAY_US if mode == "landing" else 0
+        return [(self.device.put(host, shape=layout, land_after_us=land_after_us), host)
                 for host in hosts]
 
     def fetch(self, cache):

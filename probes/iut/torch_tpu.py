@@ -51,7 +51,7 @@ class TorchTpuArrays:
         return None
 
     def make_caches(self, key, seeds, mode="put", finite=False):
-        """put: `cpu_tensor.to("tpu")`, whose copies may still be landing.
+        """put and landing: `cpu_tensor.to("tpu")`, whose copies may still be landing.
         deferred: clones recorded under DEFER_AND_FUSE, not yet run (the
         probes check that they are still pending when the manager is built)."""
         import torch

@@ -44,7 +44,7 @@ def host_transferred_construction(case: Case, iut: Adapter) -> Outcome:
     built: construction must wait for them, and the first blocks moved must
     be the landed bytes. Where the backend lands copies before handing the
     array back, there is nothing in flight to probe: SKIP."""
-    pairs = iut.make_caches(case.shape, [case.seed + i for i in range(LAYERS)], mode="put", finite=True)
+    pairs = iut.make_caches(case.shape, [case.seed + i for i in range(LAYERS)], mode="landing", finite=True)
     caches = [c for c, _ in pairs]
     landed = sum(not iut.is_pending(c) for c in caches)
     if landed:

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 import kvref
-from probes.report import memory_map
 from probes.suite.ownership import PADDING, physical_owners
 from probes.run import cli
 

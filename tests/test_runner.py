@@ -2,7 +2,6 @@
 
 import dataclasses
 import os
-import signal
 import stat
 import sys
 import time

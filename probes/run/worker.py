@@ -22,11 +22,7 @@ DEFAULT_STARTUP_SECONDS = 60.0
 
 
 def main() -> int:
-    return run_text(sys.stdin.read())
-
-
-def run_text(text: str) -> int:
-    """The case in `text`, watched; prints the result line, returns the exit status."""
+    text = sys.stdin.read()
     faulthandler.enable()  # a crash prints where it happened
     faulthandler.dump_traceback_later(json.loads(text).get("startup_timeout", DEFAULT_STARTUP_SECONDS),
                                       exit=True)

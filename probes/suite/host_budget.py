@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import kvref
 from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
 from probes.suite.ownership import row_byte_ranges

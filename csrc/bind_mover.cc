@@ -89,6 +89,8 @@ void bind_mover(nb::module_& m) {
                                src.data(), dst.data(), counts.data(), src.size());
            },
            nb::arg("d2h"), nb::arg("src"), nb::arg("dst"), nb::arg("counts"))
+      .def("with_shard", &BlockMover::with_shard, nb::arg("layer"), nb::arg("shard"),
+           nb::arg("region"))
       .def_prop_ro("host_bytes", &BlockMover::host_bytes)
       .def("read_host_block",
            [](BlockMover& mover, int layer, int shard, int64_t block) {

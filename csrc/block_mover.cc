@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 #include "checked.h"
 #include "thread_pool.h"
@@ -72,7 +73,7 @@ BlockMover::BlockMover(std::vector<LayerAddressing> layers, int64_t host_blocks,
   if (external_host) {
     host_ = external_host;
   } else {
-    owned_host_ = std::make_unique<PageBuffer>(host_bytes);
+    owned_host_ = std::make_shared<PageBuffer>(host_bytes);
     host_ = owned_host_->data();
   }
   if (layers_.empty()) throw std::invalid_argument("a manager needs at least one layer");
@@ -90,6 +91,22 @@ BlockMover::BlockMover(std::vector<LayerAddressing> layers, int64_t host_blocks,
     if (layer.host_base < 0 || last > host_bytes)
       throw std::invalid_argument("host addressing reaches past the host pool");
   }
+}
+
+std::shared_ptr<BlockMover> BlockMover::with_shard(int layer, int shard, DeviceRegion region) const {
+  if (layer < 0 || static_cast<size_t>(layer) >= layers_.size() || shard < 0 ||
+      static_cast<size_t>(shard) >= layers_[layer].shards.size())
+    throw std::out_of_range("layer " + std::to_string(layer) + " shard " + std::to_string(shard) +
+                            " is not one this mover addresses");
+  if (region.size != layers_[layer].shards[shard].size)
+    throw std::invalid_argument("the new region is " + std::to_string(region.size) +
+                                " bytes; the one it replaces is " +
+                                std::to_string(layers_[layer].shards[shard].size));
+  std::vector<LayerAddressing> layers = layers_;
+  layers[layer].shards[shard] = std::move(region);
+  Owner pool = owned_host_ ? Owner(owned_host_) : host_owner_;
+  return std::make_shared<BlockMover>(std::move(layers), host_blocks_, host_size_, host_,
+                                      std::move(pool));
 }
 
 uint8_t* BlockMover::host_block(int layer, int shard, int64_t block) {

@@ -70,6 +70,10 @@ class BlockMover : public std::enable_shared_from_this<BlockMover> {
   // src/dst/counts in blocks. Validates everything before moving a byte.
   std::shared_ptr<TransferFuture> copy(Direction dir, const int64_t* src, const int64_t* dst,
                                        const int64_t* counts, size_t n);
+  // A mover of the same host pool with one shard's device region replaced (an
+  // array whose storage moved since); the pool lives while either mover does,
+  // and transfers already running keep using this one.
+  std::shared_ptr<BlockMover> with_shard(int layer, int shard, DeviceRegion region) const;
   uint8_t* host_block(int layer, int shard, int64_t block);
   int64_t host_bytes() const { return host_size_; }
   uint8_t* host_data() const { return host_; }
@@ -83,7 +87,7 @@ class BlockMover : public std::enable_shared_from_this<BlockMover> {
 
   std::vector<LayerAddressing> layers_;
   int64_t host_blocks_;
-  std::unique_ptr<PageBuffer> owned_host_;
+  std::shared_ptr<PageBuffer> owned_host_;
   Owner host_owner_;
   uint8_t* host_;
   int64_t host_size_;

@@ -6,15 +6,17 @@ it. Awaiting alone waits for materialization but never triggers it; on a
 deferred tensor nothing else would, so it would wait forever (holding the GIL).
 
 A manager holds its views across transfers, and the caller's arrays move on
-meanwhile (a serving step writes the cache in place, or donates it). Before
-every transfer `check_live` brings each view up to date, or refuses.
+meanwhile (a serving step writes the cache in place, or donates it, and an
+XLA tensor updated in place gets a new buffer). Before every transfer
+`check_live` brings each view up to date (a re-resolved view where the
+storage moved), or refuses.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvref import _core
+from kvref import _core, xla_tensors
 from kvref.dtypes import element_type
 from kvref.faults import Faults
 from kvref.shape import Layout, Shape
@@ -27,6 +29,7 @@ class DeviceBufferView:
     shape: Shape
     device: object  # identity of the device holding it
     keepalive: object  # the caller's array, kept alive while in use
+    address: int = 0  # where raw storage (not a simulated buffer) was found
 
 
 def unpack_buffer(array, faults: Faults = Faults()) -> DeviceBufferView:
@@ -36,15 +39,18 @@ def unpack_buffer(array, faults: Faults = Faults()) -> DeviceBufferView:
                                 array.device, array)
     if _is_jax_array(array):
         return _unpack_jax(array)
-    raise TypeError(f"expected a kvref.sim.DeviceArray or a single-device jax.Array, "
-                    f"got {type(array).__module__}.{type(array).__name__}")
+    if xla_tensors.is_xla_tensor(array):
+        return _unpack_xla(array, faults)
+    raise TypeError(f"expected a kvref.sim.DeviceArray, a single-device jax.Array or an XLA CPU "
+                    f"torch tensor, got {type(array).__module__}.{type(array).__name__}")
 
 
-def check_live(view: DeviceBufferView, faults: Faults = Faults()) -> None:
-    """Make the storage a view addresses hold its array's current contents:
-    run in-place ops recorded since (in place, so the storage stays the same),
-    then wait for them. A jax.Array deleted since (donated to a computation)
-    no longer owns its storage: ValueError."""
+def check_live(view: DeviceBufferView, faults: Faults = Faults()) -> DeviceBufferView:
+    """The view, its storage holding its array's current contents: in-place
+    ops recorded since are run (in place, so the storage stays the same) and
+    waited for; an XLA tensor whose buffer changed since is re-resolved (a new
+    view). A jax.Array deleted since (donated to a computation) no longer owns
+    its storage: ValueError."""
     array = view.keepalive
     if isinstance(array, DeviceArray):
         if not faults.buffer_resolved_once:
@@ -53,6 +59,13 @@ def check_live(view: DeviceBufferView, faults: Faults = Faults()) -> None:
         raise ValueError(f"a {view.shape} jax.Array was deleted (donated to a computation?) after the "
                          "manager took it, so the storage it addressed is no longer the array's; "
                          "build the manager over the live arrays")
+    elif xla_tensors.is_xla_tensor(array) and not faults.buffer_resolved_once:
+        fresh = _unpack_xla(array, faults)
+        if fresh.shape != view.shape:
+            raise ValueError(f"an XLA tensor the manager took as {view.shape} is {fresh.shape} now; "
+                             "build the manager over the arrays as they are")
+        return view if fresh.address == view.address else fresh
+    return view
 
 
 def _materialize_and_await(array: DeviceArray, faults: Faults) -> None:
@@ -65,6 +78,11 @@ def _materialize_and_await(array: DeviceArray, faults: Faults) -> None:
 
 def _is_jax_array(obj) -> bool:
     return type(obj).__module__.startswith("jax") and hasattr(obj, "unsafe_buffer_pointer")
+
+
+def _unpack_xla(tensor, faults: Faults) -> DeviceBufferView:
+    address, alias, shape, device = xla_tensors.resolve(tensor, faults)
+    return DeviceBufferView(xla_tensors.region(address, alias, shape), shape, device, tensor, address)
 
 
 def _unpack_jax(array) -> DeviceBufferView:

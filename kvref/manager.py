@@ -127,9 +127,12 @@ class KVCacheManager:
         for i, layer in enumerate(self._views):
             for s, view in enumerate(layer):
                 try:
-                    check_live(view, self.faults)
+                    live = check_live(view, self.faults)
                 except ValueError as e:
                     raise ValueError(f"layer {i} shard {s}: {e}") from None
+                if live is not view:  # the array's storage moved: address the new one
+                    self._mover = self._mover.with_shard(i, s, live.region)
+                    layer[s] = live
         return TransferFuture(self._mover.copy(d2h, src, dst, sizes))
 
 

@@ -39,7 +39,7 @@ def test_forbidden_names_are_refused():
         peer_env.check_dists(JAX_ENV, {"tpu-raiden-jax": "1.0", **pinned}, (3, 12))
     with pytest.raises(peer_env.PeerEnvError, match="expected 0.0.1rc"):
         peer_env.check_dists(JAX_ENV, {JAX_ENV.library: "0.0.0"}, (3, 12))
-    with pytest.raises(peer_env.PeerEnvError, match="needs 3.12"):
+    with pytest.raises(peer_env.PeerEnvError, match="made with Python 3.12"):
         peer_env.check_dists(JAX_ENV, pinned, (3, 11))
 
 
@@ -51,7 +51,7 @@ def test_torch_environment_holds_every_pin():
         broken = {k: v for k, v in {**installed, dist: wrong}.items() if v}
         with pytest.raises(peer_env.PeerEnvError, match=f"{dist.replace('_', '-')} .* expected"):
             peer_env.check_dists(torch_env, broken, (3, 12))
-    with pytest.raises(ValueError, match="expected one of \\['jax', 'torch'\\]"):
+    with pytest.raises(ValueError, match="expected one of \\['jax', 'torch', 'xla'\\]"):
         peer_env.peer_env("tensorflow")
 
 
@@ -95,9 +95,10 @@ def test_reference_earns_its_predictions_beside_it(side_by_side):
     for r in side_by_side:
         if r.case.iut == "kvref-jax":
             if r.outcome.verdict == "SKIP":
-                # JAX CPU copies may land before the manager is built: then nothing was in flight.
-                assert r.case.probe == "host_transferred_construction", r.outcome.detail
-                assert "none was in flight" in r.outcome.detail
+                # JAX CPU copies may land before the manager is built: then nothing was in
+                # flight. And a jax.Array has no views.
+                assert r.case.probe in ("host_transferred_construction", "pending_views"), r.outcome.detail
+                assert "none was in flight" in r.outcome.detail or "no views" in r.outcome.detail
                 continue
             assert agrees(r.outcome.verdict, describe(r.case)["predicted"]), (r.case.case_id, r.outcome.detail)
 

@@ -73,6 +73,8 @@ def test_protocol_check_names_a_missing_part():
 
         def serving_step(self, cache, new): ...
 
+        def views(self, key, seeds): ...
+
     assert protocol.missing_members(NoScramble, protocol.Arrays) == ["scramble"]
 
 

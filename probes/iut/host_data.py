@@ -24,4 +24,5 @@ def random_host(key: kvref.ShapeKey, seed: int, finite: bool = False) -> np.ndar
     if finite:
         return rng.integers(-8, 8, key.dims).astype(element.numpy)
     count = int(np.prod(key.dims)) * element.numpy.itemsize
-    return rng.integers(0, 256, count, dtype=np.uint8).view(element.numpy).reshape(key.dims)
+    words = rng.integers(0, 2**64 - 1, -(-count // 8), dtype=np.uint64, endpoint=True)  # fastest draw
+    return words.view(np.uint8)[:count].view(element.numpy).reshape(key.dims)

@@ -17,6 +17,7 @@ import kvref
 from probes.iut.hardware import NO_TPU, local_tpu_generation, standin_platform, tpu_device
 from probes.iut.host_data import random_host
 from probes.iut.reference import tpu_layout_of
+from probes.iut.protocol import NoViews
 
 
 class JaxCpuArrays:
@@ -48,6 +49,9 @@ class JaxCpuArrays:
 
         hosts = [random_host(key, seed, finite) for seed in seeds]
         return list(zip(jax_caches(hosts, jax.devices("cpu")[0], mode), hosts))
+
+    def views(self, key, seeds):
+        raise NoViews("a jax.Array has no views into another: slicing copies")
 
     def fetch(self, cache):
         return np.asarray(cache).copy()
@@ -167,6 +171,9 @@ class JaxTpuArrays:
     def make_caches(self, key, seeds, mode="put", finite=False):
         hosts = [random_host(key, seed, finite) for seed in seeds]
         return list(zip(jax_caches(hosts, tpu_device(), mode), hosts))
+
+    def views(self, key, seeds):
+        raise NoViews("a jax.Array has no views into another: slicing copies")
 
     def fetch(self, cache):
         import jax

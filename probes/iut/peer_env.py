@@ -1,9 +1,15 @@
-"""Peer environments: Python 3.12 with a production library, pinned, in which
-workers probing it run. `kvprobe peer-env --lib jax|torch` creates and checks one.
+"""Peer environments: an interpreter of their own with a pinned library or
+framework that cannot share `.venv`, in which workers probing it run.
+`kvprobe peer-env --lib jax|torch|xla` creates and checks one.
 
-- jax: tpu-sync-jax, which runs on JAX CPU arrays, so it is probed on any machine.
-- torch: tpu-sync-torch with torch and TorchTPU (torch_tpu). TorchTPU has no CPU
-  device, so this one is only useful on a TPU VM."""
+- jax: tpu-sync-jax (Python 3.12), which runs on JAX CPU arrays, so it is
+  probed on any machine.
+- torch: tpu-sync-torch with torch and TorchTPU (torch_tpu), Python 3.12.
+  TorchTPU has no CPU device, so this one is only useful on a TPU VM.
+- xla: torch_xla with its torch (Python 3.11), for kvref over real lazy
+  tensors on the XLA CPU device. PyPI's torch 2.9.0 is the CUDA build (its CPU
+  library links libcudart), so this one downloads about 3 GB of nvidia wheels
+  and takes about 7 GB; it runs without a GPU."""
 
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ class PeerEnv:
     pins: dict[str, str]  # distribution -> exact version; the library under test first
     python_variable: str  # an environment variable naming an existing interpreter instead
     report: tuple[str, ...] = ()  # unpinned distributions whose versions `verify` reports
+    python_version: str = "3.12"  # the interpreter it is made with (this minor version)
 
     @property
     def library(self) -> str:
@@ -67,6 +74,9 @@ PEER_ENVS = {
     "torch": PeerEnv("torch", REPO / ".venv-peer-torch",
                      {"tpu-sync-torch": SYNC_VERSION, "torch": "2.13.0", "torch-tpu": "0.2.0"},
                      "KVPROBE_PEER_TORCH_PYTHON", report=("libtpu",)),
+    # torch-xla 2.9.0 pins torch 2.9.0; both have cp311 wheels on PyPI.
+    "xla": PeerEnv("xla", REPO / ".venv-xla", {"torch-xla": "2.9.0", "torch": "2.9.0"},
+                   "KVPROBE_XLA_PYTHON", python_version="3.11"),
 }
 
 
@@ -76,33 +86,37 @@ def peer_env(name: str) -> PeerEnv:
     return PEER_ENVS[name]
 
 
-def base_python() -> list[str]:
-    """A Python 3.12 to make the venv with: pyenv's 3.12, or python3.12 on PATH
-    (tried, since a pyenv shim can stand on PATH without a version behind it)."""
+def base_python(version: str = "3.12") -> list[str]:
+    """A Python `version` to make the venv with: pyenv's, or python<version>
+    on PATH (tried, since a pyenv shim can stand on PATH without a version
+    behind it)."""
     candidates = []
     if shutil.which("pyenv"):
         versions = subprocess.run(["pyenv", "versions", "--bare"], capture_output=True, text=True).stdout
         candidates += [["env", f"PYENV_VERSION={v}", "pyenv", "exec", "python"]
-                       for v in sorted(versions.split(), reverse=True) if v.startswith("3.12")]
-    if shutil.which("python3.12"):
-        candidates.append(["python3.12"])
+                       for v in sorted(versions.split(), reverse=True) if v.startswith(version + ".")]
+    if shutil.which(f"python{version}"):
+        candidates.append([f"python{version}"])
+    wanted = tuple(int(part) for part in version.split("."))
     for cmd in candidates:
-        done = subprocess.run([*cmd, "-c", "import sys; print(sys.version_info >= (3, 12))"],
+        done = subprocess.run([*cmd, "-c", f"import sys; print(sys.version_info[:2] == {wanted})"],
                               capture_output=True, text=True)
         if done.returncode == 0 and done.stdout.strip() == "True":
             return cmd
-    raise PeerEnvError("the production libraries need Python 3.12, and neither a pyenv 3.12 nor "
-                       "a working python3.12 was found")
+    raise PeerEnvError(f"this environment needs Python {version}, and neither a pyenv {version} nor "
+                       f"a working python{version} was found")
 
 
 def create(env: PeerEnv) -> dict:
     if not (env.venv / "bin" / "python").exists():
-        _run([*base_python(), "-m", "venv", str(env.venv)])
+        _run([*base_python(env.python_version), "-m", "venv", str(env.venv)])
     python = str(env.venv / "bin" / "python")
     _run([python, "-m", "pip", "install", "-q", "--upgrade", "pip"])
     pins = [f"{dist}=={version}" for dist, version in env.pins.items()]
     _run([python, "-m", "pip", "install", "-q", *pins, *BUILD_REQUIREMENTS])
-    _run([python, "-m", "pip", "install", "-q", "--no-build-isolation", "-e", str(REPO)])
+    # Its own build directory: the extension is built against this interpreter's nanobind.
+    _run([python, "-m", "pip", "install", "-q", "--no-build-isolation", "-e", str(REPO),
+          f"--config-settings=build-dir=build/{env.name}-{{wheel_tag}}"])
     return verify(env, Path(python))
 
 
@@ -130,8 +144,10 @@ def check_dists(env: PeerEnv, installed: dict[str, str], python_version: tuple) 
         if dists.get(_normal(dist), "").split("+")[0] != version:
             raise PeerEnvError(f"{dist} {dists.get(_normal(dist))} installed, expected {version}; "
                                f"run `kvprobe peer-env --lib {env.name}`")
-    if tuple(python_version[:2]) < (3, 12):
-        raise PeerEnvError(f"Python {'.'.join(map(str, python_version))}: {env.library} needs 3.12 or newer")
+    wanted = tuple(int(part) for part in env.python_version.split("."))
+    if tuple(python_version[:2]) != wanted:
+        raise PeerEnvError(f"Python {'.'.join(map(str, python_version))}: the {env.name} environment "
+                           f"is made with Python {env.python_version}")
     return dists
 
 

@@ -23,6 +23,10 @@ import kvref
 CACHE_MODES = ("put", "landing", "deferred")
 
 
+class NoViews(Exception):
+    """The backend has no views of one tensor into another."""
+
+
 @runtime_checkable
 class Arrays(Protocol):
     backend: str  # "sim", "jax-cpu", "jax-tpu", "torch-tpu"
@@ -45,6 +49,12 @@ class Arrays(Protocol):
         """(device cache, its logical host contents) per seed; `mode` one of
         CACHE_MODES. All host contents are made before the first cache, so
         caches made pending are all still pending together."""
+
+    def views(self, key: kvref.ShapeKey, seeds: Sequence[int]):
+        """([(view, its host contents)] per seed, read(layer) -> the contents
+        the stacked tensor holds for that layer now): layer i is row i of one
+        stacked tensor, and each view is still pending. NoViews where the
+        backend has none."""
 
     def fetch(self, cache) -> np.ndarray:
         """The cache's current logical contents."""

@@ -8,6 +8,7 @@ from importlib import metadata
 import kvref
 from kvref.oracle import device_kind, lookup
 from probes.iut.host_data import random_host
+from probes.iut.protocol import NoViews
 
 
 def tpu_layout_of(generation: str, key: kvref.ShapeKey) -> tuple[kvref.Shape, str]:
@@ -61,9 +62,11 @@ class SimArrays:
 
     backend = "sim"
     scrambles_in_place = True
-    # Host->device copies still landing when the manager is built: long enough
-    # to outlast making the other caches of the case on a loaded machine.
-    PUT_DELAY_US = 200_000
+    # Host->device copies still landing when the manager is built. The device
+    # lands copies one after another, so delaying the first delays them all;
+    # all host contents exist before it, so it need only outlast issuing the
+    # others (milliseconds).
+    PUT_DELAY_US = 100_000
 
     def __init__(self, generation: str):
         self.device = kvref.SimDevice(generation)
@@ -84,9 +87,12 @@ class SimArrays:
                 caches = [self.device.zeros(key.dims, key.dtype).write_(host) for host in hosts]
             return list(zip(caches, hosts))
         layout = self.layout_of(self.device.generation, key)[0]
-        land_after_us = self.PUT_DELAY_US if mode == "landing" else 0
-        return [(self.device.put(host, shape=layout, land_after_us=land_after_us), host)
-                for host in hosts]
+        delays = [self.PUT_DELAY_US if mode == "landing" and i == 0 else 0 for i in range(len(hosts))]
+        return [(self.device.put(host, shape=layout, land_after_us=delay), host)
+                for host, delay in zip(hosts, delays)]
+
+    def views(self, key, seeds):
+        raise NoViews("the simulated device has no views of one array into another")
 
     def fetch(self, cache):
         return cache.device.fetch(cache)

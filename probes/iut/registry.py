@@ -10,11 +10,15 @@ from probes.iut.jax_arrays import JaxCpuArrays, JaxTpuArrays
 from probes.iut.reference import KvrefLibrary, SimArrays
 from probes.iut.torch_tpu import TORCH_TPU_GENERATIONS, TorchTpuArrays
 from probes.iut.tpu_sync import TpuSyncJaxLibrary, TpuSyncTorchLibrary
+from probes.iut.xla_arrays import TorchXlaArrays
 
 IUTS: dict[str, IUT] = {iut.name: iut for iut in (
     IUT("kvref-sim", SimArrays, KvrefLibrary, targets=kvref.GENERATIONS),
-    IUT("kvref-jax", JaxCpuArrays, KvrefLibrary, targets=("cpu",)),
-    IUT("tpu-sync-jax", JaxCpuArrays, TpuSyncJaxLibrary, targets=("cpu",), interpreter="jax"),
+    IUT("kvref-jax", JaxCpuArrays, KvrefLibrary, targets=("cpu",), preload=("jax",)),
+    IUT("tpu-sync-jax", JaxCpuArrays, TpuSyncJaxLibrary, targets=("cpu",), interpreter="jax",
+        preload=("jax",)),
+    IUT("kvref-torch-xla", TorchXlaArrays, KvrefLibrary, targets=("cpu",), interpreter="xla",
+        jax_platforms=None, preload=("torch_xla",)),
     IUT("tpu-sync-jax-tpu", JaxTpuArrays, TpuSyncJaxLibrary, targets=kvref.GENERATIONS,
         interpreter="jax", jax_platforms=None, owns_device=True, startup_seconds=300.0),
     IUT("tpu-sync-torch-tpu", TorchTpuArrays, TpuSyncTorchLibrary, targets=TORCH_TPU_GENERATIONS,

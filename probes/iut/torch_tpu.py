@@ -11,6 +11,7 @@ import kvref
 from probes.iut.hardware import NO_TPU, TpuUnavailable, tpu_visible
 from probes.iut.host_data import random_host
 from probes.iut.reference import tpu_layout_of
+from probes.iut.protocol import NoViews
 
 # torch.tpu.get_device_name() -> generation. TorchTPU names the chips it
 # supports by PCI id; it has no v3.
@@ -62,6 +63,9 @@ class TorchTpuArrays:
             with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
                 caches = [cache.clone() for cache in caches]
         return list(zip(caches, hosts))
+
+    def views(self, key, seeds):
+        raise NoViews("the TorchTPU adapter makes no views yet")
 
     def fetch(self, cache):
         contents = kvref.from_torch(cache)  # waits for the cache to materialize

@@ -11,7 +11,8 @@ from probes.suite.verdicts import SKIP, agrees
 COLUMNS = ["run_id", "time", "generation", "device_kind", "iut", "iut_version", "iut_options",
            "backend", "layout_source", "probe", "case_id", "dtype", "shape", "layout",
            "physical_bytes", "slice_bytes", "legacy_slice_bytes", "predicted", "verdict", "detail",
-           "pending_at_construction", "host_bytes", "bytes_moved", "seconds", "gbps", "faults"]
+           "pending_at_construction", "host_bytes", "bytes_moved", "seconds", "gbps", "faults",
+           "host", "host_generation"]
 # Columns a rerun of the same cases reproduces exactly (the committed baseline).
 DETERMINISTIC = ["generation", "device_kind", "iut", "iut_options", "backend", "probe", "case_id",
                  "dtype", "shape", "layout", "physical_bytes", "slice_bytes", "legacy_slice_bytes",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from kvref import GENERATIONS
@@ -68,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
                      f"adds {', '.join(p for p in PROBES if p not in DEFAULT_PROBES)})")
     run.add_argument("--jobs", "-j", type=_positive, default=None, help="parallel workers (default: cores)")
     run.add_argument("--timeout", type=_positive_number(float), default=30.0, help="seconds per case")
+    run.add_argument("--ray", metavar="ADDRESS", default=None,
+                     help="run the cases as tasks of a Ray cluster: 'auto' (the cluster this host "
+                     "joined), HOST:PORT, or 'local' (a private one-machine cluster, started and "
+                     "stopped by the run); needs `pip install 'kvref[ray]'`")
     run.add_argument("--faults", type=lambda v: [f for f in v.split(",") if f], default=[],
                      help="comma-separated kvref fault models to switch on")
     run.add_argument("--out", type=Path, default=Path("reports"), help="report directory")
@@ -125,10 +130,11 @@ def _run(args) -> int:
     from probes.run import command
 
     console = Console(stderr=True)
+    start = time.monotonic()
     frame = command.run(args.generation, args.iut, args.matrix, args.probe, args.jobs,
-                            args.timeout, args.faults, args.out, console)
+                        args.timeout, args.faults, args.out, console, args.ray)
     Console().print(command.summary_table(frame))
-    print(f"reports: {args.out / 'README.md'}")
+    print(f"{len(frame)} cases in {time.monotonic() - start:.1f} s; reports: {args.out / 'README.md'}")
     return 0
 
 

@@ -11,13 +11,17 @@ from probes.iut.registry import iut
 from probes.report import results, summary
 from probes.report.results import disagreements
 from probes.run import rows
+from probes.run.ray_runner import run_cases_on_ray
 from probes.run.runner import run_cases
 from probes.suite.matrix import build_cases, load_matrix
 from probes.suite.registry import DEFAULT_PROBES
 from probes.suite.verdicts import VERDICTS
 
 
-def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, console) -> pd.DataFrame:
+def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, console,
+        ray_address: str | None = None) -> pd.DataFrame:
+    """Run the cases here, `jobs` at a time, or as tasks of the Ray cluster at
+    `ray_address` (probes.run.ray_runner); write CSVs and reports."""
     faults = Faults.parse(faults, environ={})
     for name in iuts:  # refuse an unknown IUT, target or fault before starting anything
         for gen in generations:
@@ -34,7 +38,9 @@ def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, con
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
         task = progress.add_task(f"probing {', '.join(iuts)}", total=len(cases))
-        found = run_cases(cases, jobs, progress=lambda r: progress.advance(task))
+        advance = lambda r: progress.advance(task)  # noqa: E731
+        found = (run_cases_on_ray(cases, ray_address, advance) if ray_address
+                 else run_cases(cases, jobs, progress=advance))
     frame = rows.to_frame(found, run_id)
     results.write_runs(frame, out)
     for gen, part in frame.groupby("generation", sort=False):

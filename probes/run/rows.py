@@ -33,6 +33,6 @@ def to_frame(results: list[CaseResult], run_id: str) -> pd.DataFrame:
             "verdict": o.verdict, "detail": o.detail,
             "pending_at_construction": o.pending_at_construction, "host_bytes": o.host_bytes,
             "bytes_moved": o.bytes_moved, "seconds": o.seconds, "gbps": o.gbps,
-            "faults": str(c.faults),
+            "faults": str(c.faults), "host": r.host, "host_generation": r.host_generation,
         })
     return typed(pd.DataFrame(rows, columns=COLUMNS))

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from probes.iut.peer_env import peer_env
 from probes.iut.registry import iut
+from probes.run.hosts import this_host
+from probes.run.forked import ZygoteLost, ZygoteUnavailable, kill_group, zygote_for
 from probes.run.worker import PHASE_PROBE, RESULT_PREFIX
 from probes.suite.cases import Case
 from probes.suite.verdicts import CRASH, ERROR, HANG, SKIP, Outcome
@@ -30,6 +32,8 @@ class CaseResult:
     outcome: Outcome
     wall_seconds: float
     stderr: str = ""
+    host: str = ""  # where its worker ran, and that host's TPU generation ("" for none)
+    host_generation: str = ""
 
 
 def worker_python(case: Case) -> str | None:
@@ -42,27 +46,44 @@ def worker_python(case: Case) -> str | None:
 
 
 def run_case(case: Case, python: str | None = None) -> CaseResult:
-    """One case in its own watched process: `python` (an explicit one, or the
-    interpreter of the IUT's environment)."""
+    """One case in its own watched process. By default it is forked from the
+    warm zygote of the IUT's interpreter; a device-owning IUT, an explicit
+    `python`, or a zygote that cannot start gets a fresh interpreter."""
+    declared = iut(case.iut)
+    fresh = python is not None or declared.owns_device
     python = python or worker_python(case)
     if python is None:
-        env = peer_env(iut(case.iut).interpreter)
-        return CaseResult(case, Outcome(SKIP, f"{case.iut}: {env.missing()}"), 0.0)
+        env = peer_env(declared.interpreter)
+        return CaseResult(case, Outcome(SKIP, f"{case.iut}: {env.missing()}"), 0.0, "", *this_host())
     start = time.monotonic()
+    env, limit = _worker_env(case), case.startup_timeout + case.timeout + GRACE_SECONDS
+    try:
+        if fresh:
+            raise ZygoteUnavailable("a fresh interpreter was asked for")
+        returncode, out, err, killed = zygote_for(python, declared.preload, env).run(
+            case.to_json(), env, limit)
+    except ZygoteUnavailable:
+        returncode, out, err, killed = _run_fresh(python, case.to_json(), env, limit)
+    except ZygoteLost as e:
+        return CaseResult(case, Outcome(ERROR, str(e)), time.monotonic() - start, "", *this_host())
+    outcome = classify(returncode, out, err, killed, case.timeout, case.startup_timeout)
+    return CaseResult(case, outcome, time.monotonic() - start, err, *this_host())
+
+
+def _run_fresh(python: str, text: str, env: dict, limit: float) -> tuple[int, str, str, bool]:
+    """`python -m probes.run.worker` with the case on stdin: (returncode, stdout, stderr, killed)."""
     proc = subprocess.Popen([python, "-m", WORKER], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env=_worker_env(case))
+                            start_new_session=True, env=env)
     try:
-        out, err = proc.communicate(case.to_json(),
-                                    timeout=case.startup_timeout + case.timeout + GRACE_SECONDS)
+        out, err = proc.communicate(text, timeout=limit)
         killed = False
     except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         out, err = proc.communicate()
         killed = True
-    _kill_group(proc.pid)  # nothing the worker started may outlive it
-    outcome = classify(proc.returncode, out, err, killed, case.timeout, case.startup_timeout)
-    return CaseResult(case, outcome, time.monotonic() - start, err)
+    kill_group(proc.pid)  # nothing the worker started may outlive it
+    return proc.returncode, out, err, killed
 
 
 def classify(returncode: int, out: str, err: str, killed: bool, timeout: float,
@@ -129,13 +150,6 @@ def run_cases(cases: list[Case], jobs: int | None = None, python: str | None = N
 def owns_device(cases: list[Case]) -> bool:
     """Whether any case's worker holds a real TPU, which one process may hold at a time."""
     return any(iut(name).owns_device for name in {c.iut for c in cases})
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _worker_env(case: Case) -> dict:

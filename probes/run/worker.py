@@ -1,5 +1,6 @@
 """One probe case in its own process: `python -m probes.run.worker` reads the
-case as JSON on stdin and prints one JSON result line.
+case as JSON on stdin and prints one JSON result line. A child forked from a
+warm zygote (probes.run.zygote) runs the same `run`.
 
 faulthandler's watchdog is armed first and never cancelled: it is a C thread,
 so it fires even while C++ holds the GIL, dumps every thread's stack to stderr
@@ -22,7 +23,11 @@ DEFAULT_STARTUP_SECONDS = 60.0
 
 
 def main() -> int:
-    text = sys.stdin.read()
+    return run(sys.stdin.read())
+
+
+def run(text: str) -> int:
+    """The case `text` (JSON), watched from here to the process's exit."""
     faulthandler.enable()  # a crash prints where it happened
     faulthandler.dump_traceback_later(json.loads(text).get("startup_timeout", DEFAULT_STARTUP_SECONDS),
                                       exit=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import kvref
 from probes.iut.adapter import Adapter
+from probes.iut.protocol import NoViews
 from probes.suite.cases import Case
 from probes.suite.refusals import refused
 from probes.suite.roundtrip import permuted_round_trip
@@ -65,3 +66,27 @@ def host_transferred_construction(case: Case, iut: Adapter) -> Outcome:
                            host_bytes=manager.host_bytes, pending_at_construction=True)
     return Outcome(PASS, f"constructed over {LAYERS} landing caches; blocks moved are the landed bytes",
                    host_bytes=manager.host_bytes, pending_at_construction=True)
+
+
+def pending_views(case: Case, iut: Adapter) -> Outcome:
+    """Layers that are views of one stacked cache (layer i is `stacked[i]`),
+    still pending when the manager is built: a correct manager refuses them
+    cleanly, or moves blocks so that the stacked cache itself holds them
+    afterwards (read back through the stacked cache, not the views). SKIP on
+    a backend without views."""
+    try:
+        pairs, read_stacked = iut.arrays.views(case.shape, [case.seed + i for i in range(LAYERS)])
+    except NoViews as e:
+        return Outcome(SKIP, str(e))
+    caches, hosts = [c for c, _ in pairs], [h for _, h in pairs]
+    ready = sum(not iut.is_pending(c) for c in caches)
+    if ready:
+        return Outcome(ERROR, f"nothing pending: {ready} of {LAYERS} views were already materialized "
+                       f"when the manager was built ({iut.backend})", pending_at_construction=False)
+    try:
+        manager = iut.manager(caches, case.shape.dims[0])
+    except Exception as e:  # a clean refusal, or the worker's ERROR
+        return refused(iut, e, pending_at_construction=True)
+    outcome = permuted_round_trip(iut, manager, caches, hosts, case.seed, fetch=read_stacked)
+    outcome.pending_at_construction = True
+    return outcome

@@ -64,6 +64,9 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     # Moving the updated contents is right; so is refusing a donated array.
     Probe("serving_step", serving_step.serving_step, "generation", always(PASS, REJECTED),
           subject=PLAN_SHAPE),
+    # Views of a stacked cache: refusing them is right; so is moving blocks the stacked cache sees.
+    Probe("pending_views", construction.pending_views, "generation", always(REJECTED, PASS),
+          subject=kvref.ShapeKey("bf16", (512, 8, 256)), default=False),
     Probe("host_budget", host_budget.host_budget, "generation", addressable_or_refused,
           subject=kvref.ShapeKey("bf16", (512, 3, 2048)),
           address_space_headroom=host_budget.ADDRESS_SPACE_HEADROOM),

@@ -1,0 +1,107 @@
+"""Caches as PyTorch/XLA tensors on the XLA CPU device (`PJRT_DEVICE=CPU`):
+real lazy tensors, no TPU needed.
+
+- put: copied to the device and synced, waited for.
+- deferred: a `clone()` of a device tensor, recorded and never synced, so
+  `_check_tensor_need_materialization` says it is pending.
+- landing: the same clone, synced without waiting in one graph with a large
+  matrix product, so its buffer is promised but not there while the product
+  runs (PjRt has no buffer for it yet).
+
+`scramble` zeroes the cache in place and leaves it pending, and
+`serving_step` overwrites it in place and syncs: either way the tensor gets a
+new buffer, so a manager must move its live storage, not the one it saw at
+construction. `views` gives pending views of a stacked cache."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+import kvref
+from probes.iut.host_data import random_host
+
+# The landing graph's product: n x n f32, about 2 n^3 flops (a few hundred ms
+# on one core), long enough to outlast building the manager.
+LANDING_MATMUL_N = 2048
+
+
+class TorchXlaArrays:
+    backend = "torch-xla-cpu"
+    scrambles_in_place = True
+
+    def __init__(self, generation: str):
+        self.generation = generation
+        self._running = []  # what a landing graph computes beside the caches, kept as its output
+
+    @staticmethod
+    def layout_of(generation, key):
+        return kvref.Shape(key.dtype, key.dims), "dense (XLA CPU)"
+
+    @property
+    def device_kind(self) -> str:
+        return "cpu"
+
+    def skip_reason(self):
+        if os.environ.get("PJRT_DEVICE", "CPU") != "CPU":
+            return f"PJRT_DEVICE={os.environ['PJRT_DEVICE']}: these caches live on the XLA CPU device"
+        try:
+            import torch_xla  # noqa: F401
+        except ImportError:
+            return "torch_xla is not installed here: run `kvprobe peer-env --lib xla` (`make xla-env`)"
+        return None
+
+    def make_caches(self, key, seeds, mode="put", finite=False):
+        import torch
+        import torch_xla
+
+        hosts = [random_host(key, seed, finite) for seed in seeds]
+        device = torch_xla.device()
+        placed = [kvref.to_torch(host).to(device) for host in hosts]
+        torch_xla.sync(wait=True)
+        if mode == "put":
+            return list(zip(placed, hosts))
+        caches = [t.clone() for t in placed]
+        if mode == "landing":
+            a = torch.rand(LANDING_MATMUL_N, LANDING_MATMUL_N, device=device)
+            self._running.append(a @ a)
+            torch_xla.sync(wait=False)
+        return list(zip(caches, hosts))
+
+    def views(self, key, seeds):
+        """Row i of one stacked tensor per seed; a view stays a pending graph
+        until it is itself materialized, even after its base is synced."""
+        import torch
+        import torch_xla
+
+        hosts = [random_host(key, seed) for seed in seeds]
+        stacked = torch.stack([kvref.to_torch(h) for h in hosts]).to(torch_xla.device())
+        torch_xla.sync(wait=True)
+        return ([(stacked[i], host) for i, host in enumerate(hosts)],
+                lambda layer: kvref.from_torch(stacked)[layer])
+
+    def fetch(self, cache):
+        return kvref.from_torch(cache)
+
+    def scramble(self, cache):
+        cache.zero_()  # recorded, not run: the tensor is pending until something syncs it
+
+    def is_pending(self, cache):
+        import torch_xla
+
+        xla = torch_xla._XLAC
+        if xla._check_tensor_need_materialization([cache])[0]:
+            return True
+        try:
+            xla._unsafe_buffer_pointer(cache)
+        except RuntimeError:  # synced, but PjRt has no buffer for it yet
+            return True
+        return False
+
+    def serving_step(self, cache, new: np.ndarray):
+        import torch_xla
+
+        cache.copy_(kvref.to_torch(new).to(cache.device))
+        torch_xla.sync(wait=True)
+        return cache

@@ -1,0 +1,180 @@
+"""The runner's side of a zygote (probes.run.zygote): start one per
+interpreter and environment, keep it warm, and have it fork a worker per case.
+A case forked here is watched exactly like one started as a fresh process:
+its stdout and stderr are pipes read to the end, its whole process group is
+killed at the deadline, and its exit status is the zygote's report of it."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+
+from probes.run.zygote import MESSAGE_BYTES, READY
+
+READY_SECONDS = 60.0
+DRAIN_SECONDS = 5.0  # after a kill, for the pipes to close and the status to come
+KEPT = 4  # warm zygotes at once; the least recently used one goes first
+
+
+class ZygoteUnavailable(RuntimeError):
+    """No warm parent for this case: the runner starts a fresh interpreter."""
+
+
+class ZygoteLost(RuntimeError):
+    """The zygote died while its child ran: the child's exit status is unknown."""
+
+
+class Zygote:
+    def __init__(self, python: str, modules: tuple[str, ...], env: dict):
+        self.dir = tempfile.mkdtemp(prefix="kvprobe-zygote-")
+        self.path = os.path.join(self.dir, "socket")
+        self.log = open(os.path.join(self.dir, "stderr"), "w+")
+        self.proc = subprocess.Popen([python, "-m", "probes.run.zygote", self.path, *modules],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                     env=env, start_new_session=True)
+        if not _read_line(self.proc.stdout, READY_SECONDS).startswith(READY):
+            self.close()
+            self.log.seek(0)
+            raise ZygoteUnavailable(f"the zygote of {python} did not start:\n{self.log.read()[-2000:]}")
+
+    def run(self, text: str, env: dict, timeout: float) -> tuple[int, str, str, bool]:
+        """Fork a worker for the case `text`: (returncode, stdout, stderr, killed)."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            conn.connect(self.path)
+            socket.send_fds(conn, [json.dumps({"case": text, "env": env}).encode()], [out_w, err_w])
+            conn.settimeout(READY_SECONDS)
+            pid = json.loads(conn.recv(MESSAGE_BYTES) or b"{}").get("pid")
+        except OSError as e:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            raise ZygoteUnavailable(f"the zygote did not fork: {e}") from e
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        if pid is None:
+            os.close(out_r), os.close(err_r), conn.close()
+            raise ZygoteUnavailable("the zygote closed the connection without forking")
+        return _watch(pid, out_r, err_r, conn, timeout)
+
+    def close(self, wait: float = 5.0) -> None:
+        """Tell the zygote to take no new cases; it exits when the cases it
+        forked have ended. Waits `wait` seconds for that, then kills it."""
+        if not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        if wait:
+            try:
+                self.proc.wait(wait)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.log.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _watch(pid: int, out_r: int, err_r: int, conn: socket.socket, timeout: float):
+    """Read the worker's pipes to the end and its status from the zygote; at the
+    deadline, kill its process group and drain."""
+    chunks = {out_r: [], err_r: []}
+    returncode, killed = None, False
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        for fd in chunks:
+            selector.register(fd, selectors.EVENT_READ)
+        selector.register(conn, selectors.EVENT_READ)
+        while len(selector.get_map()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if killed:
+                    break
+                kill_group(pid)
+                killed, deadline = True, time.monotonic() + DRAIN_SECONDS
+                continue
+            for key, _ in selector.select(left):
+                if key.fileobj is conn:
+                    message = conn.recv(MESSAGE_BYTES)
+                    if message:
+                        returncode = json.loads(message)["returncode"]
+                    selector.unregister(conn)
+                else:
+                    data = os.read(key.fd, 65536)
+                    if data:
+                        chunks[key.fd].append(data)
+                    else:
+                        selector.unregister(key.fd)
+    kill_group(pid)  # nothing the worker started may outlive it
+    for fd in chunks:
+        os.close(fd)
+    conn.close()
+    if returncode is None:
+        raise ZygoteLost(f"the zygote that forked worker {pid} gave no exit status")
+    out, err = (b"".join(chunks[fd]).decode(errors="replace") for fd in (out_r, err_r))
+    return returncode, out, err, killed
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL to the process group `pid` leads (a worker and all it started)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read_line(stream, timeout: float) -> str:
+    with selectors.DefaultSelector() as selector:
+        selector.register(stream, selectors.EVENT_READ)
+        if not selector.select(timeout):
+            return ""
+    return stream.readline().decode(errors="replace")
+
+
+_zygotes: OrderedDict[tuple, Zygote | None] = OrderedDict()
+_closing: list[Zygote] = []
+_lock = threading.Lock()
+
+
+def zygote_for(python: str, modules: tuple[str, ...], env: dict) -> Zygote:
+    """The warm zygote of this interpreter, preload and environment (the
+    environment is part of the key: modules read it when imported)."""
+    key = (python, modules, tuple(sorted(env.items())))
+    with _lock:
+        if key in _zygotes:
+            _zygotes.move_to_end(key)
+        else:
+            while len(_zygotes) >= KEPT:
+                _, old = _zygotes.popitem(last=False)
+                if old:  # its running cases still get their status
+                    old.close(wait=0)
+                    _closing.append(old)
+            try:
+                _zygotes[key] = Zygote(python, modules, env)
+            except ZygoteUnavailable:
+                _zygotes[key] = None
+                raise
+        zygote = _zygotes[key]
+    if zygote is None:
+        raise ZygoteUnavailable(f"the zygote of {python} could not start earlier in this run")
+    return zygote
+
+
+@atexit.register
+def close_all() -> None:
+    with _lock:
+        while _zygotes:
+            _, zygote = _zygotes.popitem()
+            if zygote:
+                zygote.close()
+        while _closing:
+            _closing.pop().close()

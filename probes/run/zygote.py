@@ -1,0 +1,125 @@
+"""A warm parent for workers: `python -m probes.run.zygote SOCKET [MODULE...]`
+imports what workers need once (the worker, the probes, kvref and its layout
+table, and the named modules), then forks one child per case. Each child is a
+worker as `python -m probes.run.worker` would be, minus the start-up:
+
+- it runs in its own session (the runner kills its whole group);
+- its stdout and stderr are pipes the runner made and passed over the socket;
+- it runs the worker's code, watchdog first, and exits through the normal
+  interpreter shutdown, so a crash or hang while releasing is still seen;
+- the zygote reaps it and sends the runner its exit status.
+
+The zygote stays single-threaded (it forks) and opens no device: device-owning
+IUTs never use one (probes.run.runner). When the runner's end of its stdin
+closes it takes no new cases and exits once its children have, so it cannot
+outlive the run.
+
+Protocol, over a SOCK_SEQPACKET Unix socket, one connection per case: the
+runner sends {"case": text, "env": {...}} with two fds (stdout, stderr); the
+zygote answers {"pid": N} and, when the child has exited, {"returncode": R}
+(negative for a signal, as subprocess gives it)."""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import os
+import selectors
+import socket
+import sys
+
+MESSAGE_BYTES = 1 << 20
+READY = "KVPROBE-ZYGOTE ready"
+
+
+def serve(path: str) -> tuple[dict, list[int]]:
+    """Fork a child per request until stdin closes, then exit when the last
+    child has. Returns only in a child: its request and the two fds it got."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(64)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "accept")
+    selector.register(sys.stdin, selectors.EVENT_READ, "stdin")
+    print(READY, flush=True)
+    children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, connection)
+    while listener.fileno() >= 0 or children:
+        for key, _ in selector.select():
+            if key.data == "stdin":
+                if not os.read(sys.stdin.fileno(), 4096):  # the runner is done or gone:
+                    selector.unregister(sys.stdin)  # no new cases; report those running
+                    selector.unregister(listener)
+                    listener.close()
+            elif key.data == "accept":
+                conn, _ = listener.accept()
+                message, fds, _, _ = socket.recv_fds(conn, MESSAGE_BYTES, 2)
+                if not message or len(fds) != 2:
+                    conn.close()
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    selector.close()
+                    listener.close()
+                    conn.close()
+                    for pidfd, (_, other) in children.items():
+                        os.close(pidfd)
+                        other.close()
+                    return json.loads(message), fds
+                for fd in fds:
+                    os.close(fd)
+                conn.send(json.dumps({"pid": pid}).encode())
+                pidfd = os.pidfd_open(pid)
+                children[pidfd] = (pid, conn)
+                selector.register(pidfd, selectors.EVENT_READ, "exit")
+            else:  # a child exited
+                pid, conn = children.pop(key.fd)
+                selector.unregister(key.fd)
+                os.close(key.fd)
+                _, status = os.waitpid(pid, 0)
+                try:
+                    conn.send(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode())
+                except OSError:
+                    pass  # the runner gave up on this case
+                conn.close()
+    sys.exit(0)
+
+
+def become_worker(request: dict, fds: list[int]) -> int:
+    """In a forked child: take the case's pipes, session and environment, then
+    run the worker."""
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
+    for fd in (devnull, *fds):
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    from probes.run import worker
+
+    return worker.run(request["case"])
+
+
+def preload(modules: list[str]) -> None:
+    import probes.run.probe_case  # noqa: F401  the worker's whole import graph
+    from kvref.oracle import table
+
+    table.load()
+    for name in modules:
+        importlib.import_module(name)
+
+
+def main(argv: list[str]) -> int:
+    path, *modules = argv
+    preload(modules)
+    gc.freeze()  # children's collections skip (and so do not copy) the preloaded objects
+    request, fds = serve(path)
+    return become_worker(request, fds)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

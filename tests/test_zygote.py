@@ -1,0 +1,115 @@
+"""Workers forked from a warm zygote are watched like fresh ones: a crash, a
+hang, a failure after the result line, and every process they start, end as
+they would in a fresh interpreter."""
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+from probes.run import forked
+from probes.run.runner import classify, run_case
+from probes.run.worker import PHASE_PROBE, RESULT_PREFIX
+from kvref import ShapeKey
+from probes.suite.matrix import MatrixRow, build_cases
+from tests.test_runner import alive
+
+
+def planted_zygote(tmp_path, body: str) -> forked.Zygote:
+    """A zygote that preloads a module replacing the probe run with `body`
+    (the body of `def run(text, on_probe_start)`)."""
+    (tmp_path / "planted_run.py").write_text(
+        "import os, signal, subprocess, sys, time\n"
+        "import probes.run.probe_case as p\n"
+        "def run(text, on_probe_start):\n"
+        + "".join(f"    {line}\n" for line in body.splitlines())
+        + "p.run_case_here = run\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
+    return forked.Zygote(sys.executable, ("planted_run",), env)
+
+
+CASE = build_cases(["tpu7x"], [], probes=("plan_binding",), timeout=2.0)[0]
+RESULT = f"print({RESULT_PREFIX!r} + '{{\"verdict\": \"PASS\", \"detail\": \"ok\"}}', flush=True)"
+
+
+def run_planted(tmp_path, body: str, timeout: float = 3.0):
+    zygote = planted_zygote(tmp_path, body)
+    try:
+        returncode, out, err, killed = zygote.run(CASE.to_json(), dict(os.environ), timeout)
+    finally:
+        zygote.close()
+    return classify(returncode, out, err, killed, CASE.timeout, CASE.startup_timeout), out, err
+
+
+def test_a_forked_worker_that_crashes_is_a_crash(tmp_path):
+    outcome, _, _ = run_planted(tmp_path, "os.kill(os.getpid(), signal.SIGSEGV)")
+    assert outcome.verdict == "CRASH" and "SIGSEGV" in outcome.detail
+
+
+def test_a_forked_worker_that_hangs_after_its_result_is_killed_with_all_it_started(tmp_path):
+    pids = tmp_path / "pids"
+    body = (f"on_probe_start(30.0)\n{RESULT}\n"
+            f"child = subprocess.Popen(['sleep', '1000'])\n"
+            f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+            "time.sleep(1000)")
+    start = time.monotonic()
+    outcome, out, err = run_planted(tmp_path, body, timeout=2.0)
+    assert time.monotonic() - start < 2.0 + forked.DRAIN_SECONDS
+    assert outcome.verdict == "HANG" and "after the probe" in outcome.detail, outcome.detail
+    assert "the probe had reported PASS: ok" in outcome.detail and PHASE_PROBE in err
+    time.sleep(0.2)
+    for pid in map(int, pids.read_text().split()):
+        assert not alive(pid), f"process {pid} outlived its case"
+
+
+def test_the_watchdog_of_a_forked_worker_fires(tmp_path):
+    outcome, _, err = run_planted(tmp_path, "on_probe_start(0.5)\ntime.sleep(30)", timeout=10.0)
+    assert outcome.verdict == "HANG" and "watchdog fired after 2.0s" in outcome.detail
+    assert "planted_run.py" in err  # the stacks say where it hung
+
+
+def test_a_forked_worker_sees_the_case_environment_not_the_zygotes(tmp_path):
+    zygote = planted_zygote(tmp_path, "print('SEEN', os.environ.get('KVPROBE_SEEN'), flush=True)\n"
+                                      "raise SystemExit(0)")
+    try:
+        _, out, _, _ = zygote.run(CASE.to_json(), {**os.environ, "KVPROBE_SEEN": "case"}, 10.0)
+    finally:
+        zygote.close()
+    assert "SEEN case" in out
+
+
+def test_a_closed_zygote_still_reports_its_running_case_then_exits(tmp_path):
+    zygote = planted_zygote(tmp_path, f"time.sleep(1)\n{RESULT}\nraise SystemExit(0)")
+    found = {}
+
+    def run():
+        found["result"] = zygote.run(CASE.to_json(), dict(os.environ), 10.0)
+
+    import threading
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.3)
+    zygote.close(wait=0)
+    thread.join()
+    returncode, out, _, killed = found["result"]
+    assert returncode == 0 and not killed and RESULT_PREFIX in out
+    zygote.proc.wait(5)
+    with pytest.raises(forked.ZygoteUnavailable, match="did not fork"):
+        zygote.run(CASE.to_json(), dict(os.environ), 1.0)
+    zygote.close()
+
+
+@pytest.mark.parametrize("probe", ["roundtrip", "deferred_construction", "plan_binding", "host_budget"])
+def test_forked_and_fresh_workers_give_the_same_verdicts(probe):
+    row = MatrixRow("m", ShapeKey.parse("bf16[512,8,256]"), (probe,))
+    case = next(c for c in build_cases(["v5e"], [row], probes=(probe,)) if c.probe == probe)
+    forked_outcome = run_case(case).outcome
+    fresh_outcome = run_case(case, python=sys.executable).outcome
+    assert forked_outcome.verdict == fresh_outcome.verdict
+    if probe != "host_budget":  # its detail holds a measured address-space growth
+        assert forked_outcome.detail == fresh_outcome.detail
+    assert forked_outcome.verdict in ("PASS", "REJECTED"), forked_outcome.detail
+    assert json.dumps(forked_outcome.to_dict())  # a whole outcome came back

@@ -6,11 +6,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvref-installed
 PEER_STAMP := .venv-peer/.kvref-installed
+XLA_STAMP := .venv-xla/.kvref-installed
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SYSTEM_PACKAGES := libprotobuf-dev protobuf-compiler
 
-.PHONY: probe peer-probe peer-env peer-env-torch tpu-test test bench fuzz baseline refresh-layouts clean system-deps
+.PHONY: probe peer-probe peer-env peer-env-torch xla-env xla-probe tpu-test test bench fuzz baseline refresh-layouts clean system-deps
 
 # C++ protobuf for the plan binding comes from Debian.
 system-deps:
@@ -35,6 +36,18 @@ $(PEER_STAMP): $(STAMP)
 
 peer-env: $(PEER_STAMP)
 
+# Python 3.11 with torch_xla 2.9.0 and its torch (PyPI's CUDA build: about 3 GB
+# to download, 7 GB installed; runs on the CPU): kvref over real lazy tensors.
+$(XLA_STAMP): $(STAMP)
+	$(BIN)/kvprobe peer-env --lib xla
+	touch $@
+
+xla-env: $(XLA_STAMP)
+
+# kvref on torch_xla's CPU device, every probe -> reports/xla/
+xla-probe: $(XLA_STAMP)
+	$(BIN)/kvprobe run --generation cpu --iut kvref-torch-xla --matrix cpu --probe all --out reports/xla
+
 # On a TPU VM: tpu-sync-torch with torch and TorchTPU (TorchTPU has no CPU device).
 peer-env-torch: $(STAMP)
 	$(BIN)/kvprobe peer-env --lib torch
@@ -47,7 +60,7 @@ tpu-test: $(PEER_STAMP) peer-env-torch
 peer-probe: $(PEER_STAMP)
 	$(BIN)/kvprobe run --generation cpu --iut kvref-jax,tpu-sync-jax --matrix cpu --probe all --out reports
 
-test: $(STAMP) $(PEER_STAMP)
+test: $(STAMP) $(PEER_STAMP) $(XLA_STAMP)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP) $(PEER_STAMP)
@@ -64,7 +77,7 @@ refresh-layouts: $(STAMP)
 	$(BIN)/python -m kvref.oracle.refresh
 
 clean:
-	rm -rf $(VENV) .venv-peer .venv-peer-torch build
+	rm -rf $(VENV) .venv-peer .venv-peer-torch .venv-xla build
 
 # A fuzz campaign over kvref's API: inputs, refusals, acceptances, failures per category.
 fuzz: $(STAMP)

@@ -81,8 +81,8 @@ def _is_jax_array(obj) -> bool:
 
 
 def _unpack_xla(tensor, faults: Faults) -> DeviceBufferView:
-    address, alias, shape, device = xla_tensors.resolve(tensor, faults)
-    return DeviceBufferView(xla_tensors.region(address, alias, shape), shape, device, tensor, address)
+    address, holder, shape, device = xla_tensors.resolve(tensor, faults)
+    return DeviceBufferView(xla_tensors.region(address, holder, shape), shape, device, tensor, address)
 
 
 def _unpack_jax(array) -> DeviceBufferView:

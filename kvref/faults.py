@@ -34,7 +34,7 @@ class Faults:
         "the host pool is allocated without checking it against a budget (host OOM)")
     buffer_resolved_once: bool = _fault(
         "buffers are resolved at construction only: a transfer after an in-place op moves "
-        "stale storage")
+        "stale storage (pending ops never run; an XLA tensor's new buffer is never seen)")
 
     @classmethod
     def known(cls) -> tuple[str, ...]:

@@ -8,14 +8,15 @@ new buffer (unless buffer donation reuses the old one). So kvref
 - materializes a pending tensor (syncs it), then awaits device ops, before it
   touches a buffer; awaiting alone would wait forever on a graph nothing runs;
 - holds the buffer it addresses through a DLPack alias, so that buffer stays
-  alive (and a manager that keeps it too long moves stale bytes, not freed
-  memory);
+  alive whatever happens to the tensor (and a manager that keeps it too long
+  moves stale bytes, not freed memory); DLPack has no f8 types in torch_xla,
+  so f8 tensors are refused rather than addressed unheld;
 - re-resolves before every transfer: a tensor whose buffer changed since is
   re-read, so a transfer always moves the tensor's live storage;
 - refuses views (`permute`, slices): a view materializes into a copy of its
   own, so blocks written through it would never reach the tensor it views.
 
-On the XLA CPU device buffers are dense and row-major. torch_xla is imported
+On the XLA CPU device buffers are dense and row-major (its default layout). torch_xla is imported
 only when such a tensor is handed over."""
 
 from __future__ import annotations
@@ -56,9 +57,14 @@ def resolve(tensor, faults: Faults = Faults()):
     xla = torch_xla._XLAC
     device = _device(xla, tensor)
     if tensor._is_view():
-        raise ValueError(f"a view ({tuple(tensor.shape)} of another XLA tensor: permute, a slice, "
-                         "...): it materializes into a copy of its own, so blocks moved through it "
+        raise ValueError(f"a view (shape {tuple(tensor.shape)}) of another XLA tensor (permute, a "
+                         "slice, ...): it materializes into a copy of its own, so blocks moved through it "
                          "would never reach the tensor it views; pass the base tensor, or a .clone()")
+    shape = Shape(element_type(tensor.dtype).name, tuple(tensor.shape), Layout.default(tensor.dim()))
+    if shape.dtype.startswith("f8"):
+        raise ValueError(f"a {shape} XLA tensor: torch_xla's DLPack has no f8 types, so kvref cannot "
+                         "hold its buffer alive while blocks move; expected a bf16, f16, f32 or "
+                         "integer cache")
     if not faults.no_await_before_transfer:
         if faults.no_materialize_before_await:
             _await_without_materializing(xla, tensor)
@@ -67,15 +73,14 @@ def resolve(tensor, faults: Faults = Faults()):
         xla._xla_wait_device_ops(devices=[])
     address = xla._unsafe_buffer_pointer(tensor)
     alias = from_dlpack(to_dlpack(tensor))  # never on a pending tensor: that aborts the process
-    shape = Shape(element_type(tensor.dtype).name, tuple(tensor.shape), Layout.default(tensor.dim()))
     if alias.data_ptr() != address or not alias.is_contiguous():
         raise ValueError(f"a {shape} XLA tensor whose buffer is not dense row-major; expected the "
                          "XLA CPU device's default layout")
     return address, alias, shape, device
 
 
-def region(address: int, alias, shape: Shape):
-    return _core.DeviceRegion.of_pointer(address, shape.physical_size_bytes, alias)
+def region(address: int, holder, shape: Shape):
+    return _core.DeviceRegion.of_pointer(address, shape.physical_size_bytes, holder)
 
 
 def _await_without_materializing(xla, tensor) -> None:

@@ -69,7 +69,7 @@ def test_bad_transfers_change_nothing(setup, call, error, needle):
     (lambda d: [[]], ValueError, "layer 0 has no shards"),
     (lambda d: [[d["a"]], [d["b"], d["c"]]], ValueError, "layer 1 has 2 shards but layer 0 has 1"),
     (lambda d: [d["a"], d["other"]], ValueError, "arrays from two devices"),
-    (lambda d: [np.zeros((4, 4))], TypeError, "expected a kvref.sim.DeviceArray or a single-device jax.Array"),
+    (lambda d: [np.zeros((4, 4))], TypeError, "expected a kvref.sim.DeviceArray, a single-device jax.Array or an XLA CPU"),
 ])
 def test_bad_construction(make, error, needle):
     dev, other = kvref.SimDevice("tpu7x"), kvref.SimDevice("tpu7x", id=1)

@@ -21,6 +21,7 @@ class IUT:
     owns_device: bool = False  # a worker holds a real TPU: cases run one at a time
     startup_seconds: float = 60.0  # a worker's start-up limit (a cold TPU runtime takes minutes)
     preload: tuple[str, ...] = ()  # modules a warm parent imports once for its workers; never a device
+    environment: tuple[tuple[str, str], ...] = ()  # variables its workers run with
 
     def layout_of(self, generation: str, key: kvref.ShapeKey) -> tuple[kvref.Shape, str]:
         return self.arrays.layout_of(generation, key)

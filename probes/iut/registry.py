@@ -18,7 +18,7 @@ IUTS: dict[str, IUT] = {iut.name: iut for iut in (
     IUT("tpu-sync-jax", JaxCpuArrays, TpuSyncJaxLibrary, targets=("cpu",), interpreter="jax",
         preload=("jax",)),
     IUT("kvref-torch-xla", TorchXlaArrays, KvrefLibrary, targets=("cpu",), interpreter="xla",
-        jax_platforms=None, preload=("torch_xla",)),
+        preload=("torch_xla",), environment=(("PJRT_DEVICE", "CPU"),)),
     IUT("tpu-sync-jax-tpu", JaxTpuArrays, TpuSyncJaxLibrary, targets=kvref.GENERATIONS,
         interpreter="jax", jax_platforms=None, owns_device=True, startup_seconds=300.0),
     IUT("tpu-sync-torch-tpu", TorchTpuArrays, TpuSyncTorchLibrary, targets=TORCH_TPU_GENERATIONS,

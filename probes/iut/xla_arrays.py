@@ -2,11 +2,14 @@
 real lazy tensors, no TPU needed.
 
 - put: copied to the device and synced, waited for.
-- deferred: a `clone()` of a device tensor, recorded and never synced, so
-  `_check_tensor_need_materialization` says it is pending.
-- landing: the same clone, synced without waiting in one graph with a large
-  matrix product, so its buffer is promised but not there while the product
-  runs (PjRt has no buffer for it yet).
+- deferred: a device tensor with its rows reversed twice (`flip(0).flip(0)`:
+  bit-exact, not a view), recorded and never synced, so
+  `_check_tensor_need_materialization` says it is pending. (A `clone()` of a
+  device tensor is not: it is device data at once.)
+- landing: the device tensor selected (over zeros) through a condition that
+  is always true but known only once a large matrix product is done, synced
+  without waiting: its buffer is promised but not there while the product runs (PjRt
+  has no buffer for it yet).
 
 `scramble` zeroes the cache in place and leaves it pending, and
 `serving_step` overwrites it in place and syncs: either way the tensor gets a
@@ -33,7 +36,6 @@ class TorchXlaArrays:
 
     def __init__(self, generation: str):
         self.generation = generation
-        self._running = []  # what a landing graph computes beside the caches, kept as its output
 
     @staticmethod
     def layout_of(generation, key):
@@ -62,10 +64,13 @@ class TorchXlaArrays:
         torch_xla.sync(wait=True)
         if mode == "put":
             return list(zip(placed, hosts))
-        caches = [t.clone() for t in placed]
+        caches = [t.flip(0).flip(0) for t in placed]
         if mode == "landing":
             a = torch.rand(LANDING_MATMUL_N, LANDING_MATMUL_N, device=device)
-            self._running.append(a @ a)
+            product = (a @ a).sum()
+            gate = product == product  # finite, so true; XLA cannot know that before computing it
+            # Between the cache and zeros, so no simplification can hand back the input itself.
+            caches = [torch.where(gate, t, torch.zeros_like(t)) for t in placed]
             torch_xla.sync(wait=False)
         return list(zip(caches, hosts))
 

@@ -84,10 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also write each generation's baseline.csv from its latest run")
     rep.set_defaults(run=_report)
 
-    peer = sub.add_parser("peer-env", help="create and check a Python 3.12 environment with a "
-                          "pinned production library")
+    peer = sub.add_parser("peer-env", help="create and check an environment of its own with a "
+                          "pinned production library or framework")
     peer.add_argument("--lib", choices=list(PEER_ENVS), default="jax",
-                      help="jax: tpu-sync-jax (probed on JAX CPU arrays anywhere); torch: "
+                      help="xla: torch_xla 2.9.0 for kvref-torch-xla (lazy tensors on the XLA CPU "
+                      "device; about 7 GB); jax: tpu-sync-jax (probed on JAX CPU arrays anywhere); torch: "
                       "tpu-sync-torch with torch and TorchTPU (for a TPU VM)")
     peer.add_argument("--check", action="store_true", help="only check an existing environment")
     peer.set_defaults(run=_peer_env)

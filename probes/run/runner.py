@@ -154,6 +154,7 @@ def owns_device(cases: list[Case]) -> bool:
 
 def _worker_env(case: Case) -> dict:
     env = dict(os.environ)
+    env.update(iut(case.iut).environment)
     platforms = iut(case.iut).jax_platforms
     if platforms:
         env.setdefault("JAX_PLATFORMS", platforms)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvref.generations import GENERATIONS, check_generation
+from kvref.generations import GENERATIONS, check_generation, is_shipped
 from kvref.oracle import cache, table
 from kvref.oracle.compiler import OracleUnavailable
 from kvref.shape import Shape
@@ -44,8 +44,18 @@ def tpu_layout(dtype, dims, generation: str) -> Shape:
 
 def device_kind(generation: str) -> str:
     """The device kind the compiler reports for a generation ("TPU v5 lite"),
-    from the shipped table; empty when the table has none."""
-    return table.load()["generations"].get(check_generation(generation), {}).get("device_kind", "")
+    from the shipped table, or for a TPU type it does not ship, from the live
+    compiler; empty when neither can say."""
+    shipped = table.load()["generations"].get(check_generation(generation), {}).get("device_kind", "")
+    if shipped or is_shipped(generation):
+        return shipped
+    from kvref.oracle import compiler
+
+    try:  # any cached answer for it names the device; else ask the compiler
+        cached = cache.read(cache.cache_path(compiler.versions())).get(generation, {})
+        return next(iter(cached.values()))[2] if cached else compiler.device_kind(generation)
+    except OracleUnavailable:
+        return ""
 
 
 def generation_of_device_kind(kind: str) -> str | None:

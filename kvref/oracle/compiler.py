@@ -5,10 +5,11 @@ topology and read the output's layout and size back."""
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 from kvref.dtypes import element_type
-from kvref.generations import TOPOLOGIES, check_generation
+from kvref.generations import DEFAULT_TOPOLOGIES, TOPOLOGIES, check_generation
 from kvref.shape import Layout, Shape
 from kvref.shape_key import ShapeKey
 
@@ -41,14 +42,48 @@ def versions() -> dict[str, str]:
 
 @functools.cache
 def _device(generation: str):
+    check_generation(generation)
     versions()
+    if generation in TOPOLOGIES or ":" in generation:
+        return _describe(TOPOLOGIES.get(generation, generation)).devices[0]
+    errors = []
+    for topology in DEFAULT_TOPOLOGIES:  # a bare chip: the first topology libtpu accepts
+        try:
+            return _describe(f"{generation}:{topology}").devices[0]
+        except OracleUnavailable as e:
+            errors.append(str(e))
+    raise OracleUnavailable(f"the installed libtpu compiles for no {generation!r} topology of "
+                            f"{', '.join(DEFAULT_TOPOLOGIES)}: {errors[0]}")
+
+
+# Ahead-of-time compiles open no TPU, so several processes may load libtpu at
+# once (a run's parent and its workers, test processes) without its lockfile.
+MULTIPLE_LOADS = ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
+def _describe(name: str):
+    os.environ.setdefault(*MULTIPLE_LOADS)
     from jax.experimental import topologies
 
     try:
-        topology = topologies.get_topology_desc(topology_name=TOPOLOGIES[generation], platform="tpu")
+        return topologies.get_topology_desc(topology_name=name, platform="tpu")
     except Exception as e:  # libtpu raises many kinds of errors here
-        raise OracleUnavailable(f"libtpu could not describe topology {TOPOLOGIES[generation]!r}: {e}") from e
-    return topology.devices[0]
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OracleUnavailable(f"libtpu could not describe topology {name!r}: {first}") from e
+
+
+def device_kind(generation: str) -> str:
+    """The device kind the compiler reports for this TPU type ("TPU v2")."""
+    return _device(generation).device_kind
+
+
+def accepts(generation: str) -> str | None:
+    """None when the installed libtpu compiles for this TPU type, else why not."""
+    try:
+        _device(generation)
+    except (OracleUnavailable, ValueError) as e:
+        return str(e)
+    return None
 
 
 def compile_layout(dtype, dims, generation: str) -> CompiledLayout:

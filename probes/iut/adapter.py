@@ -22,13 +22,19 @@ class IUT:
     startup_seconds: float = 60.0  # a worker's start-up limit (a cold TPU runtime takes minutes)
     preload: tuple[str, ...] = ()  # modules a warm parent imports once for its workers; never a device
     environment: tuple[tuple[str, str], ...] = ()  # variables its workers run with
+    any_tpu_type: bool = False  # also runs on TPU types beyond the shipped ones (v2:2x2)
 
     def layout_of(self, generation: str, key: kvref.ShapeKey) -> tuple[kvref.Shape, str]:
         return self.arrays.layout_of(generation, key)
 
     def check_target(self, generation: str) -> None:
-        if generation not in self.targets:
-            raise ValueError(f"{self.name} runs on {', '.join(self.targets)}, not {generation!r}")
+        if generation in self.targets:
+            return
+        if self.any_tpu_type and generation != "cpu":
+            kvref.generations.check_generation(generation)
+            return
+        also = " or any TPU type the installed libtpu compiles for" if self.any_tpu_type else ""
+        raise ValueError(f"{self.name} runs on {', '.join(self.targets)}{also}, not {generation!r}")
 
     def check_faults(self, faults: kvref.Faults) -> None:
         if faults and not self.library.supports_faults:

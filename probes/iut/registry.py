@@ -13,7 +13,7 @@ from probes.iut.tpu_sync import TpuSyncJaxLibrary, TpuSyncTorchLibrary
 from probes.iut.xla_arrays import TorchXlaArrays
 
 IUTS: dict[str, IUT] = {iut.name: iut for iut in (
-    IUT("kvref-sim", SimArrays, KvrefLibrary, targets=kvref.GENERATIONS),
+    IUT("kvref-sim", SimArrays, KvrefLibrary, targets=kvref.GENERATIONS, any_tpu_type=True),
     IUT("kvref-jax", JaxCpuArrays, KvrefLibrary, targets=("cpu",), preload=("jax",)),
     IUT("tpu-sync-jax", JaxCpuArrays, TpuSyncJaxLibrary, targets=("cpu",), interpreter="jax",
         preload=("jax",)),

@@ -19,8 +19,8 @@ def compare(new: pd.DataFrame, old: pd.DataFrame) -> dict[str, pd.DataFrame]:
     sections = {
         "Layouts that changed": shapes[shapes["layout_new"] != shapes["layout_old"]][
             ["shape", "layout_old", "layout_new"]],
-        "Block slice sizes that changed": shapes[
-            shapes["slice_bytes_new"].astype(str) != shapes["slice_bytes_old"].astype(str)][
+        "Block slice sizes that changed": shapes[_differs(shapes["slice_bytes_new"],
+                                                          shapes["slice_bytes_old"])][
             ["shape", "slice_bytes_old", "slice_bytes_new"]],
     }
     trips = both[both["probe"] == "roundtrip"]
@@ -48,6 +48,12 @@ def write(new: pd.DataFrame, old: pd.DataFrame, new_name: str, old_name: str, pa
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
     return path
+
+
+def _differs(a: pd.Series, b: pd.Series) -> pd.Series:
+    """Element-wise, with two missing values (no contiguous slice) equal."""
+    same = (a == b).fillna(False) | (a.isna() & b.isna())
+    return ~same.astype(bool)
 
 
 def _matched(new: pd.DataFrame, old: pd.DataFrame) -> pd.DataFrame:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from kvref.generations import report_name
+
 from probes.suite.verdicts import SKIP, agrees
 
 COLUMNS = ["run_id", "time", "generation", "device_kind", "iut", "iut_version", "iut_options",
@@ -24,11 +26,16 @@ def write_runs(frame: pd.DataFrame, out: Path) -> list[Path]:
     """reports/<generation>/runs/<run_id>.csv for each generation in the frame."""
     paths = []
     for gen, part in frame.groupby("generation", sort=False):
-        path = Path(out) / gen / "runs" / f"{part['run_id'].iloc[0]}.csv"
+        path = Path(out) / generation_dir(gen) / "runs" / f"{part['run_id'].iloc[0]}.csv"
         path.parent.mkdir(parents=True, exist_ok=True)
         part.to_csv(path, index=False)
         paths.append(path)
     return paths
+
+
+def generation_dir(generation: str) -> str:
+    """The folder of a generation's reports: `cpu`, or the TPU type's report name."""
+    return generation if generation == "cpu" else report_name(generation)
 
 
 def read_run(path) -> pd.DataFrame:

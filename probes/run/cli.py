@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from kvref import GENERATIONS
+from kvref.generations import check_generation
 from probes.iut.peer_env import PEER_ENVS
 from probes.iut.registry import IUTS
 from probes.report.paths import file_safe
@@ -16,11 +17,14 @@ from probes.suite.registry import DEFAULT_PROBES, PROBES
 
 def _generations(value: str) -> list[str]:
     names = list(GENERATIONS) if value == "all" else [v.strip() for v in value.split(",")]
+    names = [_local_generation() if name == "local" else name for name in names]
     for name in names:
-        if name not in GENERATIONS + ("cpu",):
-            raise argparse.ArgumentTypeError(
-                f"unknown generation {name!r}; expected one of {', '.join(GENERATIONS)}, 'all', "
-                "or 'cpu' (JAX CPU implementations)")
+        if name == "cpu":
+            continue
+        try:
+            check_generation(name)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{e}; or 'all', or 'cpu' (CPU implementations)") from None
     return names
 
 
@@ -107,11 +111,38 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--out", type=Path, default=Path("reports"))
     fz.set_defaults(run=_fuzz)
 
+    gens = sub.add_parser("generations", help="the TPU generations shipped, and the TPU types the "
+                          "installed libtpu compiles for")
+    gens.add_argument("names", nargs="*", metavar="TYPE", help="more TPU types to try (chip or chip:topology)")
+    gens.set_defaults(run=_list_generations)
+
+    qual = sub.add_parser("qualify", help="every default probe on a new TPU type and one already "
+                          "qualified, and a report of everything that differs")
+    qual.add_argument("new", type=_tpu_type, metavar="NEW", help="the new TPU type: v2:2x2, v2, local")
+    qual.add_argument("--against", type=_tpu_type, required=True, metavar="OLD",
+                      help="a TPU type to compare with, e.g. v3")
+    qual.add_argument("--matrix", default="default")
+    qual.add_argument("--jobs", "-j", type=_positive, default=None)
+    qual.add_argument("--timeout", type=_positive_number(float), default=30.0)
+    qual.add_argument("--out", type=Path, default=Path("reports"))
+    qual.set_defaults(run=_qualify)
+
     diff = sub.add_parser("diff", help="what changed between two run CSVs")
     diff.add_argument("a", type=Path)
     diff.add_argument("b", type=Path)
     diff.set_defaults(run=_diff)
     return parser
+
+
+# TPU chips `kvprobe generations` asks the installed libtpu about.
+CANDIDATE_CHIPS = ("v2", "v3", "v4", "v5e", "v5p", "v6e", "tpu7x")
+
+
+def _tpu_type(value: str) -> str:
+    (name,) = _generations(value)
+    if name == "cpu":
+        raise argparse.ArgumentTypeError("expected a TPU type, not 'cpu'")
+    return name
 
 
 def _probes(value: str) -> list[str]:
@@ -136,6 +167,42 @@ def _run(args) -> int:
                         args.timeout, args.faults, args.out, console, args.ray)
     Console().print(command.summary_table(frame))
     print(f"{len(frame)} cases in {time.monotonic() - start:.1f} s; reports: {args.out / 'README.md'}")
+    return 0
+
+
+def _local_generation() -> str:
+    """`local`: the TPU generation of this machine."""
+    from probes.iut.hardware import NO_TPU, local_generation
+
+    generation = local_generation()
+    if generation is None:
+        raise argparse.ArgumentTypeError(f"'local': {NO_TPU}")
+    return generation
+
+
+def _list_generations(args) -> int:
+    from kvref.generations import DEFAULT_TOPOLOGIES, TOPOLOGIES
+    from kvref.oracle import compiler, device_kind
+
+    print("shipped (layouts from the table):")
+    for name in GENERATIONS:
+        print(f"  {name:8} {TOPOLOGIES[name]:14} {device_kind(name)}")
+    print(f"the installed libtpu (a bare chip takes the first of {', '.join(DEFAULT_TOPOLOGIES)} it accepts):")
+    for name in dict.fromkeys([*CANDIDATE_CHIPS, *args.names]):
+        reason = compiler.accepts(name)
+        print(f"  {name:14} " + (f"compiles for it: {compiler.device_kind(name)}" if reason is None
+                                 else f"no: {reason}"))
+    return 0
+
+
+def _qualify(args) -> int:
+    from rich.console import Console
+
+    from probes.run import command
+
+    path, frame = command.qualify(args.new, args.against, args.matrix, args.jobs, args.timeout, args.out,
+                                  Console(stderr=True))
+    print(f"{len(frame)} cases; qualification report: {path}")
     return 0
 
 

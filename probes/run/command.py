@@ -7,13 +7,16 @@ from pathlib import Path
 import pandas as pd
 
 from kvref import GENERATIONS, Faults
+from kvref.generations import is_shipped
+from kvref.oracle import compiler
 from probes.iut.registry import iut
-from probes.report import results, summary
+from probes.report import qualification, results, summary
 from probes.report.results import disagreements
 from probes.run import rows
 from probes.run.ray_runner import run_cases_on_ray
 from probes.run.runner import run_cases
 from probes.suite.matrix import build_cases, load_matrix
+from probes.suite.predict import describe
 from probes.suite.registry import DEFAULT_PROBES
 from probes.suite.verdicts import VERDICTS
 
@@ -27,11 +30,19 @@ def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, con
         for gen in generations:
             iut(name).check_target(gen)
         iut(name).check_faults(faults)
+    for gen in generations:
+        if gen != "cpu" and not is_shipped(gen):
+            reason = compiler.accepts(gen)
+            if reason:
+                raise ValueError(f"TPU type {gen!r}: {reason}")
     matrix_rows = load_matrix(matrix)
     cases = [c for name in iuts
              for c in build_cases(generations, matrix_rows, probes or DEFAULT_PROBES, name, faults, timeout)]
     if not cases:
         raise ValueError("no cases: the matrix and --probe select nothing")
+    for case in cases:  # a new TPU type's layouts: compiled once here, cached for the workers
+        if not is_shipped(case.generation) and case.generation != "cpu":
+            describe(case)
     run_id = rows.new_run_id()
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -44,7 +55,7 @@ def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, con
     frame = rows.to_frame(found, run_id)
     results.write_runs(frame, out)
     for gen, part in frame.groupby("generation", sort=False):
-        summary.write_generation_report(part, Path(out) / gen)
+        summary.write_generation_report(part, Path(out) / results.generation_dir(gen))
     summary.write_index(latest_frames(out), Path(out))
     return frame
 
@@ -93,3 +104,14 @@ def summary_table(frame: pd.DataFrame):
         table.add_row(gen, *[str(counts.get(v, 0)) for v in verdicts],
                       str(len(disagreements(part))))
     return table
+
+
+def qualify(new: str, old: str, matrix: str, jobs, timeout, out: Path, console) -> tuple[Path, pd.DataFrame]:
+    """The default probes over `matrix` on both TPU types in one run, then
+    reports/<new>/qualification-vs-<old>.md."""
+    if new == old:
+        raise ValueError(f"qualify {new} against another TPU type, not itself")
+    frame = run([new, old], ["kvref-sim"], matrix, None, jobs, timeout, [], out, console)
+    new_frame, old_frame = (frame[frame["generation"] == g] for g in (new, old))
+    path = Path(out) / results.generation_dir(new) / f"qualification-vs-{results.generation_dir(old)}.md"
+    return qualification.write(new_frame, old_frame, new, old, path), frame

@@ -155,6 +155,8 @@ def owns_device(cases: list[Case]) -> bool:
 def _worker_env(case: Case) -> dict:
     env = dict(os.environ)
     env.update(iut(case.iut).environment)
+    if iut(case.iut).owns_device:  # the one process holding the TPU takes libtpu's lockfile
+        env.pop("ALLOW_MULTIPLE_LIBTPU_LOAD", None)
     platforms = iut(case.iut).jax_platforms
     if platforms:
         env.setdefault("JAX_PLATFORMS", platforms)

@@ -41,7 +41,7 @@ def test_several_generations(capsys):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["explain", "bf16[512,3,2048]", "-g", "v9"], "unknown generation 'v9'"),
+    (["explain", "bf16[512,3,2048]", "-g", "V9"], "unknown TPU generation 'V9'"),
     (["explain", "bf16[512,3,2048]", "--layers", "0"], "expected a positive number"),
 ])
 def test_bad_arguments_exit_2(capsys, argv, needle):

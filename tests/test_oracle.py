@@ -80,7 +80,9 @@ def test_tpu_layout_accepts_numpy_dtypes():
 
 
 def test_bad_lookups_name_the_problem():
-    with pytest.raises(ValueError, match="unknown TPU generation 'v9'"):
+    with pytest.raises(ValueError, match="unknown TPU generation 'V9'"):
+        kvref.tpu_layout("bf16", (8, 128), "V9")
+    with pytest.raises(kvref.OracleUnavailable, match="Invalid TPU external name"):
         kvref.tpu_layout("bf16", (8, 128), "v9")
     with pytest.raises(ValueError, match="unknown element type 'bf17'"):
         kvref.tpu_layout("bf17", (8, 128), "v4")

@@ -102,7 +102,7 @@ def test_skipped_cases_are_listed_apart_not_as_disagreements(tmp_path, capsys, m
 @pytest.mark.parametrize("argv, needle", [
     (["run", "--probe", "nope"], "unknown probe(s) ['nope']"),
     (["run", "--timeout", "0"], "expected a positive number"),
-    (["run", "-g", "v9"], "unknown generation 'v9'"),
+    (["run", "-g", "V9"], "unknown TPU generation 'V9'"),
 ])
 def test_bad_run_arguments(capsys, argv, needle):
     with pytest.raises(SystemExit):

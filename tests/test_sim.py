@@ -128,8 +128,8 @@ def test_failed_put_fails_the_buffer():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="unknown TPU generation 'v2'"):
-        kvref.SimDevice("v2")
+    with pytest.raises(ValueError, match="unknown TPU generation 'V2'"):
+        kvref.SimDevice("V2")
     dev = kvref.SimDevice("tpu7x")
     with pytest.raises(ValueError, match="must not be negative"):
         dev.set_dma_faults(delay_us=-1)

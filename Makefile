@@ -9,13 +9,15 @@ PEER_STAMP := .venv-peer/.kvref-installed
 XLA_STAMP := .venv-xla/.kvref-installed
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-SYSTEM_PACKAGES := libprotobuf-dev protobuf-compiler
+# libibverbs1: the tpu-sync nightlies' native module links it.
+SYSTEM_PACKAGES := libprotobuf-dev protobuf-compiler libibverbs1
 
 .PHONY: probe peer-probe peer-env peer-env-torch xla-env xla-probe tpu-test test bench fuzz baseline refresh-layouts clean system-deps
 
 # C++ protobuf for the plan binding comes from Debian.
 system-deps:
-	@command -v protoc >/dev/null && test -f /usr/include/google/protobuf/message.h || \
+	@command -v protoc >/dev/null && test -f /usr/include/google/protobuf/message.h && \
+	  ldconfig -p | grep -q libibverbs.so.1 || \
 	  { $(SUDO) apt-get install -y -q $(SYSTEM_PACKAGES) || \
 	    { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q $(SYSTEM_PACKAGES); }; }
 
@@ -77,7 +79,7 @@ refresh-layouts: $(STAMP)
 	$(BIN)/python -m kvref.oracle.refresh
 
 clean:
-	rm -rf $(VENV) .venv-peer .venv-peer-torch .venv-xla build
+	rm -rf $(VENV) .venv-peer .venv-peer-torch .venv-peer-builds .venv-xla build
 
 # A fuzz campaign over kvref's API: inputs, refusals, acceptances, failures per category.
 fuzz: $(STAMP)

@@ -23,6 +23,7 @@ class IUT:
     preload: tuple[str, ...] = ()  # modules a warm parent imports once for its workers; never a device
     environment: tuple[tuple[str, str], ...] = ()  # variables its workers run with
     any_tpu_type: bool = False  # also runs on TPU types beyond the shipped ones (v2:2x2)
+    build: str | None = None  # a build of its library other than the pinned one (probes.iut.builds)
 
     def layout_of(self, generation: str, key: kvref.ShapeKey) -> tuple[kvref.Shape, str]:
         return self.arrays.layout_of(generation, key)

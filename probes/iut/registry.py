@@ -4,7 +4,10 @@ Library module (probes.iut.protocol) and one line here."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import kvref
+from probes.iut import builds
 from probes.iut.adapter import IUT, Adapter
 from probes.iut.jax_arrays import JaxCpuArrays, JaxTpuArrays
 from probes.iut.reference import KvrefLibrary, SimArrays
@@ -27,10 +30,18 @@ IUTS: dict[str, IUT] = {iut.name: iut for iut in (
 
 
 def iut(name: str) -> IUT:
-    if name not in IUTS:
-        raise ValueError(f"unknown implementation under test {name!r}; expected one of "
-                         f"{sorted(IUTS)}")
-    return IUTS[name]
+    """A declared IUT, or `NAME==VERSION`: that IUT with another build of its library."""
+    base, version = builds.split(name)
+    if base not in IUTS:
+        raise ValueError(f"unknown implementation under test {base!r}; expected one of "
+                         f"{sorted(IUTS)}, optionally NAME==VERSION for a build of its library")
+    declared = IUTS[base]
+    if version is None:
+        return declared
+    if declared.library.distribution not in builds.LIBRARIES:
+        raise ValueError(f"{base} has no builds to choose; builds exist for "
+                         f"{', '.join(n for n, i in IUTS.items() if i.library.distribution in builds.LIBRARIES)}")
+    return dataclasses.replace(declared, name=name, build=version)
 
 
 def check_target(name: str, generation: str) -> None:

@@ -5,6 +5,7 @@ caches: the release-order probes rely on that."""
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import zlib
 from importlib import metadata
@@ -135,6 +136,11 @@ class TorchSyncManager(SyncManagerView):
         raise NotImplementedError("tpu-sync-torch offers no way to read a registered plan back")
 
 
+# Set by the runner for a build other than the pinned one: its directory,
+# from which the library must then import.
+BUILD_VARIABLE = "KVPROBE_BUILD_DIR"
+
+
 class SyncLibrary:
     """tpu-sync's KVCacheManager as a Library; each wheel names its
     `distribution`, the module that must import, and its manager `view`."""
@@ -159,9 +165,12 @@ class SyncLibrary:
 
     def skip_reason(self) -> str | None:
         try:
-            importlib.import_module(self.module)
+            module = importlib.import_module(self.module)
         except ImportError as e:
             return f"{self.distribution} is not importable here ({e}); {self.install_hint}"
+        build = os.environ.get(BUILD_VARIABLE)
+        if build and not str(module.__file__).startswith(build):
+            raise RuntimeError(f"{self.module} came from {module.__file__}, not from the build at {build}")
         return None
 
     def manager(self, caches, host_blocks, **options):

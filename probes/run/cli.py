@@ -127,6 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
     qual.add_argument("--out", type=Path, default=Path("reports"))
     qual.set_defaults(run=_qualify)
 
+    bis = sub.add_parser("bisect", help="the first published build of a library whose verdict on one "
+                         "case differs from an older build's")
+    bis.add_argument("case", metavar="CASE", help="a case id as in the CSVs: cpu/roundtrip/seed-rank3")
+    bis.add_argument("--iut", default="tpu-sync-jax", help="an IUT whose library has builds")
+    bis.add_argument("--old", required=True, metavar="VERSION", help="the older build")
+    bis.add_argument("--new", required=True, metavar="VERSION", help="the newer build")
+    bis.add_argument("--matrix", default="cpu", help="the matrix the case comes from")
+    bis.add_argument("--options", default="defaults",
+                     help="how the manager is built, as the iut_options column says it")
+    bis.add_argument("--timeout", type=_positive_number(float), default=30.0)
+    bis.set_defaults(run=_bisect)
+
     diff = sub.add_parser("diff", help="what changed between two run CSVs")
     diff.add_argument("a", type=Path)
     diff.add_argument("b", type=Path)
@@ -203,6 +215,30 @@ def _qualify(args) -> int:
     path, frame = command.qualify(args.new, args.against, args.matrix, args.jobs, args.timeout, args.out,
                                   Console(stderr=True))
     print(f"{len(frame)} cases; qualification report: {path}")
+    return 0
+
+
+def _bisect(args) -> int:
+    from probes.iut.registry import iut
+    from probes.run.bisect import bisect_case
+    from probes.suite.matrix import build_cases, load_matrix
+
+    declared = iut(args.iut)
+    generation = args.case.split("/", 1)[0]
+    cases = [c for c in build_cases([generation], load_matrix(args.matrix), tuple(PROBES), args.iut,
+                                    timeout=args.timeout)
+             if c.case_id == args.case and c.options_text == args.options]
+    if not cases:
+        raise ValueError(f"no case {args.case!r} built {args.options!r} for {args.iut} in matrix "
+                         f"{args.matrix!r}; case ids look like cpu/roundtrip/seed-rank3")
+    found = bisect_case(cases[0], declared.library.distribution, args.old, args.new,
+                        progress=lambda v, o: print(f"  {v}: {o.verdict}", flush=True))
+    if found.after is None:
+        print(f"no build from {args.old} to {args.new} changed the verdict "
+              f"({found.steps[0].outcome.verdict} at both ends)")
+        return 0
+    for label, step in (("last with the old verdict", found.before), ("first with the new", found.after)):
+        print(f"{label}: {step.build}: {step.outcome.verdict}: {step.outcome.detail.strip()[:1500]}")
     return 0
 
 

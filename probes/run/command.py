@@ -9,6 +9,7 @@ import pandas as pd
 from kvref import GENERATIONS, Faults
 from kvref.generations import is_shipped
 from kvref.oracle import compiler
+from probes.iut import builds
 from probes.iut.registry import iut
 from probes.report import qualification, results, summary
 from probes.report.results import disagreements
@@ -30,6 +31,13 @@ def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, con
         for gen in generations:
             iut(name).check_target(gen)
         iut(name).check_faults(faults)
+    for name in iuts:  # a build other than the pinned one: installed now, or its cases SKIP
+        declared = iut(name)
+        if declared.build:
+            try:
+                builds.ensure(declared.library.distribution, declared.build)
+            except builds.BuildUnavailable as e:
+                console.print(f"[yellow]{name}: {e}; its cases SKIP[/yellow]")
     for gen in generations:
         if gen != "cpu" and not is_shipped(gen):
             reason = compiler.accepts(gen)

@@ -13,7 +13,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from probes.iut.builds import BUILDS_DIR, build_dir, installed_version
 from probes.iut.peer_env import peer_env
+from probes.iut.tpu_sync import BUILD_VARIABLE
 from probes.iut.registry import iut
 from probes.run.hosts import this_host
 from probes.run.forked import ZygoteLost, ZygoteUnavailable, kill_group, zygote_for
@@ -55,6 +57,9 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
     if python is None:
         env = peer_env(declared.interpreter)
         return CaseResult(case, Outcome(SKIP, f"{case.iut}: {env.missing()}"), 0.0, "", *this_host())
+    if declared.build and not _build_installed(declared):
+        return CaseResult(case, Outcome(SKIP, f"{case.iut}: the build is not installed ({BUILDS_DIR}); "
+                                        "`kvprobe run` installs it first"), 0.0, "", *this_host())
     start = time.monotonic()
     env, limit = _worker_env(case), case.startup_timeout + case.timeout + GRACE_SECONDS
     try:
@@ -152,9 +157,19 @@ def owns_device(cases: list[Case]) -> bool:
     return any(iut(name).owns_device for name in {c.iut for c in cases})
 
 
+def _build_installed(declared) -> bool:
+    library = declared.library.distribution
+    return installed_version(build_dir(library, declared.build), library) == declared.build
+
+
 def _worker_env(case: Case) -> dict:
     env = dict(os.environ)
     env.update(iut(case.iut).environment)
+    declared = iut(case.iut)
+    if declared.build:  # the build first on the path, over the pinned library, sharing its jax
+        path = str(build_dir(declared.library.distribution, declared.build))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH")) if p)
+        env[BUILD_VARIABLE] = path
     if iut(case.iut).owns_device:  # the one process holding the TPU takes libtpu's lockfile
         env.pop("ALLOW_MULTIPLE_LIBTPU_LOAD", None)
     platforms = iut(case.iut).jax_platforms

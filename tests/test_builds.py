@@ -64,11 +64,19 @@ def test_bisect_finds_the_adjacent_pair_where_the_verdict_changed(change_at):
     assert len(calls) == len(set(calls)) <= 2 + 4  # both ends, then log2(16) steps at most
 
 
+def test_bisect_finds_the_first_build_with_the_newest_verdict_past_a_third_one():
+    series = ["a", "b", "c", "d", "e", "f"]
+    verdict_of, _ = stand_in(dict(zip(series, ["CRASH", "CRASH", "HANG", "HANG", "PASS", "PASS"])))
+    found = bisect(series, verdict_of)
+    assert (found.before.build, found.before.outcome.verdict) == ("d", "HANG")
+    assert (found.after.build, found.after.outcome.verdict) == ("e", "PASS")
+
+
 def test_bisect_says_when_nothing_changed_in_the_range():
     verdict_of, calls = stand_in({"a": "HANG", "b": "HANG", "c": "HANG"})
     found = bisect(["a", "b", "c"], verdict_of)
-    assert found.after is None and calls == ["a", "c"]
-    assert [s.build for s in found.steps] == ["a", "c"] and isinstance(found.steps[0], Step)
+    assert found.after is None and calls == ["c", "a"]
+    assert [s.build for s in found.steps] == ["c", "a"] and isinstance(found.steps[0], Step)
 
 
 def test_bisect_range_is_checked():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import glob
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -67,11 +68,23 @@ def local_generation() -> str | None:
     lines = done.stdout.strip().splitlines()
     if done.returncode or not lines:
         raise TpuUnavailable(f"a TPU is here, but JAX could not open it: {done.stderr.strip()[-1500:]}")
-    generation = generation_of_device_kind(lines[-1])
+    generation = generation_of_device_kind(lines[-1]) or _unshipped_chip(lines[-1])
     if generation is None:
-        raise TpuUnavailable(f"a TPU is here ({lines[-1]}), but kvref's layout table does not know "
-                             "that device kind")
+        raise TpuUnavailable(f"a TPU is here ({lines[-1]}), but neither kvref's layout table nor the "
+                             "installed libtpu knows that device kind")
     return generation
+
+
+def _unshipped_chip(kind: str) -> str | None:
+    """A chip the table does not ship, named as libtpu names it ("TPU v2" ->
+    v2), if libtpu compiles for it and reports the same device kind."""
+    from kvref.oracle import compiler
+
+    match = re.fullmatch(r"TPU v(\d+)", kind.strip())
+    chip = f"v{match.group(1)}" if match else None
+    if chip and compiler.accepts(chip) is None and compiler.device_kind(chip) == kind.strip():
+        return chip
+    return None
 
 
 def tpu_device():

@@ -1,9 +1,10 @@
 """`kvprobe bisect`: the first published build of a library whose verdict on
 one case differs from an older build's, by binary search over the builds
 between the two. Each step is an ordinary watched run of the case on that
-build, so a crash or a hang is a verdict like any other. It assumes the
-verdict changed once in the range; it answers with the two adjacent builds
-where it found the change."""
+build, so a crash or a hang is a verdict like any other. It looks for the
+first build with the newer build's verdict, assuming that verdict, once
+reached, stays; it answers with the two adjacent builds where it found it
+(the older of the two may hold a third verdict: that is shown too)."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ class Step:
 @dataclass
 class Bisection:
     steps: list[Step]  # in the order they ran
-    before: Step | None = None  # the last build with the old verdict...
-    after: Step | None = None  # ...and the first with the new one; None: no change in the range
+    before: Step | None = None  # the last build without the new verdict...
+    after: Step | None = None  # ...and the first with it; None: both ends agree
 
 
 def bisect(series: list[str], verdict_of: Callable[[str], Outcome]) -> Bisection:
@@ -42,15 +43,15 @@ def bisect(series: list[str], verdict_of: Callable[[str], Outcome]) -> Bisection
         return steps[i]
 
     lo, hi = 0, len(series) - 1
-    old = at(lo).outcome.verdict
-    if at(hi).outcome.verdict == old:
+    new = at(hi).outcome.verdict
+    if at(lo).outcome.verdict == new:
         return Bisection(list(steps.values()))
-    while hi - lo > 1:
+    while hi - lo > 1:  # lo never has the new verdict, hi always has it
         mid = (lo + hi) // 2
-        if at(mid).outcome.verdict == old:
-            lo = mid
-        else:
+        if at(mid).outcome.verdict == new:
             hi = mid
+        else:
+            lo = mid
     return Bisection(list(steps.values()), at(lo), at(hi))
 
 

@@ -237,7 +237,7 @@ def _bisect(args) -> int:
         print(f"no build from {args.old} to {args.new} changed the verdict "
               f"({found.steps[0].outcome.verdict} at both ends)")
         return 0
-    for label, step in (("last with the old verdict", found.before), ("first with the new", found.after)):
+    for label, step in (("last without the new verdict", found.before), ("first with it", found.after)):
         print(f"{label}: {step.build}: {step.outcome.verdict}: {step.outcome.detail.strip()[:1500]}")
     return 0
 

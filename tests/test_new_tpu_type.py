@@ -90,3 +90,31 @@ def test_the_qualification_shows_each_change_with_both_sides(qualified):
         "detail"].iloc[0]
     assert qualification.compare(new, new.assign(run_id="x"))["Every verdict that differs"].empty
     assert isinstance(sections["Shapes newly accepted"], pd.DataFrame) and sections["Shapes newly accepted"].empty
+
+
+@pytest.mark.oracle
+def test_production_rows_are_held_to_the_prediction_not_compared_across_types(qualified):
+    """On a TPU VM of the new type the run also holds the production libraries
+    to the prediction: their disagreeing cases get a section of their own,
+    and they never enter the comparison between the two types."""
+    new = results.read_run(results.latest_run(qualified / "v2"))
+    old = results.read_run(results.latest_run(qualified / "v3"))
+    production = new[new["probe"] == "roundtrip"].head(2).assign(iut="tpu-sync-jax-tpu")
+    production.loc[production.index[0], ["verdict", "detail"]] = ["CORRUPT", "planted wrong bytes"]
+    sections = qualification.compare(pd.concat([new, production]), old)
+    held = sections["Production libraries against the prediction"]
+    assert list(held["detail"]) == ["planted wrong bytes"]
+    assert sections["Every verdict that differs"].empty
+    assert "Production libraries against the prediction" not in qualification.compare(new, old)
+
+
+def test_qualify_adds_the_hardware_libraries_only_on_a_tpu_of_the_new_type(monkeypatch):
+    from probes.iut import hardware
+    from probes.run import command
+
+    monkeypatch.setattr(hardware, "tpu_visible", lambda: True)
+    monkeypatch.setattr(hardware, "local_generation", lambda: "v4")
+    assert command.hardware_iuts("v4") == ["tpu-sync-jax-tpu", "tpu-sync-torch-tpu"]
+    assert command.hardware_iuts("v5e") == []
+    monkeypatch.setattr(hardware, "tpu_visible", lambda: False)
+    assert command.hardware_iuts("v4") == []

@@ -1,7 +1,10 @@
 """`kvprobe qualify NEW --against OLD`: one report of what a new TPU type
 changes against one already qualified, from a run of each: layouts that
 changed, block slice sizes that changed, shapes newly refused or newly
-accepted, and every verdict that differs, each with both details."""
+accepted, and every verdict that differs, each with both details (the
+reference's rows on each type). Where the run also held production
+libraries to the prediction (on a TPU VM of the new type), every case in
+which they disagree with it is listed too."""
 
 from __future__ import annotations
 
@@ -10,10 +13,16 @@ from pathlib import Path
 import pandas as pd
 
 from probes.report.diff import case_key
+from probes.report.results import disagreements
+
+
+REFERENCE = "kvref-sim"
 
 
 def compare(new: pd.DataFrame, old: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Sections of the report, each a table (empty when nothing changed)."""
+    production = new[new["iut"] != REFERENCE]
+    new, old = new[new["iut"] == REFERENCE], old[old["iut"] == REFERENCE]
     both = _matched(new, old)
     shapes = both.drop_duplicates("shape")
     sections = {
@@ -34,6 +43,9 @@ def compare(new: pd.DataFrame, old: pd.DataFrame) -> dict[str, pd.DataFrame]:
         ["case", "verdict_old", "verdict_new", "detail_old", "detail_new"]]
     only = sorted(set(case_key(new)) ^ set(case_key(old)))
     sections["Cases only one side ran"] = pd.DataFrame({"case": only})
+    if len(production):
+        sections["Production libraries against the prediction"] = disagreements(production)[
+            ["iut", "iut_options", "case_id", "predicted", "verdict", "detail"]]
     return sections
 
 

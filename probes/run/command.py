@@ -10,7 +10,7 @@ from kvref import GENERATIONS, Faults
 from kvref.generations import is_shipped
 from kvref.oracle import compiler
 from probes.iut import builds
-from probes.iut.registry import iut
+from probes.iut.registry import IUTS, iut
 from probes.report import qualification, results, summary
 from probes.report.results import disagreements
 from probes.run import rows
@@ -115,11 +115,25 @@ def summary_table(frame: pd.DataFrame):
 
 
 def qualify(new: str, old: str, matrix: str, jobs, timeout, out: Path, console) -> tuple[Path, pd.DataFrame]:
-    """The default probes over `matrix` on both TPU types in one run, then
-    reports/<new>/qualification-vs-<old>.md."""
+    """The default probes over `matrix` on both TPU types in one run (on a
+    TPU VM of the new type, the production libraries on its hardware too),
+    then reports/<new>/qualification-vs-<old>.md."""
     if new == old:
         raise ValueError(f"qualify {new} against another TPU type, not itself")
     frame = run([new, old], ["kvref-sim"], matrix, None, jobs, timeout, [], out, console)
+    hardware = hardware_iuts(new)
+    if hardware:
+        frame = pd.concat([frame, run([new], hardware, matrix, None, jobs, timeout, [], out, console)])
     new_frame, old_frame = (frame[frame["generation"] == g] for g in (new, old))
     path = Path(out) / results.generation_dir(new) / f"qualification-vs-{results.generation_dir(old)}.md"
     return qualification.write(new_frame, old_frame, new, old, path), frame
+
+
+def hardware_iuts(generation: str) -> list[str]:
+    """The hardware IUTs that run on this machine's TPU, when it is `generation`."""
+    from probes.iut.hardware import local_generation, tpu_visible
+
+    if not tpu_visible() or local_generation() != generation:
+        return []
+    return [name for name, declared in IUTS.items() if declared.owns_device
+            and (generation in declared.targets or declared.any_tpu_type)]

@@ -60,12 +60,15 @@ class Zygote:
         except OSError as e:
             for fd in (out_r, err_r):
                 os.close(fd)
+            conn.close()
             raise ZygoteUnavailable(f"the zygote did not fork: {e}") from e
         finally:
             os.close(out_w)
             os.close(err_w)
         if pid is None:
-            os.close(out_r), os.close(err_r), conn.close()
+            for fd in (out_r, err_r):
+                os.close(fd)
+            conn.close()
             raise ZygoteUnavailable("the zygote closed the connection without forking")
         return _watch(pid, out_r, err_r, conn, timeout)
 

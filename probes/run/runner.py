@@ -61,16 +61,16 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
         return CaseResult(case, Outcome(SKIP, f"{case.iut}: the build is not installed ({BUILDS_DIR}); "
                                         "`kvprobe run` installs it first"), 0.0, "", *this_host())
     start = time.monotonic()
-    env, limit = _worker_env(case), case.startup_timeout + case.timeout + GRACE_SECONDS
+    env, text = _worker_env(case), case.to_json()
+    limit = case.startup_timeout + case.timeout + GRACE_SECONDS
     try:
-        if fresh:
-            raise ZygoteUnavailable("a fresh interpreter was asked for")
-        returncode, out, err, killed = zygote_for(python, declared.preload, env).run(
-            case.to_json(), env, limit)
-    except ZygoteUnavailable:
-        returncode, out, err, killed = _run_fresh(python, case.to_json(), env, limit)
+        ran = (_run_fresh(python, text, env, limit) if fresh
+               else zygote_for(python, declared.preload, env).run(text, env, limit))
+    except ZygoteUnavailable:  # no warm parent for it: a fresh interpreter
+        ran = _run_fresh(python, text, env, limit)
     except ZygoteLost as e:
         return CaseResult(case, Outcome(ERROR, str(e)), time.monotonic() - start, "", *this_host())
+    returncode, out, err, killed = ran
     outcome = classify(returncode, out, err, killed, case.timeout, case.startup_timeout)
     return CaseResult(case, outcome, time.monotonic() - start, err, *this_host())
 
@@ -163,16 +163,16 @@ def _build_installed(declared) -> bool:
 
 
 def _worker_env(case: Case) -> dict:
-    env = dict(os.environ)
-    env.update(iut(case.iut).environment)
     declared = iut(case.iut)
+    env = dict(os.environ)
+    env.update(declared.environment)
     if declared.build:  # the build first on the path, over the pinned library, sharing its jax
         path = str(build_dir(declared.library.distribution, declared.build))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH")) if p)
         env[BUILD_VARIABLE] = path
-    if iut(case.iut).owns_device:  # the one process holding the TPU takes libtpu's lockfile
+    if declared.owns_device:  # the one process holding the TPU takes libtpu's lockfile
         env.pop("ALLOW_MULTIPLE_LIBTPU_LOAD", None)
-    platforms = iut(case.iut).jax_platforms
+    platforms = declared.jax_platforms
     if platforms:
         env.setdefault("JAX_PLATFORMS", platforms)
     else:  # a worker on the real device must see it, whatever the parent runs on

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from probes.iut.peer_env import FORBIDDEN_PREFIXES, REPO, PeerEnvError, peer_env
+from probes.iut.peer_env import REPO, PeerEnvError, forbidden, normal_name, peer_env
 
 BUILDS_DIR = REPO / ".venv-peer-builds"
 LIBRARIES = {"tpu-sync-jax": "jax"}  # a library with builds -> its peer environment
@@ -48,7 +48,7 @@ def build_dir(library: str, version: str) -> Path:
 def installed_version(path: Path, library: str) -> str | None:
     """The version of `library` installed under `path`, if any."""
     found = [d.version for d in metadata.distributions(path=[str(path)])
-             if _normal(d.metadata["Name"]) == _normal(library)]
+             if normal_name(d.metadata["Name"]) == normal_name(library)]
     return found[0] if len(found) == 1 else None
 
 
@@ -79,11 +79,11 @@ def ensure(library: str, version: str) -> Path:
 
 
 def check(path: Path, library: str, version: str) -> None:
-    names = {_normal(d.metadata["Name"]): d.version for d in metadata.distributions(path=[str(path)])}
-    bad = sorted(n for n in names if n.startswith(tuple(_normal(p) for p in FORBIDDEN_PREFIXES)))
+    names = {normal_name(d.metadata["Name"]): d.version for d in metadata.distributions(path=[str(path)])}
+    bad = forbidden(names)
     if bad:
         raise PeerEnvError(f"{bad} came with {library}=={version}: that name belongs to an unrelated package")
-    if names != {_normal(library): version}:
+    if names != {normal_name(library): version}:
         raise PeerEnvError(f"installing {library}=={version} gave {names}; expected exactly that build")
 
 
@@ -112,10 +112,6 @@ def in_build_order(versions: list[str]) -> list[str]:
 def _parent(target: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     return target.parent
-
-
-def _normal(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _last_lines(text: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -134,15 +135,15 @@ def verify(env: PeerEnv, python: Path) -> dict:
 def check_dists(env: PeerEnv, installed: dict[str, str], python_version: tuple) -> dict[str, str]:
     """Installed distributions (normalized names) if every pin holds and no
     forbidden name is present; PeerEnvError naming the problem otherwise."""
-    dists = {_normal(name): version for name, version in installed.items()}
-    bad = sorted(n for n in dists if n.startswith(tuple(_normal(p) for p in FORBIDDEN_PREFIXES)))
+    dists = {normal_name(name): version for name, version in installed.items()}
+    bad = forbidden(dists)
     if bad:
         raise PeerEnvError(f"{bad} installed: that name belongs to an unrelated package; remove "
                            "the environment and recreate it")
     for dist, version in env.pins.items():
         # A local build tag (torch's "+cpu") is the same release.
-        if dists.get(_normal(dist), "").split("+")[0] != version:
-            raise PeerEnvError(f"{dist} {dists.get(_normal(dist))} installed, expected {version}; "
+        if dists.get(normal_name(dist), "").split("+")[0] != version:
+            raise PeerEnvError(f"{dist} {dists.get(normal_name(dist))} installed, expected {version}; "
                                f"run `kvprobe peer-env --lib {env.name}`")
     wanted = tuple(int(part) for part in env.python_version.split("."))
     if tuple(python_version[:2]) != wanted:
@@ -151,8 +152,15 @@ def check_dists(env: PeerEnv, installed: dict[str, str], python_version: tuple) 
     return dists
 
 
-def _normal(name: str) -> str:
-    return name.lower().replace("_", "-")
+def normal_name(name: str) -> str:
+    """A distribution name as PyPI compares them (PEP 503): tpu_sync.JAX -> tpu-sync-jax."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def forbidden(names) -> list[str]:
+    """The names among `names` (normalized) that belong to the unrelated package."""
+    prefixes = tuple(normal_name(p) for p in FORBIDDEN_PREFIXES)
+    return sorted(n for n in names if n.startswith(prefixes))
 
 
 def _run(cmd: list[str]) -> None:

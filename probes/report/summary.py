@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pandas as pd
 
-import kvref
 from probes.report.pictures import draw_heatmap, draw_refused_maps, layout_reason
 from probes.report.results import disagreements, implementation, skipped
 from probes.suite.verdicts import VERDICTS

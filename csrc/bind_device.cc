@@ -90,9 +90,15 @@ void bind_device(nb::module_& m) {
       // hangs the whole interpreter, exactly as the unpack bug did.
       .def("await_", &DeviceBuffer::await, nb::arg("timeout_s") = -1.0)
       .def("fail_dma_in", &DeviceBuffer::fail_dma_in, nb::arg("start"), nb::arg("end"))
+      .def("slow_dma_in", &DeviceBuffer::slow_dma_in, nb::arg("start"), nb::arg("end"),
+           nb::arg("delay_us"))
       .def("read_physical",
            [](DeviceBuffer& b, Bytes out) {
              check_size("output", out.size(), b.size());
+             {  // a copy into the buffer issued before this read lands first
+               nb::gil_scoped_release release;
+               b.wait_dma_writes();
+             }
              if (b.state() != BufferState::kMaterialized)
                throw kvref::DeviceError("read of a buffer that is not materialized");
              std::memcpy(out.data(), b.unsafe_data(), out.size());

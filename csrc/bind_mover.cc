@@ -1,4 +1,5 @@
 // Bindings of the block mover (the manager's data path) and its futures.
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/vector.h>
 
@@ -89,6 +90,37 @@ void bind_mover(nb::module_& m) {
                                src.data(), dst.data(), counts.data(), src.size());
            },
            nb::arg("d2h"), nb::arg("src"), nb::arg("dst"), nb::arg("counts"))
+      .def("save",
+           [](BlockMover& mover, Int64s src, Int64s counts) {
+             if (src.size() != counts.size())
+               throw std::invalid_argument("src_offsets and copy_sizes differ in length");
+             return mover.save(src.data(), counts.data(), src.size());
+           },
+           nb::arg("src"), nb::arg("counts"),
+           "d2h into chunks it allocates: (chunk ids, future). Refused requests take no chunk.")
+      .def("unlock",
+           [](BlockMover& mover, Int64s ids) { mover.pool().chunks.unlock(ids.data(), ids.size()); },
+           nb::arg("ids"))
+      .def("chunk_state",
+           [](BlockMover& mover, int64_t id) {
+             return kvref::chunk_state_name(mover.pool().chunks.state(id));
+           },
+           nb::arg("id"))
+      .def_prop_ro("chunks_available", [](BlockMover& m) { return m.pool().chunks.available(); })
+      .def("set_faults",
+           [](BlockMover& mover, bool leak_refused, bool unchecked_unlock, bool unordered_transfers,
+              bool unfenced_h2d) {
+             mover.pool().chunks.set_faults({leak_refused, unchecked_unlock});
+             mover.pool().faults = {unordered_transfers, unfenced_h2d};
+           },
+           nb::arg("leak_refused"), nb::arg("unchecked_unlock"), nb::arg("unordered_transfers"),
+           nb::arg("unfenced_h2d"))
+      .def("set_parallelism",
+           [](BlockMover& mover, int64_t parts) {
+             if (parts < 1) throw std::invalid_argument("parallelism must be at least 1");
+             mover.pool().parallelism = parts;
+           },
+           nb::arg("parts"))
       .def("with_shard", &BlockMover::with_shard, nb::arg("layer"), nb::arg("shard"),
            nb::arg("region"))
       .def_prop_ro("host_bytes", &BlockMover::host_bytes)
@@ -102,6 +134,7 @@ void bind_mover(nb::module_& m) {
              uint8_t* p = mover.host_block(layer, shard, block);
              check_size("payload", payload.size(), mover.layers()[layer].copy_bytes);
              std::memcpy(p, payload.data(), payload.size());
+             mover.pool().chunks.mark_written(block);
            })
       .def("host_pool",
            [](nb::handle_t<BlockMover> self) {

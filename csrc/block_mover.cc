@@ -25,28 +25,52 @@ std::string range_text(int64_t start, int64_t count) {
 
 }  // namespace
 
-void DeviceRegion::read(int64_t offset, int64_t n, uint8_t* dst) const {
-  if (sim) sim->dma_read(offset, n, dst);
+void DeviceRegion::read(int64_t offset, int64_t n, uint8_t* dst, bool fenced) const {
+  if (sim) sim->dma_read(offset, n, dst, fenced);
   else std::memcpy(dst, raw + offset, static_cast<size_t>(n));
 }
 
-void DeviceRegion::write(int64_t offset, int64_t n, const uint8_t* src) const {
-  if (sim) sim->dma_write(offset, n, src);
+void DeviceRegion::write(int64_t offset, int64_t n, const uint8_t* src, bool fenced) const {
+  if (sim) sim->dma_write(offset, n, src, fenced);
   else std::memcpy(raw + offset, src, static_cast<size_t>(n));
 }
 
+void TransferFuture::on_done(std::function<void(bool)> callback) {
+  bool now;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    now = done_;
+    if (!now) callbacks_.push_back(std::move(callback));
+  }
+  if (now) callback(!error_);
+}
+
 void TransferFuture::finish_part(std::exception_ptr error) {
+  std::vector<std::function<void(bool)>> callbacks;
+  bool ok;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (error && !error_) error_ = error;
-    --remaining_;
+    if (--remaining_ != 0) return;
+    callbacks.swap(callbacks_);
+    ok = !error_;
+  }
+  for (auto& callback : callbacks) callback(ok);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
   }
   cv_.notify_all();
 }
 
+std::exception_ptr TransferFuture::error() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
 bool TransferFuture::wait(double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
-  auto finished = [this] { return remaining_ == 0; };
+  auto finished = [this] { return done_; };
   if (timeout_s < 0) {
     cv_.wait(lock, finished);
     return true;
@@ -56,7 +80,7 @@ bool TransferFuture::wait(double timeout_s) {
 
 bool TransferFuture::done() {
   std::lock_guard<std::mutex> lock(mu_);
-  return remaining_ == 0;
+  return done_;
 }
 
 void TransferFuture::rethrow() {
@@ -65,11 +89,13 @@ void TransferFuture::rethrow() {
 }
 
 BlockMover::BlockMover(std::vector<LayerAddressing> layers, int64_t host_blocks,
-                       int64_t host_bytes, uint8_t* external_host, Owner host_owner)
+                       int64_t host_bytes, uint8_t* external_host, Owner host_owner,
+                       std::shared_ptr<PoolState> pool)
     : layers_(std::move(layers)),
       host_blocks_(host_blocks),
       host_owner_(std::move(host_owner)),
-      host_size_(host_bytes) {
+      host_size_(host_bytes),
+      pool_(std::move(pool)) {
   if (external_host) {
     host_ = external_host;
   } else {
@@ -91,6 +117,7 @@ BlockMover::BlockMover(std::vector<LayerAddressing> layers, int64_t host_blocks,
     if (layer.host_base < 0 || last > host_bytes)
       throw std::invalid_argument("host addressing reaches past the host pool");
   }
+  if (!pool_) pool_ = std::make_shared<PoolState>(host_blocks);
 }
 
 std::shared_ptr<BlockMover> BlockMover::with_shard(int layer, int shard, DeviceRegion region) const {
@@ -106,7 +133,7 @@ std::shared_ptr<BlockMover> BlockMover::with_shard(int layer, int shard, DeviceR
   layers[layer].shards[shard] = std::move(region);
   Owner pool = owned_host_ ? Owner(owned_host_) : host_owner_;
   return std::make_shared<BlockMover>(std::move(layers), host_blocks_, host_size_, host_,
-                                      std::move(pool));
+                                      std::move(pool), pool_);
 }
 
 uint8_t* BlockMover::host_block(int layer, int shard, int64_t block) {
@@ -124,7 +151,7 @@ uint8_t* BlockMover::host_block(int layer, int shard, int64_t block) {
 }
 
 void BlockMover::validate(Direction dir, const int64_t* src, const int64_t* dst,
-                          const int64_t* counts, size_t n) const {
+                          const int64_t* counts, size_t n, bool check_host) const {
   const bool d2h = dir == Direction::kDeviceToHost;
   const char* src_name = d2h ? "device" : "host";
   const char* dst_name = d2h ? "host" : "device";
@@ -136,6 +163,7 @@ void BlockMover::validate(Direction dir, const int64_t* src, const int64_t* dst,
     for (int side = 0; side < 2; ++side) {
       const int64_t start = side == 0 ? src[i] : dst[i];
       const bool on_device = (side == 0) == d2h;
+      if (!on_device && !check_host) continue;
       const char* name = side == 0 ? src_name : dst_name;
       if (start < 0 || start > INT64_MAX - counts[i])
         throw std::invalid_argument(std::string(name) + " block range " +
@@ -161,6 +189,7 @@ void BlockMover::validate(Direction dir, const int64_t* src, const int64_t* dst,
       }
     }
   }
+  if (!check_host) return;  // the destinations are chunks the allocator hands out
   // Destinations written by one call must not overlap.
   std::vector<std::pair<int64_t, int64_t>> ranges(n);
   for (size_t i = 0; i < n; ++i) ranges[i] = {dst[i], dst[i] + counts[i]};
@@ -176,7 +205,7 @@ void BlockMover::validate(Direction dir, const int64_t* src, const int64_t* dst,
 }
 
 void BlockMover::move(Direction dir, const int64_t* src, const int64_t* dst,
-                      const int64_t* counts, int64_t first, int64_t last) const {
+                      const int64_t* counts, int64_t first, int64_t last, bool fenced) const {
   const int64_t shards = static_cast<int64_t>(layers_[0].shards.size());
   const int64_t per_op = static_cast<int64_t>(layers_.size()) * shards;
   for (int64_t item = first; item < last; ++item) {
@@ -195,8 +224,8 @@ void BlockMover::move(Direction dir, const int64_t* src, const int64_t* dst,
     for (int64_t k = 0; k < pieces; ++k) {
       const int64_t dev_off = (dev_block + k) * layer.device_stride;
       uint8_t* host_ptr = host + (host_block + k) * layer.host_stride;
-      if (dir == Direction::kDeviceToHost) region.read(dev_off, bytes, host_ptr);
-      else region.write(dev_off, bytes, host_ptr);
+      if (dir == Direction::kDeviceToHost) region.read(dev_off, bytes, host_ptr, fenced);
+      else region.write(dev_off, bytes, host_ptr, fenced);
     }
   }
 }
@@ -210,24 +239,133 @@ std::shared_ptr<TransferFuture> BlockMover::copy(Direction dir, const int64_t* s
   ops->insert(ops->end(), src, src + n);
   ops->insert(ops->end(), dst, dst + n);
   ops->insert(ops->end(), counts, counts + n);
+  return submit(dir, std::move(ops), n, false);
+}
 
+std::pair<std::vector<int64_t>, std::shared_ptr<TransferFuture>> BlockMover::save(
+    const int64_t* src, const int64_t* counts, size_t n) {
+  if (n == 0)
+    throw std::invalid_argument("d2h_auto_allocate got no source blocks; expected at least one");
+  HostChunks& chunks = pool_->chunks;
+  int64_t blocks = 0;
+  for (size_t i = 0; i < n; ++i)
+    blocks = counts[i] > 0 ? checked_add(blocks, counts[i], "blocks to save") : blocks;
+  std::vector<int64_t> ids;
+  const bool leaks = chunks.leaks_refused();
+  if (leaks) ids = chunks.allocate(blocks);  // the old order: chunks first, checks after
+  validate(Direction::kDeviceToHost, src, nullptr, counts, n, /*check_host=*/false);
+  if (!leaks) ids = chunks.allocate(blocks);
+  // One op per block (chunks need not be consecutive), joined where both sides are.
+  auto ops = std::make_shared<std::vector<int64_t>>();
+  std::vector<int64_t> s, d, c;
+  size_t next = 0;
+  for (size_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < counts[i]; ++k, ++next) {
+      if (!s.empty() && s.back() + c.back() == src[i] + k && d.back() + c.back() == ids[next]) {
+        ++c.back();
+        continue;
+      }
+      s.push_back(src[i] + k);
+      d.push_back(ids[next]);
+      c.push_back(1);
+    }
+  ops->insert(ops->end(), s.begin(), s.end());
+  ops->insert(ops->end(), d.begin(), d.end());
+  ops->insert(ops->end(), c.begin(), c.end());
+  try {
+    return {ids, submit(Direction::kDeviceToHost, std::move(ops), s.size(), true)};
+  } catch (...) {
+    chunks.unallocate(ids);
+    throw;
+  }
+}
+
+void BlockMover::begin_fences(bool write) const {
+  std::vector<DeviceBuffer*> begun;
+  try {
+    for (const auto& layer : layers_)
+      for (const auto& shard : layer.shards)
+        if (shard.sim) {
+          shard.sim->begin_dma(write);
+          begun.push_back(shard.sim.get());
+        }
+  } catch (...) {
+    for (DeviceBuffer* buffer : begun) buffer->end_dma(write);
+    throw;
+  }
+}
+
+void BlockMover::end_fences(bool write) const {
+  for (const auto& layer : layers_)
+    for (const auto& shard : layer.shards)
+      if (shard.sim) shard.sim->end_dma(write);
+}
+
+std::shared_ptr<TransferFuture> BlockMover::submit(Direction dir,
+                                                   std::shared_ptr<std::vector<int64_t>> ops,
+                                                   size_t n, bool save) {
+  const int64_t* src = ops->data();
+  const int64_t* dst = src + n;
+  const int64_t* counts = src + 2 * n;
   const int64_t per_op = static_cast<int64_t>(layers_.size() * layers_[0].shards.size());
   const int64_t items = static_cast<int64_t>(n) * per_op;
+  if (items == 0) return std::make_shared<TransferFuture>(0);
+
+  const bool d2h = dir == Direction::kDeviceToHost;
+  const MoverFaults faults = pool_->faults;
+  const bool fenced = !(faults.unfenced_h2d && !d2h);
+  const int64_t* host_start = d2h ? dst : src;
+  const int64_t* device_start = d2h ? src : dst;
+  // Everything that can refuse comes first, each undone if a later one refuses.
+  if (fenced) begin_fences(!d2h);
+  try {
+    if (!save) {
+      if (d2h) pool_->chunks.begin_writes(host_start, counts, n);
+      else pool_->chunks.begin_reads(host_start, counts, n);
+    }
+  } catch (...) {
+    if (fenced) end_fences(!d2h);
+    throw;
+  }
+
   int64_t total_bytes = 0;
   for (size_t i = 0; i < n; ++i) total_bytes += counts[i] * layers_[0].copy_bytes * per_op;
-  ThreadPool& pool = ThreadPool::shared();
-  const int64_t parts = std::clamp<int64_t>(
-      std::max<int64_t>(total_bytes / kChunkBytes, pool.size()), 1, std::max<int64_t>(items, 1));
-  auto future = std::make_shared<TransferFuture>(items == 0 ? 0 : parts);
-  if (items == 0) return future;
+  ThreadPool& threads = ThreadPool::shared();
+  int64_t parts = std::clamp<int64_t>(std::max<int64_t>(total_bytes / kChunkBytes, threads.size()),
+                                      1, items);
+  if (pool_->parallelism > 0) parts = std::min(parts, pool_->parallelism);
+  auto future = std::make_shared<TransferFuture>(parts);
+  std::lock_guard<std::mutex> queueing(pool_->queue_mu);
+  std::vector<Dependency> after;
+  uint64_t order_id = 0;
+  if (!faults.unordered_transfers) {
+    BlockAccess access{BlockRanges(host_start, counts, n), BlockRanges(device_start, counts, n), d2h};
+    std::tie(order_id, after) = pool_->order.enter(std::move(access), future);
+  }
   auto self = shared_from_this();
+  future->on_done([self, ops, n, d2h, fenced, order_id, ordered = !faults.unordered_transfers](bool ok) {
+    const int64_t* base = ops->data();
+    const int64_t* host = d2h ? base + n : base;
+    if (fenced) self->end_fences(!d2h);
+    if (d2h) self->pool_->chunks.end_writes(host, base + 2 * n, n, ok);
+    else self->pool_->chunks.end_reads(host, base + 2 * n, n);
+    if (ordered) self->pool_->order.leave(order_id);
+  });
+  auto deps = std::make_shared<std::vector<Dependency>>(std::move(after));
   for (int64_t p = 0; p < parts; ++p) {
     const int64_t first = items * p / parts, last = items * (p + 1) / parts;
-    pool.submit([self, ops, future, dir, n, first, last] {
+    threads.submit([self, ops, deps, future, dir, n, first, last, fenced] {
       std::exception_ptr error;
       try {
+        // Earlier transfers on the same blocks end first; they were queued
+        // earlier, so waiting here never waits on a task queued behind this one.
+        for (const Dependency& dep : *deps) {
+          dep.future->wait(-1.0);
+          if (dep.reads_its_result && dep.future->error())
+            throw DeviceError("an earlier transfer whose blocks this one reads failed");
+        }
         const int64_t* base = ops->data();
-        self->move(dir, base, base + n, base + 2 * n, first, last);
+        self->move(dir, base, base + n, base + 2 * n, first, last, fenced);
       } catch (...) {
         error = std::current_exception();
       }

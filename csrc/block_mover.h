@@ -5,12 +5,16 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "device.h"
+#include "host_chunks.h"
+#include "transfer_order.h"
 
 namespace kvref {
 
@@ -25,8 +29,8 @@ struct DeviceRegion {
   uint8_t* raw = nullptr;
   int64_t size = 0;
   Owner owner;
-  void read(int64_t offset, int64_t n, uint8_t* dst) const;
-  void write(int64_t offset, int64_t n, const uint8_t* src) const;
+  void read(int64_t offset, int64_t n, uint8_t* dst, bool fenced) const;
+  void write(int64_t offset, int64_t n, const uint8_t* src, bool fenced) const;
 };
 
 // How one layer's blocks are addressed on the device and in the host pool.
@@ -42,19 +46,43 @@ struct LayerAddressing {
 
 class TransferFuture {
  public:
-  explicit TransferFuture(int64_t parts) : remaining_(parts) {}
+  explicit TransferFuture(int64_t parts) : remaining_(parts), done_(parts == 0) {}
+  // Runs once every part has finished, before any waiter is woken (so that
+  // whoever sees the future done also sees its effects); `ok`: no part failed.
+  void on_done(std::function<void(bool ok)> callback);
   void finish_part(std::exception_ptr error);
   // True once every part finished (timeout_s < 0: wait forever).
   bool wait(double timeout_s);
   bool done();
   // Rethrows the first error, if any. Call after wait() returned true.
   void rethrow();
+  std::exception_ptr error();
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   int64_t remaining_;
+  bool done_;
   std::exception_ptr error_;
+  std::vector<std::function<void(bool)>> callbacks_;
+};
+
+// Old bugs of the mover, switched on one by one (kvref.Faults).
+struct MoverFaults {
+  bool unordered_transfers = false;  // no transfer waits for an earlier one on the same blocks
+  bool unfenced_h2d = false;         // an h2d is not ordered before later device ops and reads
+};
+
+// What every mover of one host pool shares (with_shard makes more of them).
+struct PoolState {
+  explicit PoolState(int64_t host_blocks) : chunks(host_blocks) {}
+  HostChunks chunks;
+  TransferOrder order;
+  MoverFaults faults;
+  // Held from entering a transfer in `order` until its parts are queued, so
+  // an earlier transfer's parts are always queued before a later one's.
+  std::mutex queue_mu;
+  int64_t parallelism = 0;  // most parts one transfer is split into (0: the pool's threads)
 };
 
 enum class Direction { kDeviceToHost, kHostToDevice };
@@ -65,11 +93,18 @@ class BlockMover : public std::enable_shared_from_this<BlockMover> {
   // host_owner keeps alive while the mover, and so every task using it,
   // exists); every host range the layers address must fit in it (checked here).
   BlockMover(std::vector<LayerAddressing> layers, int64_t host_blocks, int64_t host_bytes,
-             uint8_t* external_host = nullptr, Owner host_owner = nullptr);
+             uint8_t* external_host = nullptr, Owner host_owner = nullptr,
+             std::shared_ptr<PoolState> pool = nullptr);
 
   // src/dst/counts in blocks. Validates everything before moving a byte.
   std::shared_ptr<TransferFuture> copy(Direction dir, const int64_t* src, const int64_t* dst,
                                        const int64_t* counts, size_t n);
+  // d2h into host chunks it allocates (locked until unlocked): the chunk ids,
+  // one per block in order, and the future. Refused requests take no chunk.
+  std::pair<std::vector<int64_t>, std::shared_ptr<TransferFuture>> save(const int64_t* src,
+                                                                        const int64_t* counts,
+                                                                        size_t n);
+  PoolState& pool() const { return *pool_; }
   // A mover of the same host pool with one shard's device region replaced (an
   // array whose storage moved since); the pool lives while either mover does,
   // and transfers already running keep using this one.
@@ -81,9 +116,15 @@ class BlockMover : public std::enable_shared_from_this<BlockMover> {
 
  private:
   void validate(Direction dir, const int64_t* src, const int64_t* dst, const int64_t* counts,
-                size_t n) const;
+                size_t n, bool check_host = true) const;
+  // Fences, chunk states and program order, then the copy on the pool.
+  std::shared_ptr<TransferFuture> submit(Direction dir, std::shared_ptr<std::vector<int64_t>> ops,
+                                         size_t n, bool save);
   void move(Direction dir, const int64_t* src, const int64_t* dst, const int64_t* counts,
-            int64_t first, int64_t last) const;
+            int64_t first, int64_t last, bool fenced) const;
+  // Each simulated shard's fence, begun (or ended) for a transfer's copies.
+  void begin_fences(bool write) const;
+  void end_fences(bool write) const;
 
   std::vector<LayerAddressing> layers_;
   int64_t host_blocks_;
@@ -91,6 +132,7 @@ class BlockMover : public std::enable_shared_from_this<BlockMover> {
   Owner host_owner_;
   uint8_t* host_;
   int64_t host_size_;
+  std::shared_ptr<PoolState> pool_;
 };
 
 }  // namespace kvref

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -112,6 +113,10 @@ void DeviceBuffer::defer(Op op) {
 }
 
 void DeviceBuffer::run(const Op& op) {
+  {  // copies issued before this op was launched come first
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return dma_reads_ == 0 && dma_writes_ == 0; });
+  }
   std::string error;
   try {
     op(bytes_.data());
@@ -170,10 +175,39 @@ void DeviceBuffer::fail_dma_in(int64_t start, int64_t end) {
   failing_ranges_.emplace_back(start, end);
 }
 
-void DeviceBuffer::check_dma(int64_t offset, int64_t size, const char* what) {
+void DeviceBuffer::slow_dma_in(int64_t start, int64_t end, int64_t delay_us) {
+  if (start < 0 || end < start || end > size() || delay_us < 0)
+    throw std::invalid_argument("a slow range must lie within the buffer, with a delay >= 0");
+  std::lock_guard<std::mutex> lock(mu_);
+  slow_ranges_.push_back({start, end, delay_us});
+}
+
+void DeviceBuffer::begin_dma(bool write) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ != BufferState::kMaterialized)
+    throw DeviceError(std::string(write ? "host-to-device" : "device-to-host") +
+                      " copy of a buffer that is not materialized");
+  ++(write ? dma_writes_ : dma_reads_);
+}
+
+void DeviceBuffer::end_dma(bool write) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (state_ != BufferState::kMaterialized)
+    --(write ? dma_writes_ : dma_reads_);
+  }
+  cv_.notify_all();
+}
+
+void DeviceBuffer::wait_dma_writes() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return dma_writes_ == 0; });
+}
+
+void DeviceBuffer::check_dma(int64_t offset, int64_t size, const char* what, bool fenced) {
+  int64_t delay_us = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!fenced && state_ != BufferState::kMaterialized)
       throw DeviceError(std::string(what) + " of a buffer that is not materialized");
     if (offset < 0 || size < 0 || offset + size > bytes_.size())
       throw std::out_of_range(std::string(what) + " range is outside the buffer");
@@ -183,17 +217,20 @@ void DeviceBuffer::check_dma(int64_t offset, int64_t size, const char* what) {
                           std::to_string(offset) + ", " + std::to_string(offset + size) +
                           ") touches failing range [" + std::to_string(start) + ", " +
                           std::to_string(end) + ")");
+    for (const auto& slow : slow_ranges_)
+      if (offset < slow.end && slow.start < offset + size) delay_us = std::max(delay_us, slow.delay_us);
   }
+  if (delay_us) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
   device_->before_dma(what);
 }
 
-void DeviceBuffer::dma_read(int64_t offset, int64_t size, uint8_t* dst) {
-  check_dma(offset, size, "device-to-host copy");
+void DeviceBuffer::dma_read(int64_t offset, int64_t size, uint8_t* dst, bool fenced) {
+  check_dma(offset, size, "device-to-host copy", fenced);
   std::memcpy(dst, bytes_.data() + offset, static_cast<size_t>(size));
 }
 
-void DeviceBuffer::dma_write(int64_t offset, int64_t size, const uint8_t* src) {
-  check_dma(offset, size, "host-to-device copy");
+void DeviceBuffer::dma_write(int64_t offset, int64_t size, const uint8_t* src, bool fenced) {
+  check_dma(offset, size, "host-to-device copy", fenced);
   std::memcpy(bytes_.data() + offset, src, static_cast<size_t>(size));
 }
 

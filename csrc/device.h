@@ -110,15 +110,27 @@ class DeviceBuffer : public std::enable_shared_from_this<DeviceBuffer> {
   // Throws DeviceError if the op failed. Never launches anything.
   bool await(double timeout_s);
 
-  // Raw copies of materialized bytes (the DMA engine).
-  void dma_read(int64_t offset, int64_t size, uint8_t* dst);
-  void dma_write(int64_t offset, int64_t size, const uint8_t* src);
+  // Raw copies of materialized bytes (the DMA engine). A `fenced` copy was
+  // registered with begin_dma() and may run while a later op waits for it.
+  void dma_read(int64_t offset, int64_t size, uint8_t* dst, bool fenced = false);
+  void dma_write(int64_t offset, int64_t size, const uint8_t* src, bool fenced = false);
   // Any later DMA touching [start, end) of this buffer fails.
   void fail_dma_in(int64_t start, int64_t end);
+  // Any later DMA touching [start, end) first waits `delay_us` (a slow link).
+  void slow_dma_in(int64_t start, int64_t end, int64_t delay_us);
+
+  // Program order between copies and ops: a copy issued before an op is
+  // launched is registered here (the buffer must be MATERIALIZED then), and
+  // the op waits until every registered copy has ended; a read of the buffer
+  // waits for registered writes. DeviceError if the buffer is not ready.
+  void begin_dma(bool write);
+  void end_dma(bool write);
+  // Waits until no registered copy writes the buffer.
+  void wait_dma_writes();
   uint8_t* unsafe_data() { return bytes_.data(); }
 
  private:
-  void check_dma(int64_t offset, int64_t size, const char* what);
+  void check_dma(int64_t offset, int64_t size, const char* what, bool fenced);
   void run(const Op& op);
 
   std::shared_ptr<SimDevice> device_;
@@ -127,9 +139,12 @@ class DeviceBuffer : public std::enable_shared_from_this<DeviceBuffer> {
   std::condition_variable cv_;
   BufferState state_ = BufferState::kPlaceholder;
   int64_t in_flight_ = 0;  // launched ops not yet finished (the executor runs them in order)
+  int64_t dma_reads_ = 0, dma_writes_ = 0;  // registered copies not yet ended
   Op pending_;
   std::string error_;
   std::vector<std::pair<int64_t, int64_t>> failing_ranges_;
+  struct SlowRange { int64_t start, end, delay_us; };
+  std::vector<SlowRange> slow_ranges_;
 };
 
 }  // namespace kvref

@@ -1,6 +1,7 @@
 // The kvref._core extension module.
 #include "bindings.h"
 #include "device.h"
+#include "host_chunks.h"
 
 namespace kvref_bind {
 
@@ -15,6 +16,7 @@ void check_size(const char* what, size_t got, int64_t want) {
 NB_MODULE(_core, m) {
   m.doc() = "C++ core of kvref: tiled layouts, the simulated device, block transfers, plans.";
   nanobind::exception<kvref::DeviceError>(m, "DeviceError", PyExc_RuntimeError);
+  nanobind::exception<kvref::PoolExhausted>(m, "HostPoolExhausted", PyExc_ValueError);
   kvref_bind::bind_layout(m);
   kvref_bind::bind_device(m);
   kvref_bind::bind_mover(m);

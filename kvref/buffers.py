@@ -45,6 +45,12 @@ def unpack_buffer(array, faults: Faults = Faults()) -> DeviceBufferView:
                     f"torch tensor, got {type(array).__module__}.{type(array).__name__}")
 
 
+def is_simulated(view: DeviceBufferView) -> bool:
+    """Whether the view is a simulated buffer, whose ops wait for the copies
+    issued before them (raw storage cannot be fenced that way)."""
+    return isinstance(view.keepalive, DeviceArray)
+
+
 def check_live(view: DeviceBufferView, faults: Faults = Faults()) -> DeviceBufferView:
     """The view, its storage holding its array's current contents: in-place
     ops recorded since are run (in place, so the storage stays the same) and

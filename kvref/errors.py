@@ -1,5 +1,10 @@
 """Exceptions kvref raises."""
 
+from kvref import _core
+
+# A d2h_auto_allocate the host pool cannot hold; no chunk was taken (a ValueError).
+HostPoolExhausted = _core.HostPoolExhausted
+
 
 class LayoutError(ValueError):
     """A layout is malformed, or cannot do what was asked of it (for example,

@@ -32,6 +32,18 @@ class Faults:
         "unpack neither materializes nor awaits: transfers race host->device copies")
     no_host_budget: bool = _fault(
         "the host pool is allocated without checking it against a budget (host OOM)")
+    leaky_refused_allocation: bool = _fault(
+        "d2h_auto_allocate takes its chunks before checking the request, and a refused "
+        "allocation keeps every chunk it took")
+    unchecked_unlock: bool = _fault(
+        "unlock_blocks frees any id without checking it is locked: an id unlocked twice is "
+        "handed out twice")
+    unordered_transfers: bool = _fault(
+        "a transfer does not wait for an earlier one still in flight on the same blocks (an "
+        "h2d from a chunk whose d2h has not landed reads the old bytes)")
+    unordered_h2d: bool = _fault(
+        "an h2d returns before it is ordered: the device's next op or read does not wait for "
+        "its copies")
     buffer_resolved_once: bool = _fault(
         "buffers are resolved at construction only: a transfer after an in-place op moves "
         "stale storage (pending ops never run; an XLA tensor's new buffer is never seen)")

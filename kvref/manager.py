@@ -1,6 +1,15 @@
 """The reference KVCacheManager: registers each layer's KV cache, checks that
 blocks are contiguous byte ranges, and moves blocks between the device and an
-aligned host pool."""
+aligned host pool, at host block ids the caller names (d2h, h2d) or at host
+chunks the manager hands out and takes back (d2h_auto_allocate,
+unlock_blocks; the chunk states are csrc/host_chunks.h's).
+
+Ordering: transfers on the same blocks run in the order they were issued
+(an h2d from a chunk whose d2h is still in flight reads what that d2h
+writes). On the simulated device a transfer is also ordered before the ops
+and reads issued after it, so its future need not be awaited first; on JAX
+and XLA arrays, whose computations a manager cannot fence from outside, each
+transfer has landed when the call returns."""
 
 from __future__ import annotations
 
@@ -8,12 +17,13 @@ import numpy as np
 
 from kvref import _core
 from kvref.addressing import SLICE_POLICIES, plan_host
-from kvref.buffers import DeviceBufferView, check_live, unpack_buffer
+from kvref.buffers import DeviceBufferView, check_live, is_simulated, unpack_buffer
 from kvref.errors import HostBudgetError
 from kvref.faults import Faults
 from kvref.limits import memory_available
 from kvref.futures import TransferFuture
-from kvref.offsets import transfer_lists
+from kvref.offsets import block_list, transfer_lists
+from kvref.settings import check_parallelism, check_timeout
 from kvref.plans import request_bytes
 
 BUDGET_SHARE = 0.5  # default budget: this share of the memory available now
@@ -21,8 +31,14 @@ BUDGET_SHARE = 0.5  # default budget: this share of the memory available now
 
 class KVCacheManager:
     def __init__(self, kv_caches, host_blocks: int, *, host_budget_bytes: int | None = None,
-                 slice_policy: str = "uniform", faults=()):
+                 slice_policy: str = "uniform", parallelism: int | None = None,
+                 timeout_s: float | None = None, faults=()):
+        """`parallelism`: the most parts one transfer is split into (default:
+        the copy pool's threads); `timeout_s`: the longest a future's result()
+        waits by default (None: until done)."""
         self.faults = Faults.parse(faults)
+        parallelism = check_parallelism(parallelism)
+        self.timeout_s = check_timeout(timeout_s)
         if slice_policy not in SLICE_POLICIES:
             raise ValueError(f"slice_policy {slice_policy!r} is not one of {SLICE_POLICIES}")
         if isinstance(host_blocks, bool) or not isinstance(host_blocks, (int, np.integer)) \
@@ -40,7 +56,13 @@ class KVCacheManager:
                 f"{_sizes(plan.slice_bytes)} bytes per block), over the {budget:,}-byte budget; "
                 "nothing was allocated")
         self._mover = _core.BlockMover(plan.layers, int(host_blocks), plan.allocate_bytes)
+        f = self.faults
+        self._mover.set_faults(f.leaky_refused_allocation, f.unchecked_unlock, f.unordered_transfers,
+                               f.unordered_h2d)
+        if parallelism is not None:
+            self._mover.set_parallelism(parallelism)
         self._views = views
+        self._lands_before_return = not all(is_simulated(v) for layer in views for v in layer)
         self._plans = _core.PlanRegistry(len(views), min(v[0].shape.dims[0] for v in views))
         self.host_blocks = int(host_blocks)
         self.host_bytes = plan.host_bytes
@@ -71,6 +93,34 @@ class KVCacheManager:
     def h2d(self, src_offsets, dst_offsets, copy_sizes=None) -> TransferFuture:
         """Host blocks `src_offsets` -> device blocks `dst_offsets`."""
         return self._copy(False, src_offsets, dst_offsets, copy_sizes)
+
+    def d2h_auto_allocate(self, src_blocks, copy_sizes=None) -> tuple[list[int], TransferFuture]:
+        """Device blocks `src_blocks` (runs of `copy_sizes`) -> host chunks the
+        manager picks and locks: (one chunk id per block, in order; the
+        future). A pool without enough free chunks is a
+        kvref.HostPoolExhausted naming both counts; a refused call takes no
+        chunk and moves no byte."""
+        src = block_list(src_blocks, "src_blocks")
+        sizes = np.ones_like(src) if copy_sizes is None else block_list(copy_sizes, "copy_sizes")
+        self._bring_up_to_date()
+        ids, core = self._mover.save(src, sizes)
+        return [int(i) for i in ids], self._future(core, d2h=True)
+
+    def unlock_blocks(self, chunk_ids) -> None:
+        """Give locked chunks back: each becomes CACHED (its bytes kept until it
+        is handed out again), or FREE if its save failed. An id that is not
+        locked, is repeated, or is still being saved is refused, and then no
+        id is unlocked."""
+        self._mover.unlock(block_list(chunk_ids, "chunk_ids"))
+
+    def chunk_state(self, chunk_id: int) -> str:
+        """FREE, WRITING, CACHED, SAVING, SAVED or FAILED (csrc/host_chunks.h)."""
+        return self._mover.chunk_state(self._indices(0, 0, chunk_id)[2])
+
+    @property
+    def chunks_available(self) -> int:
+        """Chunks d2h_auto_allocate could hand out now."""
+        return self._mover.chunks_available
 
     def read_block_bytes(self, layer: int, block: int, shard: int = 0) -> bytes:
         """One host block of one layer."""
@@ -124,6 +174,17 @@ class KVCacheManager:
 
     def _copy(self, d2h: bool, src, dst, sizes) -> TransferFuture:
         src, dst, sizes = transfer_lists(src, dst, sizes)
+        self._bring_up_to_date()
+        return self._future(self._mover.copy(d2h, src, dst, sizes), d2h)
+
+    def _future(self, core, d2h: bool) -> TransferFuture:
+        future = TransferFuture(core, self.timeout_s)
+        if self._lands_before_return and not (self.faults.unordered_h2d and not d2h):
+            future.wait_landed()
+        return future
+
+    def _bring_up_to_date(self) -> None:
+        """Every view holds its array's current storage (check_live)."""
         for i, layer in enumerate(self._views):
             for s, view in enumerate(layer):
                 try:
@@ -133,7 +194,6 @@ class KVCacheManager:
                 if live is not view:  # the array's storage moved: address the new one
                     self._mover = self._mover.with_shard(i, s, live.region)
                     layer[s] = live
-        return TransferFuture(self._mover.copy(d2h, src, dst, sizes))
 
 
 def default_host_budget() -> int:

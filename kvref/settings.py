@@ -1,0 +1,33 @@
+"""The manager's settings a serving engine passes through unchecked (often
+from the environment): each checked here, with an error naming the setting,
+the value and what was expected."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+MAX_PARALLELISM = 1024  # parts per transfer; more only costs threads and bookkeeping
+
+
+def check_parallelism(value) -> int | None:
+    """None (the copy pool's threads) or an integer in [1, MAX_PARALLELISM]."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"parallelism must be an integer, got {value!r}")
+    if not 1 <= value <= MAX_PARALLELISM:
+        raise ValueError(f"parallelism must be in [1, {MAX_PARALLELISM}], got {int(value)}")
+    return int(value)
+
+
+def check_timeout(value) -> float | None:
+    """None (no limit) or a positive, finite number of seconds."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"timeout_s must be a number of seconds, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"timeout_s must be positive and finite, got {value!r}")
+    return float(value)

@@ -76,13 +76,20 @@ void bind_device(nb::module_& m) {
           nb::arg("mode"), nb::arg("land_after_us") = 0)
       .def("overwrite",
            [](DeviceBuffer& b, const kvref::TiledLayout& layout, ReadOnlyBytes logical,
-              int itemsize, bool defer) {
+              int itemsize, bool defer, int64_t run_us) {
              check_size("logical array", logical.size(), layout.logical_elements() * itemsize);
-             auto op = pack_op(layout, logical, itemsize);
+             if (run_us < 0) throw std::invalid_argument("run_us must not be negative");
+             auto pack = pack_op(layout, logical, itemsize);
+             DeviceBuffer::Op op = [pack, run_us](uint8_t* dst) {
+               // A long-running computation: it computes, then writes its result.
+               std::this_thread::sleep_for(std::chrono::microseconds(run_us));
+               pack(dst);
+             };
              if (defer) b.defer(std::move(op));
              else b.launch(std::move(op), BufferState::kExecuting);
            },
-           "An in-place device op writing new contents.")
+           nb::arg("layout"), nb::arg("logical"), nb::arg("itemsize"), nb::arg("defer"),
+           nb::arg("run_us") = 0, "An in-place device op writing new contents.")
       .def_prop_ro("state", &DeviceBuffer::state)
       .def_prop_ro("size", &DeviceBuffer::size)
       .def("materialize", &DeviceBuffer::materialize)
@@ -90,8 +97,7 @@ void bind_device(nb::module_& m) {
       // hangs the whole interpreter, exactly as the unpack bug did.
       .def("await_", &DeviceBuffer::await, nb::arg("timeout_s") = -1.0)
       .def("fail_dma_in", &DeviceBuffer::fail_dma_in, nb::arg("start"), nb::arg("end"))
-      .def("slow_dma_in", &DeviceBuffer::slow_dma_in, nb::arg("start"), nb::arg("end"),
-           nb::arg("delay_us"))
+      .def("hold_next_dma", &DeviceBuffer::hold_next_dma, nb::arg("delay_us"))
       .def("read_physical",
            [](DeviceBuffer& b, Bytes out) {
              check_size("output", out.size(), b.size());

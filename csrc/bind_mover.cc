@@ -109,12 +109,12 @@ void bind_mover(nb::module_& m) {
       .def_prop_ro("chunks_available", [](BlockMover& m) { return m.pool().chunks.available(); })
       .def("set_faults",
            [](BlockMover& mover, bool leak_refused, bool unchecked_unlock, bool unordered_transfers,
-              bool unfenced_h2d) {
+              bool unfenced) {
              mover.pool().chunks.set_faults({leak_refused, unchecked_unlock});
-             mover.pool().faults = {unordered_transfers, unfenced_h2d};
+             mover.pool().faults = {unordered_transfers, unfenced};
            },
            nb::arg("leak_refused"), nb::arg("unchecked_unlock"), nb::arg("unordered_transfers"),
-           nb::arg("unfenced_h2d"))
+           nb::arg("unfenced"))
       .def("set_parallelism",
            [](BlockMover& mover, int64_t parts) {
              if (parts < 1) throw std::invalid_argument("parallelism must be at least 1");

@@ -313,7 +313,7 @@ std::shared_ptr<TransferFuture> BlockMover::submit(Direction dir,
 
   const bool d2h = dir == Direction::kDeviceToHost;
   const MoverFaults faults = pool_->faults;
-  const bool fenced = !(faults.unfenced_h2d && !d2h);
+  const bool fenced = !faults.unfenced;
   const int64_t* host_start = d2h ? dst : src;
   const int64_t* device_start = d2h ? src : dst;
   // Everything that can refuse comes first, each undone if a later one refuses.

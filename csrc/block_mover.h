@@ -70,7 +70,7 @@ class TransferFuture {
 // Old bugs of the mover, switched on one by one (kvref.Faults).
 struct MoverFaults {
   bool unordered_transfers = false;  // no transfer waits for an earlier one on the same blocks
-  bool unfenced_h2d = false;         // an h2d is not ordered before later device ops and reads
+  bool unfenced = false;  // copies are not ordered before later device ops and reads
 };
 
 // What every mover of one host pool shares (with_shard makes more of them).

@@ -2,8 +2,8 @@
 
 #include <sys/mman.h>
 
-#include <algorithm>
 #include <chrono>
+#include <utility>
 #include <cstring>
 
 namespace kvref {
@@ -175,11 +175,10 @@ void DeviceBuffer::fail_dma_in(int64_t start, int64_t end) {
   failing_ranges_.emplace_back(start, end);
 }
 
-void DeviceBuffer::slow_dma_in(int64_t start, int64_t end, int64_t delay_us) {
-  if (start < 0 || end < start || end > size() || delay_us < 0)
-    throw std::invalid_argument("a slow range must lie within the buffer, with a delay >= 0");
+void DeviceBuffer::hold_next_dma(int64_t delay_us) {
+  if (delay_us < 0) throw std::invalid_argument("a DMA hold must not be negative");
   std::lock_guard<std::mutex> lock(mu_);
-  slow_ranges_.push_back({start, end, delay_us});
+  hold_us_ = delay_us;
 }
 
 void DeviceBuffer::begin_dma(bool write) {
@@ -217,8 +216,7 @@ void DeviceBuffer::check_dma(int64_t offset, int64_t size, const char* what, boo
                           std::to_string(offset) + ", " + std::to_string(offset + size) +
                           ") touches failing range [" + std::to_string(start) + ", " +
                           std::to_string(end) + ")");
-    for (const auto& slow : slow_ranges_)
-      if (offset < slow.end && slow.start < offset + size) delay_us = std::max(delay_us, slow.delay_us);
+    std::swap(delay_us, hold_us_);
   }
   if (delay_us) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
   device_->before_dma(what);

@@ -116,8 +116,9 @@ class DeviceBuffer : public std::enable_shared_from_this<DeviceBuffer> {
   void dma_write(int64_t offset, int64_t size, const uint8_t* src, bool fenced = false);
   // Any later DMA touching [start, end) of this buffer fails.
   void fail_dma_in(int64_t start, int64_t end);
-  // Any later DMA touching [start, end) first waits `delay_us` (a slow link).
-  void slow_dma_in(int64_t start, int64_t end, int64_t delay_us);
+  // The next DMA of this buffer first waits `delay_us` (a slow link that
+  // holds one copy in flight).
+  void hold_next_dma(int64_t delay_us);
 
   // Program order between copies and ops: a copy issued before an op is
   // launched is registered here (the buffer must be MATERIALIZED then), and
@@ -143,8 +144,7 @@ class DeviceBuffer : public std::enable_shared_from_this<DeviceBuffer> {
   Op pending_;
   std::string error_;
   std::vector<std::pair<int64_t, int64_t>> failing_ranges_;
-  struct SlowRange { int64_t start, end, delay_us; };
-  std::vector<SlowRange> slow_ranges_;
+  int64_t hold_us_ = 0;
 };
 
 }  // namespace kvref

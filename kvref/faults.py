@@ -41,9 +41,17 @@ class Faults:
     unordered_transfers: bool = _fault(
         "a transfer does not wait for an earlier one still in flight on the same blocks (an "
         "h2d from a chunk whose d2h has not landed reads the old bytes)")
-    unordered_h2d: bool = _fault(
-        "an h2d returns before it is ordered: the device's next op or read does not wait for "
-        "its copies")
+    unfenced_copies: bool = _fault(
+        "a transfer returns before it is ordered against the device: the next op or read "
+        "does not wait for its copies (an un-awaited h2d is missed, an op overwrites bytes a "
+        "d2h is still copying)")
+    runs_as_single_blocks: bool = _fault(
+        "copy_sizes are ignored: each run moves its first block only")
+    unchecked_settings: bool = _fault(
+        "parallelism and timeout_s are taken unchecked: 0, negative or NaN is used as given")
+    leaked_pool: bool = _fault(
+        "a dropped manager's host pool is never freed: each manager built over the same caches "
+        "adds a pool")
     buffer_resolved_once: bool = _fault(
         "buffers are resolved at construction only: a transfer after an in-place op moves "
         "stale storage (pending ops never run; an XLA tensor's new buffer is never seen)")

@@ -27,6 +27,7 @@ from kvref.settings import check_parallelism, check_timeout
 from kvref.plans import request_bytes
 
 BUDGET_SHARE = 0.5  # default budget: this share of the memory available now
+_LEAKED_POOLS: list = []  # the leaked_pool fault model's pools, never freed
 
 
 class KVCacheManager:
@@ -37,8 +38,9 @@ class KVCacheManager:
         the copy pool's threads); `timeout_s`: the longest a future's result()
         waits by default (None: until done)."""
         self.faults = Faults.parse(faults)
-        parallelism = check_parallelism(parallelism)
-        self.timeout_s = check_timeout(timeout_s)
+        if not self.faults.unchecked_settings:
+            parallelism, timeout_s = check_parallelism(parallelism), check_timeout(timeout_s)
+        self.timeout_s = timeout_s
         if slice_policy not in SLICE_POLICIES:
             raise ValueError(f"slice_policy {slice_policy!r} is not one of {SLICE_POLICIES}")
         if isinstance(host_blocks, bool) or not isinstance(host_blocks, (int, np.integer)) \
@@ -57,9 +59,11 @@ class KVCacheManager:
                 "nothing was allocated")
         self._mover = _core.BlockMover(plan.layers, int(host_blocks), plan.allocate_bytes)
         f = self.faults
+        if f.leaked_pool:
+            _LEAKED_POOLS.append(self._mover)
         self._mover.set_faults(f.leaky_refused_allocation, f.unchecked_unlock, f.unordered_transfers,
-                               f.unordered_h2d)
-        if parallelism is not None:
+                               f.unfenced_copies)
+        if parallelism is not None and parallelism >= 1:  # (fewer only with unchecked_settings)
             self._mover.set_parallelism(parallelism)
         self._views = views
         self._lands_before_return = not all(is_simulated(v) for layer in views for v in layer)
@@ -101,10 +105,11 @@ class KVCacheManager:
         kvref.HostPoolExhausted naming both counts; a refused call takes no
         chunk and moves no byte."""
         src = block_list(src_blocks, "src_blocks")
-        sizes = np.ones_like(src) if copy_sizes is None else block_list(copy_sizes, "copy_sizes")
+        sizes = np.ones_like(src) if copy_sizes is None or self.faults.runs_as_single_blocks \
+            else block_list(copy_sizes, "copy_sizes")
         self._bring_up_to_date()
         ids, core = self._mover.save(src, sizes)
-        return [int(i) for i in ids], self._future(core, d2h=True)
+        return [int(i) for i in ids], self._future(core)
 
     def unlock_blocks(self, chunk_ids) -> None:
         """Give locked chunks back: each becomes CACHED (its bytes kept until it
@@ -174,12 +179,14 @@ class KVCacheManager:
 
     def _copy(self, d2h: bool, src, dst, sizes) -> TransferFuture:
         src, dst, sizes = transfer_lists(src, dst, sizes)
+        if self.faults.runs_as_single_blocks:
+            sizes = np.ones_like(sizes)
         self._bring_up_to_date()
-        return self._future(self._mover.copy(d2h, src, dst, sizes), d2h)
+        return self._future(self._mover.copy(d2h, src, dst, sizes))
 
-    def _future(self, core, d2h: bool) -> TransferFuture:
+    def _future(self, core) -> TransferFuture:
         future = TransferFuture(core, self.timeout_s)
-        if self._lands_before_return and not (self.faults.unordered_h2d and not d2h):
+        if self._lands_before_return and not self.faults.unfenced_copies:
             future.wait_landed()
         return future
 

@@ -58,11 +58,15 @@ class DeviceArray:
             raise TimeoutError(f"{self!r} was not materialized within {timeout}s "
                                f"(state {self.state.name})")
 
-    def write_(self, array) -> "DeviceArray":
-        """In-place op: overwrite the contents (recorded under defer_and_fuse)."""
+    def write_(self, array, *, run_us: int = 0) -> "DeviceArray":
+        """In-place op: overwrite the contents (recorded under defer_and_fuse).
+        The op computes for `run_us` before it writes, and starts only after
+        every copy issued on this array before it has ended."""
         logical = self.device._logical(array, self.shape)
+        if isinstance(run_us, bool) or not isinstance(run_us, int) or run_us < 0:
+            raise ValueError(f"run_us must be a non-negative integer, got {run_us!r}")
         self._buffer.overwrite(self.shape._core, logical, self.shape.element.numpy.itemsize,
-                               self.device.deferring)
+                               self.device.deferring, run_us)
         return self
 
     def fill_(self, value) -> "DeviceArray":
@@ -71,6 +75,11 @@ class DeviceArray:
     def fail_dma_in(self, start: int, end: int) -> None:
         """Any later DMA touching bytes [start, end) of this array fails."""
         self._buffer.fail_dma_in(start, end)
+
+    def hold_next_dma(self, delay_us: int) -> None:
+        """The next DMA of this array first waits `delay_us`: a slow link that
+        holds one copy in flight, so what is issued after it overlaps it."""
+        self._buffer.hold_next_dma(int(delay_us))
 
     def physical_bytes(self) -> np.ndarray:
         """A copy of the physical bytes (materialized arrays only)."""

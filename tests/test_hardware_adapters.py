@@ -234,10 +234,10 @@ def test_a_failed_copy_is_seen_whichever_way_the_future_says_it(future, message)
     view = object.__new__(SyncManagerView)
     view.manager = type("M", (), {"d2h": lambda self, *a: future})()
     if message is None:
-        view.move(True, [0], [0])
+        view.start(True, [0], [0]).wait()
     else:
         with pytest.raises(AsyncFailure, match=message):
-            view.move(True, [0], [0])
+            view.start(True, [0], [0]).wait()
 
 
 def test_each_layer_keeps_the_block_size_the_library_reports():

@@ -21,12 +21,26 @@ TEETH = [
     ("host_budget", "", (), ["legacy_slice_formula", "no_host_budget"], "ERROR"),
     # The simulated DMA engine refuses a buffer with in-place ops still pending.
     ("serving_step", "", (), ["buffer_resolved_once"], "ERROR"),
+    # The offload connector's calls (probe/kind).
+    ("host_chunks/fill_then_one_more", "", (), ["leaky_refused_allocation"], "ERROR"),
+    ("host_chunks/refused_saves", "", (), ["leaky_refused_allocation"], "ERROR"),
+    ("host_chunks/bad_unlocks", "", (), ["unchecked_unlock"], "ERROR"),
+    ("inflight_step", "", (), ["no_await_before_transfer"], "ERROR"),
+    ("unawaited_transfers/h2d_then_step", "", (), ["unfenced_copies"], "CORRUPT"),
+    ("unawaited_transfers/d2h_then_h2d_same_chunk", "", (), ["unordered_transfers"], "CORRUPT"),
+    ("unawaited_transfers/d2h_then_overwrite", "", (), ["unfenced_copies"], "ERROR"),
+    ("transfer_parameters/runs_to_the_end", "", (), ["runs_as_single_blocks"], "CORRUPT"),
+    ("settings/timeout_nan", "", (), ["unchecked_settings"], "ERROR"),
+    ("settings/parallelism_zero", "", (), ["unchecked_settings"], "ERROR"),
+    ("repeated_construction", "", (), ["leaked_pool"], "ERROR"),
 ]
 
 
 def case(probe, dtype, dims, faults=(), timeout=20.0):
+    probe, _, kind = probe.partition("/")
     shape = ShapeKey(dtype, dims) if dtype else declared(probe).subject
-    return Case(probe, "tpu7x", "kvref-sim", str(shape), shape, Faults.parse(faults), timeout)
+    name = f"{probe}-{kind}" if kind else str(shape)
+    return Case(probe, "tpu7x", "kvref-sim", name, shape, Faults.parse(faults), timeout, kind=kind)
 
 
 @pytest.mark.parametrize("probe, dtype, dims, faults, verdict", TEETH)

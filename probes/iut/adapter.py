@@ -24,6 +24,7 @@ class IUT:
     environment: tuple[tuple[str, str], ...] = ()  # variables its workers run with
     any_tpu_type: bool = False  # also runs on TPU types beyond the shipped ones (v2:2x2)
     build: str | None = None  # a build of its library other than the pinned one (probes.iut.builds)
+    loopback_only: bool = False  # its workers run in a network namespace of their own with only lo
 
     def layout_of(self, generation: str, key: kvref.ShapeKey) -> tuple[kvref.Shape, str]:
         return self.arrays.layout_of(generation, key)
@@ -97,6 +98,15 @@ class Adapter:
     def serving_step(self, cache, new):
         return self.arrays.serving_step(cache, new)
 
+    def dispatch_step(self, cache, new):
+        return self.arrays.dispatch_step(cache, new)
+
+    def read_by_step(self, cache):
+        return self.arrays.read_by_step(cache)
+
+    def hold_copies(self, cache, seconds: float) -> bool:
+        return self.arrays.hold_copies(cache, seconds)
+
     def refuses(self, e: BaseException) -> bool:
         return self.library.refuses(e)
 
@@ -105,6 +115,15 @@ class Adapter:
 
     def transfer(self, manager, d2h: bool, src, dst, sizes=None) -> None:
         self.library.transfer(manager, d2h, src, dst, sizes)
+
+    def start(self, manager, d2h: bool, src, dst, sizes=None):
+        return self.library.start(manager, d2h, src, dst, sizes)
+
+    def save(self, manager, src, sizes=None):
+        return self.library.save(manager, src, sizes)
+
+    def unlock(self, manager, chunk_ids) -> None:
+        self.library.unlock(manager, chunk_ids)
 
     def d2h(self, manager, src, dst, sizes=None) -> None:
         self.transfer(manager, True, src, dst, sizes)

@@ -66,6 +66,15 @@ class JaxCpuArrays:
     def serving_step(self, cache, new):
         return donating_step(cache, new)
 
+    def dispatch_step(self, cache, new):
+        return dispatched_step(cache, new)
+
+    def hold_copies(self, cache, seconds):
+        return False  # no way to slow this device's copies from outside
+
+    def read_by_step(self, cache):
+        return read_by_step(cache)
+
 
 # Bytes a deferred cache's computation churns through: about half a second
 # on one core, long enough to be still running when the manager is built.
@@ -90,20 +99,59 @@ def jax_caches(hosts: list[np.ndarray], device, mode: str) -> list:
 
 
 def donating_step(cache, new: np.ndarray):
-    """A jitted step that donates the cache and returns the updated one, as a
-    serving engine's step does (XLA may reuse the donated buffer for it)."""
+    """A jitted step that gives the updated cache and donates the old one, as
+    a serving engine's step does. XLA may reuse a donated buffer for the
+    output, and then a manager that kept the old buffer would pass by luck;
+    so the step's output always lives in a fresh buffer (computed while the
+    old one is still held, which is then deleted, as donation deletes it)."""
     import jax
 
-    updated = _donating_step()(cache, jax.device_put(new.copy(), list(cache.devices())[0]))
+    updated = _update_step()(cache, jax.device_put(new.copy(), list(cache.devices())[0]))
     updated.block_until_ready()
+    _retire(cache, updated)
     return updated
 
 
-@functools.cache
-def _donating_step():
+def dispatched_step(cache, new: np.ndarray):
+    """The same step still running when it returns: it computes (about half a
+    second on one core; see PENDING_BYTES) before its output holds `new`, and
+    the cache it took is already gone, as a donated array is."""
     import jax
 
-    return jax.jit(lambda cache, new: cache.at[...].set(new), donate_argnums=0)
+    device = list(cache.devices())[0]
+    fresh = jax.device_put(new.copy(), device)
+    fresh.block_until_ready()
+    updated = _identity_churn()(fresh, _rounds(new.nbytes), _key(new.dtype))
+    cache.delete()  # the output was allocated while the cache was held: never its buffer
+    return updated
+
+
+def read_by_step(cache) -> np.ndarray:
+    """What a computation dispatched now on the cache reads: a jitted bitwise
+    copy, then the copy read back."""
+    return np.asarray(_copy_step()(cache))
+
+
+def _retire(old, new) -> None:
+    """Delete the step's input, after checking its output has its own buffer."""
+    if new.unsafe_buffer_pointer() == old.unsafe_buffer_pointer():
+        raise RuntimeError("the step's output reused its input's buffer; a stale buffer could pass")
+    old.delete()
+
+
+@functools.cache
+def _update_step():
+    import jax
+
+    return jax.jit(lambda cache, new: cache.at[...].set(new))
+
+
+@functools.cache
+def _copy_step():
+    import jax
+    import jax.numpy as jnp
+
+    return jax.jit(lambda x: jnp.copy(x))
 
 
 def _rounds(nbytes: int) -> int:
@@ -190,3 +238,12 @@ class JaxTpuArrays:
 
     def serving_step(self, cache, new):
         return donating_step(cache, new)
+
+    def dispatch_step(self, cache, new):
+        return dispatched_step(cache, new)
+
+    def hold_copies(self, cache, seconds):
+        return False  # no way to slow this device's copies from outside
+
+    def read_by_step(self, cache):
+        return read_by_step(cache)

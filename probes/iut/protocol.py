@@ -71,6 +71,27 @@ class Arrays(Protocol):
         """Update the cache to hold `new` the way a serving engine updates its
         KV cache between transfers; returns the cache to use from now on."""
 
+    def dispatch_step(self, cache, new: np.ndarray):
+        """Start a computation that leaves `new` in the cache and return at
+        once, the computation still running (a recorded op launched on the
+        simulated device and TorchTPU; on JAX a step that takes the cache as a
+        serving step donates it and gives a fresh buffer); returns the cache to
+        use from now on."""
+
+    def hold_copies(self, cache, seconds: float) -> bool:
+        """Hold the next copy between this cache and the host in flight for
+        `seconds` where the device allows it (the simulated link); whether it could."""
+
+    def read_by_step(self, cache) -> np.ndarray:
+        """The cache's contents as the next computation dispatched on it sees
+        them (dispatched now, then read back)."""
+
+
+@runtime_checkable
+class Pending(Protocol):
+    def wait(self) -> None:
+        """Until the transfer has ended; raises the library's error if it failed."""
+
 
 @runtime_checkable
 class ManagerView(Protocol):
@@ -110,6 +131,16 @@ class Library(Protocol):
 
     def transfer(self, manager: ManagerView, d2h: bool, src, dst, sizes=None) -> None:
         """One d2h or h2d, waited for; raises what the library raises."""
+
+    def start(self, manager: ManagerView, d2h: bool, src, dst, sizes=None) -> "Pending":
+        """One d2h or h2d, issued and not waited for."""
+
+    def save(self, manager: ManagerView, src, sizes=None) -> tuple[list[int], "Pending"]:
+        """d2h_auto_allocate: the host chunks it locked (one per block, in
+        order) and its copy, not waited for."""
+
+    def unlock(self, manager: ManagerView, chunk_ids) -> None:
+        """unlock_blocks."""
 
     def plan_request(self, uuid: str, src_block: int, dst_block: int):
         """A StartTransferRequest this library parses: one block of layer 0."""

@@ -43,8 +43,17 @@ class KvrefLibrary:
         return isinstance(e, (kvref.LayoutError, kvref.HostBudgetError, ValueError))
 
     def transfer(self, manager, d2h, src, dst, sizes=None) -> None:
-        future = (manager.d2h if d2h else manager.h2d)(src, dst, sizes)
-        future.result(timeout=60)
+        self.start(manager, d2h, src, dst, sizes).wait()
+
+    def start(self, manager, d2h, src, dst, sizes=None):
+        return KvrefPending((manager.d2h if d2h else manager.h2d)(src, dst, sizes))
+
+    def save(self, manager, src, sizes=None):
+        chunks, future = manager.d2h_auto_allocate(src, sizes)
+        return chunks, KvrefPending(future)
+
+    def unlock(self, manager, chunk_ids) -> None:
+        manager.unlock_blocks(chunk_ids)
 
     def plan_request(self, uuid: str, src_block: int, dst_block: int):
         return kvref.StartTransferRequest(uuid=uuid, layer_ids=[0], src_block_ids=[src_block],
@@ -54,6 +63,17 @@ class KvrefLibrary:
         return {"uuid": request.uuid, "peer": request.peer, "layer_ids": list(request.layer_ids),
                 "src_block_ids": list(request.src_block_ids),
                 "dst_block_ids": list(request.dst_block_ids), "is_sender": is_sender}
+
+
+class KvrefPending:
+    """A kvref transfer's future, waited for with a bound (the probe's own
+    watchdog is longer)."""
+
+    def __init__(self, future):
+        self.future = future
+
+    def wait(self) -> None:
+        self.future.result(timeout=60)
 
 
 class SimArrays:
@@ -109,3 +129,18 @@ class SimArrays:
         with cache.device.defer_and_fuse():
             cache.write_(new)
         return cache
+
+    # How long a dispatched step computes before it writes: long enough to be
+    # running when the next call is made, whatever the machine's load.
+    STEP_US = 300_000
+
+    def dispatch_step(self, cache, new):
+        """An in-place op launched now, computing for STEP_US before it writes."""
+        return cache.write_(new, run_us=self.STEP_US)
+
+    def read_by_step(self, cache):
+        return cache.device.fetch(cache)
+
+    def hold_copies(self, cache, seconds):
+        cache.hold_next_dma(int(seconds * 1e6))
+        return True

@@ -97,6 +97,18 @@ class TorchTpuArrays:
             cache.copy_(update)
         return cache
 
+    def dispatch_step(self, cache, new):
+        """An in-place copy issued eagerly: TorchTPU runs it asynchronously."""
+        cache.copy_(kvref.to_torch(new).to("tpu"))
+        return cache
+
+    def hold_copies(self, cache, seconds):
+        return False  # no way to slow this device's copies from outside
+
+    def read_by_step(self, cache):
+        """A computation on the cache (a double flip, bit-exact), read back."""
+        return kvref.from_torch(cache.flip(0).flip(0).cpu())
+
     def _check_layout(self, cache) -> None:
         """The reference predicts from the compiler's layout; a cache that
         TorchTPU laid out otherwise would make that prediction meaningless.

@@ -53,6 +53,29 @@ def layer_block_sizes(impl, layers: int) -> tuple[int, ...]:
     return (int(impl.slice_byte_size),) * layers
 
 
+def _ints(values) -> list[int]:
+    return [int(x) for x in values]
+
+
+class SyncPending:
+    """A tpu-sync future. A failure while the copy runs is an AsyncFailure,
+    whichever way the future reports it: Await raising, or (tpu-sync-torch's
+    future) Await returning while ok() is False."""
+
+    def __init__(self, future):
+        self.future = future
+
+    def wait(self) -> None:
+        try:
+            self.future.Await()
+        except Exception as e:  # the copy failed after it was accepted
+            raise AsyncFailure(f"Await raised {type(e).__name__}: {e}") from e
+        ok = getattr(self.future, "ok", None)
+        if ok is not None and not ok():
+            raise AsyncFailure(f"Await returned, but the future reports an error: "
+                               f"{self.future.error_message()}")
+
+
 class SyncManagerView:
     def __init__(self, caches, host_blocks: int, options: dict):
         """The library's manager as its users build it: its own defaults, but
@@ -70,21 +93,17 @@ class SyncManagerView:
         """The wheel's KVCacheManager class."""
         raise NotImplementedError
 
-    def move(self, d2h: bool, src, dst, sizes=None) -> None:
-        """One d2h or h2d, waited for. The call itself may refuse the request;
-        a failure while it runs is an AsyncFailure, whichever way the future
-        reports it: Await raising, or (tpu-sync-torch's future) Await
-        returning while ok() is False."""
-        future = (self.manager.d2h if d2h else self.manager.h2d)(
-            [int(x) for x in src], [int(x) for x in dst],
-            None if sizes is None else [int(x) for x in sizes])
-        try:
-            future.Await()
-        except Exception as e:  # the copy failed after it was accepted
-            raise AsyncFailure(f"Await raised {type(e).__name__}: {e}") from e
-        ok = getattr(future, "ok", None)
-        if ok is not None and not ok():
-            raise AsyncFailure(f"Await returned, but the future reports an error: {future.error_message()}")
+    def start(self, d2h: bool, src, dst, sizes=None) -> "SyncPending":
+        """One d2h or h2d, issued; the call itself may refuse the request."""
+        return SyncPending((self.manager.d2h if d2h else self.manager.h2d)(
+            _ints(src), _ints(dst), None if sizes is None else _ints(sizes)))
+
+    def save(self, src, sizes=None) -> tuple[list[int], "SyncPending"]:
+        chunks, future = self.manager.d2h_auto_allocate(_ints(src), None if sizes is None else _ints(sizes))
+        return [int(c) for c in chunks], SyncPending(future)
+
+    def unlock(self, chunk_ids) -> None:
+        self.manager.unlock_blocks(_ints(chunk_ids))
 
     def check_block(self, block: int) -> None:
         if not 0 <= block < self.host_blocks:
@@ -174,12 +193,23 @@ class SyncLibrary:
         return None
 
     def manager(self, caches, host_blocks, **options):
-        if options.get("slice_policy", "uniform") != "uniform":
+        """Built as the option set says, with the probe's own settings
+        (parallelism, timeout_s) passed through to the wheel's constructor."""
+        if options.pop("slice_policy", "uniform") != "uniform":
             raise NotImplementedError(f"{self.distribution} has no slice_policy")
-        return self.view(caches, host_blocks, self.options)
+        return self.view(caches, host_blocks, {**self.options, **options})
 
     def transfer(self, manager, d2h: bool, src, dst, sizes=None) -> None:
-        manager.move(d2h, src, dst, sizes)
+        manager.start(d2h, src, dst, sizes).wait()
+
+    def start(self, manager, d2h: bool, src, dst, sizes=None):
+        return manager.start(d2h, src, dst, sizes)
+
+    def save(self, manager, src, sizes=None):
+        return manager.save(src, sizes)
+
+    def unlock(self, manager, chunk_ids) -> None:
+        manager.unlock(chunk_ids)
 
     def refuses(self, e: BaseException) -> bool:
         return refuses(e)

@@ -110,3 +110,18 @@ class TorchXlaArrays:
         cache.copy_(kvref.to_torch(new).to(cache.device))
         torch_xla.sync(wait=True)
         return cache
+
+    def dispatch_step(self, cache, new: np.ndarray):
+        """The in-place copy, synced without waiting: the computation runs on."""
+        import torch_xla
+
+        cache.copy_(kvref.to_torch(new).to(cache.device))
+        torch_xla.sync(wait=False)
+        return cache
+
+    def hold_copies(self, cache, seconds):
+        return False  # no way to slow this device's copies from outside
+
+    def read_by_step(self, cache):
+        """A computation on the cache (a double flip, bit-exact), synced and read."""
+        return kvref.from_torch(cache.flip(0).flip(0).cpu())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
 from probes.suite.ownership import row_byte_ranges
@@ -50,6 +52,44 @@ def host_budget(case: Case, iut: Adapter) -> Outcome:
                        "pool", host_bytes=grown)
     return Outcome(PASS, f"constructed; {expected:,}-byte pool, address space grew by {grown:,} bytes",
                    host_bytes=reported if reported is not None else grown)
+
+
+REBUILDS = 20
+REBUILD_HOST_BLOCKS = 4096
+POOL_TOLERANCE = 0.01  # a pool may exceed what its blocks need by this share
+THREAD_SLACK_BYTES = 64 * 2**20  # thread stacks and bookkeeping a manager may keep
+
+
+def repeated_construction(case: Case, iut: Adapter) -> Outcome:
+    """A manager built and dropped REBUILDS times over the same caches holds
+    no more host memory than one (address space measured as host_budget
+    measures it), and its pool is within 1% of the bytes its blocks need."""
+    caches = [iut.make_cache(case.shape, case.seed + i)[0] for i in range(2)]
+    before = address_space_bytes()
+    try:
+        manager = iut.manager(caches, REBUILD_HOST_BLOCKS)
+    except Exception as e:  # a clean refusal, or the worker's ERROR
+        return refused(iut, e)
+    one = address_space_bytes() - before
+    expected = sum(manager.layer_bytes_per_block) * manager.num_shards * REBUILD_HOST_BLOCKS
+    reported = manager.host_bytes
+    if reported is not None and not expected <= reported <= expected * (1 + POOL_TOLERANCE):
+        return Outcome(ERROR, f"reports a {reported:,}-byte pool for {expected:,} bytes of blocks",
+                       host_bytes=reported)
+    if reported is None and not expected <= one <= expected * (1 + POOL_TOLERANCE) + THREAD_SLACK_BYTES:
+        return Outcome(ERROR, f"one manager grew the address space by {one:,} bytes for {expected:,} bytes "
+                       f"of blocks (allowed: 1% more, plus {THREAD_SLACK_BYTES:,} for threads)", host_bytes=one)
+    for _ in range(REBUILDS - 1):
+        del manager
+        gc.collect()
+        manager = iut.manager(caches, REBUILD_HOST_BLOCKS)
+    grown = address_space_bytes() - before
+    if grown > one + THREAD_SLACK_BYTES:
+        return Outcome(ERROR, f"{REBUILDS} managers built and dropped in turn hold {grown:,} bytes of address "
+                       f"space; one held {one:,}", host_bytes=grown)
+    return Outcome(PASS, f"{REBUILDS} managers built and dropped: {grown:,} bytes held, one held {one:,}; pool "
+                   f"{reported if reported is not None else one:,} bytes for {expected:,} bytes of blocks",
+                   host_bytes=grown)
 
 
 def address_space_bytes() -> int:

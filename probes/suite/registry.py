@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import kvref
-from probes.suite import (call_sequence, construction, host_budget, plan_binding, robustness, roundtrip,
-                          serving_step)
+from probes.suite import (call_sequence, construction, host_budget, host_chunks, ordering, plan_binding,
+                          requests, robustness, roundtrip, serving_step, settings)
 from probes.suite.ownership import row_byte_ranges
 from probes.suite.verdicts import PASS, REJECTED
 
@@ -70,12 +70,28 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     Probe("host_budget", host_budget.host_budget, "generation", addressable_or_refused,
           subject=kvref.ShapeKey("bf16", (512, 3, 2048)),
           address_space_headroom=host_budget.ADDRESS_SPACE_HEADROOM),
+    Probe("repeated_construction", host_budget.repeated_construction, "generation", always(PASS),
+          subject=PLAN_SHAPE),
     Probe("bad_input", robustness.bad_input, "robustness", always(REJECTED), subject=PLAN_SHAPE,
           kinds=robustness.BAD_INPUTS, default=False),
     Probe("release_order", robustness.release_order, "robustness", always(PASS), subject=PLAN_SHAPE,
           kinds=robustness.RELEASE_ORDERS, default=False),
     Probe("concurrent_transfers", robustness.concurrent_transfers, "robustness", always(PASS),
           subject=PLAN_SHAPE, kinds=robustness.CONCURRENCY, default=False),
+    # The offload connector's calls: host chunks saved into and unlocked, and
+    # transfers overlapping device work and each other.
+    Probe("host_chunks", host_chunks.host_chunks, "robustness", always(PASS), subject=PLAN_SHAPE,
+          kinds=host_chunks.HOST_CHUNK_KINDS),
+    # Moving what the step leaves is right; so is refusing a donated array by name.
+    Probe("inflight_step", ordering.inflight_step, "generation", always(PASS, REJECTED), subject=PLAN_SHAPE),
+    Probe("unawaited_transfers", ordering.unawaited_transfers, "robustness", always(PASS),
+          subject=PLAN_SHAPE, kinds=ordering.ORDERING_KINDS),
+    Probe("transfer_parameters", requests.transfer_parameters, "robustness", always(PASS),
+          subject=PLAN_SHAPE, kinds=requests.TRANSFER_KINDS),
+    # Refusing a setting that means nothing is right; so is clamping a huge
+    # parallelism and moving blocks exactly.
+    Probe("settings", settings.settings, "robustness", always(REJECTED, PASS), subject=PLAN_SHAPE,
+          kinds=settings.SETTING_KINDS),
     Probe("call_sequence", call_sequence.call_sequence, "fuzz", always(PASS), default=False),
 )}
 

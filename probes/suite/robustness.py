@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 
 import numpy as np
 
@@ -29,8 +30,11 @@ BAD_TRANSFERS = {
 BAD_CONSTRUCTIONS = ("ragged_shards", "no_layers")
 BAD_INPUTS = tuple(BAD_TRANSFERS) + BAD_CONSTRUCTIONS
 BAD_HOST_BLOCKS = 8
-RELEASE_ORDERS = ("arrays_first", "manager_first")
-CONCURRENCY = ("four_threads",)
+RELEASE_ORDERS = ("arrays_first", "manager_first", "save_in_flight", "exit_in_flight")
+CONCURRENCY = ("four_threads", "both_directions")
+BOTH_WAYS_ROUNDS, BOTH_WAYS_SECONDS = 30, 20.0
+# What the worker's interpreter still holds at exit (exit_in_flight).
+_AT_EXIT: list = []
 
 
 def bad_input(case: Case, iut: Adapter) -> Outcome:
@@ -66,12 +70,17 @@ def bad_input(case: Case, iut: Adapter) -> Outcome:
 
 
 def release_order(case: Case, iut: Adapter) -> Outcome:
-    """Drop the caller's arrays before the manager (kind "arrays_first") or the
-    manager before the arrays ("manager_first"); nothing may crash, and the
-    manager must never write into memory the arrays gave back."""
+    """Drop the caller's arrays before the manager (kind "arrays_first"), the
+    manager before the arrays ("manager_first"), the manager and the future
+    of a save still in flight ("save_in_flight"), or leave a manager and an
+    un-awaited save to the interpreter's exit ("exit_in_flight": the worker's
+    exit is the verdict, so a crash or hang there is CRASH or HANG); nothing
+    may crash, and the manager must never write into memory given back."""
     pairs = [iut.make_cache(case.shape, case.seed + i) for i in range(2)]
     manager = iut.manager([c for c, _ in pairs], BAD_HOST_BLOCKS)
     blocks = list(range(BAD_HOST_BLOCKS))
+    if case.kind in ("save_in_flight", "exit_in_flight"):
+        return _drop_in_flight(case, iut, manager, pairs, blocks)
     iut.d2h(manager, blocks, blocks)
     if case.kind == "manager_first":
         del manager
@@ -90,8 +99,30 @@ def release_order(case: Case, iut: Adapter) -> Outcome:
     return Outcome(PASS, "arrays released first; later transfers touched nothing else")
 
 
+def _drop_in_flight(case, iut, manager, pairs, blocks) -> Outcome:
+    held = iut.hold_copies(pairs[0][0], 0.3)
+    chunks, pending = iut.save(manager, blocks)
+    if case.kind == "exit_in_flight":
+        _AT_EXIT.append((manager, pending, pairs))
+        return Outcome(PASS, f"a manager and an un-awaited save of {len(chunks)} blocks left to the "
+                       "interpreter's exit, which ended cleanly")
+    del manager, pending
+    gc.collect()
+    fresh = [iut.make_cache(case.shape, case.seed + 10 + i) for i in range(2)]  # may reuse freed memory
+    for cache, host in pairs + fresh:
+        if iut.fetch(cache).tobytes() != host.tobytes():
+            return Outcome(CORRUPT, "dropping a manager with a save in flight changed a cache's bytes")
+    how = "" if held else " (copies not held in flight on this device: the save may have ended first)"
+    return Outcome(PASS, f"manager and future dropped with a save in flight; no bytes changed{how}")
+
+
 def concurrent_transfers(case: Case, iut: Adapter) -> Outcome:
-    """Four threads moving disjoint blocks at once; every host byte checked."""
+    """Four threads moving disjoint blocks at once ("four_threads"), or one
+    thread saving some blocks while another loads others ("both_directions");
+    every byte checked, every thread bounded in time (a lock taken in
+    opposite orders is a HANG)."""
+    if case.kind == "both_directions":
+        return _both_directions(case, iut)
     dims = case.shape.dims
     pairs = [iut.make_cache(case.shape, case.seed + i, finite=True) for i in range(2)]
     manager = iut.manager([c for c, _ in pairs], 64)
@@ -130,3 +161,63 @@ def _state(iut, manager, caches) -> tuple:
     host = tuple(manager.read_block_bytes(layer, block) for layer in range(len(caches))
                  for block in range(BAD_HOST_BLOCKS))
     return device, host
+
+
+def _both_directions(case: Case, iut: Adapter) -> Outcome:
+    """d2h of the first half of the blocks and h2d into the second half, from
+    two threads at once, BOTH_WAYS_ROUNDS times each."""
+    pairs = [iut.make_cache(case.shape, case.seed + i, finite=True) for i in range(2)]
+    caches, hosts = [c for c, _ in pairs], [h for _, h in pairs]
+    rows = case.shape.dims[0]
+    half = rows // 2
+    manager = iut.manager(caches, rows)
+    iut.d2h(manager, list(range(rows)), list(range(rows)))  # host block j holds device block j
+    layout = iut.layout(case.shape)
+    expected = [kvref.pack(h, layout).reshape(rows, -1) for h in hosts]
+    errors, wrong = [], []
+    deadline = time.monotonic() + BOTH_WAYS_SECONDS
+
+    def saving():
+        for r in range(BOTH_WAYS_ROUNDS):
+            if time.monotonic() > deadline:
+                return errors.append(f"saving thread: {r} rounds in {BOTH_WAYS_SECONDS}s")
+            iut.d2h(manager, list(range(half)), list(range(half)))
+            for layer in range(2):
+                block = r % half
+                if manager.read_block_bytes(layer, block) != expected[layer][block].tobytes():
+                    wrong.append(f"host block {block} (layer {layer}) after round {r}")
+
+    def loading():
+        for r in range(BOTH_WAYS_ROUNDS):
+            if time.monotonic() > deadline:
+                return errors.append(f"loading thread: {r} rounds in {BOTH_WAYS_SECONDS}s")
+            iut.h2d(manager, list(range(half, rows)), list(range(half, rows))[::-1])
+
+    def guarded(work):
+        try:
+            work()
+        except Exception as e:  # reported as the outcome
+            errors.append(first_line(e))
+
+    threads = [threading.Thread(target=guarded, args=(w,), daemon=True) for w in (saving, loading)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(BOTH_WAYS_SECONDS + 5)
+    if any(th.is_alive() for th in threads):
+        return Outcome(ERROR, f"a thread was still moving blocks after {BOTH_WAYS_SECONDS + 5:.0f}s")
+    if errors:
+        return Outcome(ERROR, errors[0])
+    if wrong:
+        return Outcome(CORRUPT, f"{len(wrong)} blocks read back wrong, first {wrong[0]}")
+    for layer, (cache, host) in enumerate(zip(caches, hosts)):
+        want = host.copy()
+        want[half:] = host[half:][::-1]  # every load puts the second half back reversed
+        if _differs(iut.fetch(cache), want):
+            return Outcome(CORRUPT, f"layer {layer}'s device blocks are not what the loads put there")
+    return Outcome(PASS, f"{BOTH_WAYS_ROUNDS} saves and {BOTH_WAYS_ROUNDS} loads from two threads at once, "
+                   "every byte checked")
+
+
+def _differs(got: np.ndarray, want: np.ndarray) -> bool:
+    return np.ascontiguousarray(got).tobytes() != np.ascontiguousarray(want).tobytes()

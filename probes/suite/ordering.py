@@ -1,0 +1,157 @@
+"""Transfers that overlap device work and each other, as a serving engine
+issues them: a save while the step that writes the cache still runs, a load
+whose future is not awaited before the next step reads the cache, and
+un-awaited transfers on the same blocks. Each must move the bytes program
+order says (or be refused by name)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import kvref
+from probes.iut.adapter import Adapter
+from probes.iut.host_data import random_host
+from probes.suite.cases import Case
+from probes.suite.refusals import refused
+from probes.suite.verdicts import CORRUPT, ERROR, PASS, Outcome
+
+LAYERS = 2
+SAVED = 8  # blocks saved while the step runs
+CHECKED = 16  # host blocks read back after a d2h of every block
+HOLD_SECONDS = 0.5  # how long the simulated link holds a copy in flight: longer than a step computes
+ORDERING_KINDS = ("h2d_then_step", "d2h_then_h2d_same_chunk", "d2h_then_overwrite")
+
+
+def inflight_step(case: Case, iut: Adapter) -> Outcome:
+    """As the offload connector: a step that writes every cache is dispatched
+    (on JAX it donates the cache), and while it runs SAVED blocks are saved
+    with d2h_auto_allocate; the chunks must hold what the step leaves, not
+    the bytes before it, or the save is refused by name. Then the chunks are
+    loaded into other blocks and, without awaiting the load, the next step
+    reads the cache: it must see the loaded blocks."""
+    pairs = iut.make_caches(case.shape, [case.seed + i for i in range(LAYERS)], finite=True)
+    rows = case.shape.dims[0]
+    try:
+        manager = iut.manager([c for c, _ in pairs], rows)
+    except Exception as e:  # a clean refusal, or the worker's ERROR
+        return refused(iut, e)
+    new = [random_host(case.shape, case.seed + 100 + i, finite=True) for i in range(LAYERS)]
+    caches = [iut.dispatch_step(cache, n) for (cache, _), n in zip(pairs, new)]
+    if not all(iut.is_pending(c) for c in caches):
+        return Outcome(ERROR, "nothing in flight: the dispatched step had ended before the save")
+    blocks = [int(b) for b in np.random.default_rng(case.seed).choice(rows, SAVED, replace=False)]
+    try:
+        chunks, pending = iut.save(manager, blocks)
+        pending.wait()
+    except Exception as e:  # a clean refusal, or the worker's ERROR
+        return refused(iut, e, "a save while the step runs: ")
+    packed = [_packed(iut, case.shape, h) for h in new]
+    old = [_packed(iut, case.shape, h) for _, h in pairs]
+    for layer in range(LAYERS):
+        for chunk, block in zip(chunks, blocks):
+            got = manager.read_block_bytes(layer, chunk)
+            if got != packed[layer][block].tobytes():
+                what = "the bytes from before the step" if got == old[layer][block].tobytes() else \
+                    "neither the step's bytes nor the old ones"
+                return Outcome(CORRUPT, f"a save while the step ran: chunk {chunk} (layer {layer}, block "
+                               f"{block}) holds {what}")
+    targets = blocks[1:] + blocks[:1]  # each chunk into another saved block's place
+    load = iut.start(manager, False, chunks, targets)
+    seen = [iut.read_by_step(c) for c in caches]
+    load.wait()
+    for layer, got in enumerate(seen):
+        expected = new[layer].copy()
+        expected[targets] = new[layer][blocks]
+        wrong = _wrong_rows(got, expected)
+        if wrong:
+            return Outcome(CORRUPT, f"the step after an un-awaited load read layer {layer} with {len(wrong)} "
+                           f"loaded blocks missing (first: block {wrong[0]})")
+    return Outcome(PASS, f"{SAVED} blocks saved while the step ran held its bytes; the next step saw "
+                   "the un-awaited load")
+
+
+def unawaited_transfers(case: Case, iut: Adapter) -> Outcome:
+    """Two things in program order with nothing awaited between them
+    (case.kind): an h2d then the next step reading the cache
+    (h2d_then_step); a d2h then an h2d from the same host chunks
+    (d2h_then_h2d_same_chunk); a d2h then a step overwriting the blocks it
+    copies (d2h_then_overwrite). Where the device allows, the first layer's
+    first copy is held in flight (HOLD_SECONDS) while the rest go on, so the
+    second thing really overlaps the first."""
+    pairs = iut.make_caches(case.shape, [case.seed + i for i in range(LAYERS)], finite=True)
+    caches, hosts = [c for c, _ in pairs], [h for _, h in pairs]
+    rows = case.shape.dims[0]
+    try:
+        manager = iut.manager(caches, rows)
+    except Exception as e:  # a clean refusal, or the worker's ERROR
+        return refused(iut, e)
+    every = list(range(rows))
+    shifted = every[rows // 2:] + every[:rows // 2]  # block j goes to j + rows/2
+    if case.kind == "h2d_then_step":
+        iut.d2h(manager, every, every)
+        held = iut.hold_copies(caches[0], HOLD_SECONDS)
+        load = iut.start(manager, False, every, shifted)
+        seen = [iut.read_by_step(c) for c in caches]
+        load.wait()
+        what = "the step after an un-awaited h2d"
+    elif case.kind == "d2h_then_h2d_same_chunk":
+        held = iut.hold_copies(caches[0], HOLD_SECONDS)
+        save = iut.start(manager, True, every, every)
+        load = iut.start(manager, False, every, shifted)
+        save.wait()
+        load.wait()
+        seen = [iut.fetch(c) for c in caches]
+        what = "an h2d from host blocks whose d2h was not awaited"
+    else:
+        return _d2h_then_overwrite(case, iut, manager, caches, hosts)
+    for layer, (got, host) in enumerate(zip(seen, hosts)):
+        expected = np.empty_like(host)
+        expected[shifted] = host
+        wrong = _wrong_rows(got, expected)
+        if wrong:
+            return Outcome(CORRUPT, f"{what}: {len(wrong)} of {rows} blocks of layer {layer} wrong "
+                           f"(first: block {wrong[0]})")
+    return Outcome(PASS, f"{what}: every block as program order says{_held(held)}")
+
+
+def _d2h_then_overwrite(case, iut, manager, caches, hosts) -> Outcome:
+    """A d2h of every block, then at once a step overwriting the cache: the
+    host blocks must hold the bytes from before the step."""
+    rows = case.shape.dims[0]
+    held = iut.hold_copies(caches[0], HOLD_SECONDS)
+    every = list(range(rows))
+    save = iut.start(manager, True, every, every)
+    new = [random_host(case.shape, case.seed + 100 + i, finite=True) for i in range(len(caches))]
+    caches = [iut.dispatch_step(c, n) for c, n in zip(caches, new)]
+    save.wait()
+    old = [_packed(iut, case.shape, h) for h in hosts]
+    # The first block (the held copy's, on the simulated link) and a sample of
+    # the first few dozen (reading far into a pool can be slow).
+    sample = np.random.default_rng(case.seed).choice(min(rows, 4 * CHECKED), min(CHECKED, rows), replace=False)
+    checked = sorted({0, *map(int, sample)})
+    for layer in range(len(caches)):
+        for block in checked:
+            if manager.read_block_bytes(layer, block) != old[layer][block].tobytes():
+                return Outcome(CORRUPT, f"a d2h followed at once by a step overwriting the cache: host "
+                               f"block {block} (layer {layer}) does not hold the bytes from before the step")
+    for layer, (cache, n) in enumerate(zip(caches, new)):
+        if _wrong_rows(iut.fetch(cache), n):
+            return Outcome(CORRUPT, f"the step after a d2h did not leave its bytes in layer {layer}")
+    return Outcome(PASS, f"a d2h then a step overwriting the cache: {len(checked)} host blocks checked "
+                   f"per layer hold the bytes from before the step{_held(held)}")
+
+
+def _held(held: bool) -> str:
+    return "" if held else " (copies not held in flight on this device: the overlap is as it falls)"
+
+
+def _packed(iut: Adapter, key: kvref.ShapeKey, host: np.ndarray) -> np.ndarray:
+    """The cache's physical bytes, one row per block."""
+    return kvref.pack(host, iut.layout(key)).reshape(key.dims[0], -1)
+
+
+def _wrong_rows(got: np.ndarray, expected: np.ndarray) -> list[int]:
+    rows = expected.shape[0]
+    differ = (np.ascontiguousarray(got).view(np.uint8).reshape(rows, -1)
+              != np.ascontiguousarray(expected).view(np.uint8).reshape(rows, -1)).any(1)
+    return [int(i) for i in np.nonzero(differ)[0]]

@@ -169,14 +169,20 @@ class SyncLibrary:
     install_hint = ""  # how to get the library, for the skip reason
     view: type[SyncManagerView] = SyncManagerView
     supports_faults = False  # fault models are kvref's
-    # The library's defaults (which skip the buffer lock), and the buffer
-    # lock on, as a user who wants the safety locking builds it.
-    OPTION_SETS = ({}, {"unsafe_skip_buffer_lock": False})
+    # The library's defaults (which skip the buffer lock); the buffer lock
+    # on, as a user who wants the safety locking builds it; and transfers
+    # dispatched asynchronously, the wheel's switch for how d2h and h2d are
+    # issued. An upper-case option is an environment variable, set before
+    # the library is imported.
+    OPTION_SETS = ({}, {"unsafe_skip_buffer_lock": False}, {"RAIDEN_ENABLE_ASYNC_DISPATCH": "1"})
 
     def __init__(self, faults: kvref.Faults, options: dict | None = None):
         if faults:
             raise ValueError(f"{self.distribution} has no fault models; {faults} are kvref's")
-        self.options = dict(options or {})
+        options = dict(options or {})
+        for name in [k for k in options if k.isupper()]:
+            os.environ[name] = str(options.pop(name))
+        self.options = options
 
     @property
     def version(self) -> str:

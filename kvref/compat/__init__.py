@@ -1,0 +1,1 @@
+"""Drop-in faces of kvref for code written against other managers' APIs."""

@@ -1,0 +1,102 @@
+"""The reference behind tpu-sync-jax's wrapper API, so that a serving stack
+can run its offload connector's tests on a CPU against kvref in place of the
+production library: `KVCacheManager(kv_caches, local_control_port,
+host_blocks_to_allocate=N, ...)`, `d2h`, `h2d`, `d2h_auto_allocate`,
+`unlock_blocks`, and futures with `Await()`, over JAX CPU arrays and the
+simulated device.
+
+    from kvref.compat import tpu_sync
+    tpu_sync.install("tpu_raiden")   # `from tpu_raiden.api.jax.kv_cache_manager import KVCacheManager`
+
+Only the block-offload API is here: a manager that would listen for other
+managers (a control port, a worker port, a controller) is refused by name.
+`unsafe_skip_buffer_lock` is taken and changes nothing: the reference always
+orders transfers (kvref.manager)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+
+import kvref
+
+
+class TransferFuture:
+    """tpu-sync's future: Await() returns once the copy is done, or raises
+    its error (kvref.DeviceError, a RuntimeError, for a failed copy)."""
+
+    def __init__(self, future: kvref.TransferFuture):
+        self._future = future
+
+    def Await(self) -> None:  # noqa: N802 (the production name)
+        self._future.result()
+
+    def done(self) -> bool:
+        return self._future.done()
+
+
+class KVCacheManager:
+    def __init__(self, kv_caches, local_control_port: int, max_blocks: int | None = None,
+                 num_slots: int | None = None, timeout_s: float = 120.0,
+                 unsafe_skip_buffer_lock: bool = True, host_blocks_to_allocate: int | None = None,
+                 parallelism: int = 4, node_id: int = 0, raiden_worker_port: int = 0,
+                 raiden_controller_address: str | None = None, worker_id: str | None = None,
+                 enable_shm: bool = False, backend_configs=None):
+        for name, value, quiet in (("local_control_port", local_control_port, 0),
+                                   ("raiden_worker_port", raiden_worker_port, 0),
+                                   ("raiden_controller_address", raiden_controller_address, None),
+                                   ("enable_shm", enable_shm, False), ("backend_configs", backend_configs, None)):
+            if value not in (quiet, [], ()):
+                raise NotImplementedError(f"{name}={value!r}: the reference facade moves blocks within "
+                                          "one host only; pass the default")
+        if host_blocks_to_allocate is None:
+            if max_blocks is None or num_slots is None:
+                raise ValueError("Must specify either (max_blocks, num_slots) or host_blocks_to_allocate.")
+            host_blocks_to_allocate = _positive("max_blocks", max_blocks) * _positive("num_slots", num_slots)
+        if not isinstance(unsafe_skip_buffer_lock, bool):
+            raise TypeError(f"unsafe_skip_buffer_lock must be a bool, got {unsafe_skip_buffer_lock!r}")
+        self._manager = kvref.KVCacheManager(kv_caches, host_blocks_to_allocate, parallelism=parallelism,
+                                             timeout_s=timeout_s)
+
+    def d2h(self, src_offsets, dst_offsets, copy_sizes=None) -> TransferFuture:
+        return TransferFuture(self._manager.d2h(src_offsets, dst_offsets, copy_sizes))
+
+    def h2d(self, src_offsets, dst_offsets, copy_sizes=None) -> TransferFuture:
+        return TransferFuture(self._manager.h2d(src_offsets, dst_offsets, copy_sizes))
+
+    def d2h_auto_allocate(self, src_offsets, copy_sizes=None) -> tuple[list[int], TransferFuture]:
+        chunks, future = self._manager.d2h_auto_allocate(src_offsets, copy_sizes)
+        return chunks, TransferFuture(future)
+
+    def unlock_blocks(self, block_ids) -> None:
+        self._manager.unlock_blocks(block_ids)
+
+    @property
+    def reference(self) -> kvref.KVCacheManager:
+        """The kvref manager underneath (chunk states, host blocks)."""
+        return self._manager
+
+
+def install(name: str = "tpu_sync") -> types.ModuleType:
+    """Make `<name>.api.jax.kv_cache_manager` importable as this module, for
+    code that imports the production API by that name; returns it. A name
+    that is a package installed here is refused (it would be shadowed)."""
+    if name in sys.modules or importlib.util.find_spec(name) is not None:
+        raise ValueError(f"a package named {name!r} is importable here; install the facade under a free name")
+    module = sys.modules[__name__]
+    parts = f"{name}.api.jax.kv_cache_manager".split(".")
+    names = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    for package in names[:-1]:
+        sys.modules[package] = types.ModuleType(package)
+        sys.modules[package].__path__ = []  # a package, so its children import
+    sys.modules[names[-1]] = module
+    for parent, child, attr in zip(names, names[1:], parts[1:]):
+        setattr(sys.modules[parent], attr, sys.modules[child])
+    return module
+
+
+def _positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value

@@ -1,0 +1,110 @@
+"""kvref.compat.tpu_sync driven the way tpu-inference's offload connector
+drives tpu-sync-jax (offload/raiden_offload_connector.py): built with
+host_blocks_to_allocate and the buffer lock skipped; saves with
+d2h_auto_allocate right after a step is dispatched, awaited later; loads
+with h2d, not awaited before the next step; unlocks after a failed save and
+when the scheduler evicts. Every byte checked."""
+
+import importlib
+import sys
+
+import numpy as np
+import pytest
+
+import kvref
+from kvref.compat import tpu_sync
+
+SHAPE = (64, 16, 8, 128)  # (blocks, block size, kv heads x 2 / packing, head dim), f32: 64 KiB blocks
+CHUNKS = 32
+
+
+def caches_on(dev, seed=0):
+    rng = np.random.default_rng(seed)
+    hosts = [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(2)]
+    caches = [dev.put(h) for h in hosts]
+    for c in caches:
+        c.await_buffer()
+    return caches, hosts
+
+
+def connector_manager(caches):
+    return tpu_sync.KVCacheManager(kv_caches=caches, local_control_port=0, host_blocks_to_allocate=CHUNKS,
+                                   unsafe_skip_buffer_lock=True)
+
+
+def test_the_connector_pattern_on_the_simulated_device():
+    dev = kvref.SimDevice("v6e")
+    caches, _ = caches_on(dev)
+    m = connector_manager(caches)
+    # A model step is dispatched (it writes every cache), and wait_for_save saves at once.
+    step = [np.full(SHAPE, float(i + 7), np.float32) for i in range(2)]
+    for cache, new in zip(caches, step):
+        cache.write_(new, run_us=200_000)
+    saved_blocks = [3, 4, 5, 40]
+    chunks, future = m.d2h_auto_allocate(saved_blocks)
+    future.Await()  # get_finished
+    for layer in range(2):
+        for chunk, b in zip(chunks, saved_blocks):
+            assert m.reference.read_block_bytes(layer, chunk) == step[layer][b].tobytes()
+    # start_load_kv: h2d into other blocks, not awaited; the next step reads the cache.
+    targets = [10, 11, 12, 13]
+    m.h2d(chunks, targets)
+    for layer, cache in enumerate(caches):
+        assert np.array_equal(dev.fetch(cache)[targets], step[layer][saved_blocks])
+    # The scheduler evicts: the chunks are unlocked and handed out again.
+    m.unlock_blocks(chunks)
+    assert m.reference.chunks_available == CHUNKS
+
+
+def test_a_failed_save_is_unlocked_and_its_chunks_come_back():
+    dev = kvref.SimDevice("v6e")
+    caches, _ = caches_on(dev)
+    m = connector_manager(caches)
+    caches[1].fail_dma_in(0, caches[1].nbytes)
+    chunks, future = m.d2h_auto_allocate([0, 1])
+    with pytest.raises(RuntimeError, match="injected DMA failure"):
+        future.Await()
+    assert [m.reference.chunk_state(c) for c in chunks] == ["FAILED", "FAILED"]
+    m.unlock_blocks(chunks)  # what get_finished does after a failed save
+    assert m.reference.chunks_available == CHUNKS
+
+
+def test_the_connector_pattern_on_jax_cpu_arrays():
+    jax = pytest.importorskip("jax")
+    hosts = [np.random.default_rng(i).standard_normal(SHAPE).astype(np.float32) for i in range(2)]
+    caches = [jax.device_put(h.copy(), jax.devices("cpu")[0]) for h in hosts]
+    m = connector_manager(caches)
+    chunks, future = m.d2h_auto_allocate([0, 62], [2, 2])
+    future.Await()
+    m.h2d(chunks, [20, 21, 22, 23])  # not awaited
+    step = jax.jit(lambda x: x * 1.0)  # the next step reads the cache
+    for cache, host in zip(caches, hosts):
+        assert np.array_equal(np.asarray(step(cache))[20:24], host[[0, 1, 62, 63]])
+    m.unlock_blocks(chunks[:2])
+    with pytest.raises(ValueError, match="is not locked"):
+        m.unlock_blocks(chunks[:1])
+
+
+def test_the_constructor_refuses_what_the_facade_does_not_do():
+    dev = kvref.SimDevice("v6e")
+    caches, _ = caches_on(dev)
+    with pytest.raises(NotImplementedError, match="local_control_port=5000"):
+        tpu_sync.KVCacheManager(caches, 5000, host_blocks_to_allocate=4)
+    with pytest.raises(ValueError, match="Must specify either"):
+        tpu_sync.KVCacheManager(caches, 0)
+    with pytest.raises(ValueError, match="parallelism must be in"):
+        tpu_sync.KVCacheManager(caches, 0, host_blocks_to_allocate=4, parallelism=0)
+    assert tpu_sync.KVCacheManager(caches, 0, max_blocks=4, num_slots=2).reference.host_blocks == 8
+
+
+def test_install_makes_the_production_import_path_the_facade():
+    name = "kvref_facade_under_test"
+    try:
+        tpu_sync.install(name)
+        module = importlib.import_module(f"{name}.api.jax.kv_cache_manager")
+        assert module.KVCacheManager is tpu_sync.KVCacheManager
+        with pytest.raises(ValueError, match="is importable here"):
+            tpu_sync.install("numpy")
+    finally:
+        for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+            del sys.modules[key]

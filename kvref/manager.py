@@ -109,7 +109,7 @@ class KVCacheManager:
             else block_list(copy_sizes, "copy_sizes")
         self._bring_up_to_date()
         ids, core = self._mover.save(src, sizes)
-        return [int(i) for i in ids], self._future(core)
+        return ids, self._future(core)
 
     def unlock_blocks(self, chunk_ids) -> None:
         """Give locked chunks back: each becomes CACHED (its bytes kept until it

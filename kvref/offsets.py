@@ -12,6 +12,11 @@ def block_list(values, name: str) -> np.ndarray:
     naming the argument and what was wrong."""
     if isinstance(values, (str, bytes)) or np.isscalar(values):
         raise ValueError(f"{name} must be a list of block numbers, got {values!r}")
+    if isinstance(values, list) and all(type(v) is int for v in values):
+        try:  # the common case, checked at C speed: plain ints that fit in int64
+            return np.array(values, dtype=np.int64)
+        except OverflowError:
+            pass  # named below
     if not isinstance(values, np.ndarray):
         for i, value in enumerate(values):
             if np.ndim(value):

@@ -88,14 +88,18 @@ def test_sub_byte_types_have_no_torch_tensor():
 @pytest.mark.peer
 def test_torch_plan_is_the_library_message(tmp_path):
     """The plan the torch adapter registers is tpu-sync's own StartTransferRequest
-    (its module ships in the jax wheel too), and survives serialization."""
+    (its module ships in the jax wheel too), and survives serialization.
+    tpu_sync is imported in a loopback-only network namespace (probes.run.netns)."""
     import subprocess
 
     from probes.iut.peer_env import PEER_ENVS
+    from probes.run import netns
 
     python = PEER_ENVS["jax"].python()
     if python is None:
         pytest.skip(PEER_ENVS["jax"].missing())
+    if netns.unavailable():
+        pytest.skip(netns.unavailable())
     script = (
         "from tpu_sync.rpc import raiden_service_pb2 as rpc\n"
         "from kvref import Faults\n"
@@ -106,7 +110,8 @@ def test_torch_plan_is_the_library_message(tmp_path):
         "assert type(plan) is rpc.StartTransferRequest and back.is_sender\n"
         "assert back.uuid == plan_number('p0') and back.req_id == 'p0'\n"
         "print(entry.layer_idx, entry.src_block_id, entry.dst_block_id, entry.count)\n")
-    done = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(netns.python_command(str(python), "-c", script), capture_output=True,
+                          text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["0", "1", "2", "1"]
 

@@ -73,11 +73,12 @@ def test_every_case_gets_one_verdict(side_by_side):
 
 def test_production_library_is_probed_as_its_users_build_it(side_by_side):
     built = {r.case.options_text for r in side_by_side if r.case.iut == "tpu-sync-jax"}
-    assert built == {"defaults", "unsafe_skip_buffer_lock=False"}
+    assert built == {"defaults", "unsafe_skip_buffer_lock=False", "RAIDEN_ENABLE_ASYNC_DISPATCH='1'"}
 
 
 def test_no_pass_for_a_construction_that_had_nothing_pending(side_by_side):
-    construction = [r for r in side_by_side if r.case.probe.endswith("construction")]
+    construction = [r for r in side_by_side
+                    if r.case.probe in ("deferred_construction", "host_transferred_construction")]
     assert construction
     for r in construction:
         if r.outcome.verdict == "PASS":

@@ -19,13 +19,15 @@ IUTS: dict[str, IUT] = {iut.name: iut for iut in (
     IUT("kvref-sim", SimArrays, KvrefLibrary, targets=kvref.GENERATIONS, any_tpu_type=True),
     IUT("kvref-jax", JaxCpuArrays, KvrefLibrary, targets=("cpu",), preload=("jax",)),
     IUT("tpu-sync-jax", JaxCpuArrays, TpuSyncJaxLibrary, targets=("cpu",), interpreter="jax",
-        preload=("jax",)),
+        preload=("jax",), loopback_only=True),
     IUT("kvref-torch-xla", TorchXlaArrays, KvrefLibrary, targets=("cpu",), interpreter="xla",
         preload=("torch_xla",), environment=(("PJRT_DEVICE", "CPU"),)),
     IUT("tpu-sync-jax-tpu", JaxTpuArrays, TpuSyncJaxLibrary, targets=kvref.GENERATIONS,
-        interpreter="jax", jax_platforms=None, owns_device=True, startup_seconds=300.0),
+        interpreter="jax", jax_platforms=None, owns_device=True, startup_seconds=300.0,
+        loopback_only=True),
     IUT("tpu-sync-torch-tpu", TorchTpuArrays, TpuSyncTorchLibrary, targets=TORCH_TPU_GENERATIONS,
-        interpreter="torch", jax_platforms=None, owns_device=True, startup_seconds=300.0),
+        interpreter="torch", jax_platforms=None, owns_device=True, startup_seconds=300.0,
+        loopback_only=True),
 )}
 
 

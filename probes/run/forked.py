@@ -2,7 +2,10 @@
 interpreter and environment, keep it warm, and have it fork a worker per case.
 A case forked here is watched exactly like one started as a fresh process:
 its stdout and stderr are pipes read to the end, its whole process group is
-killed at the deadline, and its exit status is the zygote's report of it."""
+killed at the deadline, and its exit status is the zygote's report of it.
+The zygote of a loopback_only IUT runs in a network namespace of its own with
+only lo (probes.run.netns), so every worker it forks does; its socket is a
+path in the file system, which reaches across network namespaces."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 
+from probes.run import netns
 from probes.run.zygote import MESSAGE_BYTES, READY
 
 READY_SECONDS = 60.0
@@ -35,17 +39,21 @@ class ZygoteLost(RuntimeError):
 
 
 class Zygote:
-    def __init__(self, python: str, modules: tuple[str, ...], env: dict):
+    def __init__(self, python: str, modules: tuple[str, ...], env: dict, loopback_only: bool = False):
         self.dir = tempfile.mkdtemp(prefix="kvprobe-zygote-")
         self.path = os.path.join(self.dir, "socket")
         self.log = open(os.path.join(self.dir, "stderr"), "w+")
-        self.proc = subprocess.Popen([python, "-m", "probes.run.zygote", self.path, *modules],
+        command = (netns.python_command(python, "probes.run.zygote", self.path, *modules) if loopback_only
+                   else [python, "-m", "probes.run.zygote", self.path, *modules])
+        self.proc = subprocess.Popen(command,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                      env=env, start_new_session=True)
         if not _read_line(self.proc.stdout, READY_SECONDS).startswith(READY):
-            self.close()
+            self.close(wait=0)  # no new cases; then its log is read, and it goes
             self.log.seek(0)
-            raise ZygoteUnavailable(f"the zygote of {python} did not start:\n{self.log.read()[-2000:]}")
+            said = self.log.read()[-2000:]
+            self.close()
+            raise ZygoteUnavailable(f"the zygote of {python} did not start:\n{said}")
 
     def run(self, text: str, env: dict, timeout: float) -> tuple[int, str, str, bool]:
         """Fork a worker for the case `text`: (returncode, stdout, stderr, killed)."""
@@ -148,10 +156,11 @@ _closing: list[Zygote] = []
 _lock = threading.Lock()
 
 
-def zygote_for(python: str, modules: tuple[str, ...], env: dict) -> Zygote:
+def zygote_for(python: str, modules: tuple[str, ...], env: dict, loopback_only: bool = False) -> Zygote:
     """The warm zygote of this interpreter, preload and environment (the
-    environment is part of the key: modules read it when imported)."""
-    key = (python, modules, tuple(sorted(env.items())))
+    environment is part of the key: modules read it when imported), in a
+    loopback-only network namespace or not (never one zygote for both)."""
+    key = (python, modules, tuple(sorted(env.items())), loopback_only)
     with _lock:
         if key in _zygotes:
             _zygotes.move_to_end(key)
@@ -162,7 +171,7 @@ def zygote_for(python: str, modules: tuple[str, ...], env: dict) -> Zygote:
                     old.close(wait=0)
                     _closing.append(old)
             try:
-                _zygotes[key] = Zygote(python, modules, env)
+                _zygotes[key] = Zygote(python, modules, env, loopback_only)
             except ZygoteUnavailable:
                 _zygotes[key] = None
                 raise

@@ -114,7 +114,7 @@ and exits non-zero (or crashes, or hangs until its watchdog), as it did then."""
 import faulthandler
 import os
 import sys
-
+{namespace}
 os.environ.setdefault("JAX_PLATFORMS", {platforms!r})
 faulthandler.dump_traceback_later({timeout}, exit=True)
 
@@ -125,6 +125,20 @@ CASE = {case!r}
 outcome = run_case_here(CASE)
 print(outcome.verdict, outcome.detail)
 sys.exit(0 if outcome.verdict == "PASS" else 1)
+'''
+
+# Put first in the reproducer of a loopback_only IUT (probes.run.netns): with
+# none, the reproducer is the same text as for every other IUT.
+NAMESPACE = '''
+# The library listens on every interface and connects to the host's own
+# address: this runs in a network namespace of its own with only lo (it
+# re-executes itself under `unshare -rn` and brings lo up) before importing it.
+from probes.run import netns  # noqa: E402
+
+NO_NAMESPACE = netns.enter()
+if NO_NAMESPACE:
+    print("SKIP", NO_NAMESPACE)
+    sys.exit(netns.SKIP_EXIT)
 '''
 
 
@@ -143,6 +157,7 @@ def write_reproducer(finding: Finding, directory: Path) -> Path:
         title=title.replace('"""', "'''"), iut=case.iut, found_in=finding.found_in,
         calls=len(case.calls["calls"]), detail=outcome.detail.strip()[:1500].replace('"""', "'''"),
         python=python, path=path, platforms=declared.jax_platforms or "",
+        namespace=NAMESPACE if declared.loopback_only else "",
         timeout=case.startup_timeout + case.timeout, case=case.to_json()))
     return path
 

@@ -17,6 +17,7 @@ from probes.iut.builds import BUILDS_DIR, build_dir, installed_version
 from probes.iut.peer_env import peer_env
 from probes.iut.tpu_sync import BUILD_VARIABLE
 from probes.iut.registry import iut
+from probes.run import netns
 from probes.run.hosts import this_host
 from probes.run.forked import ZygoteLost, ZygoteUnavailable, kill_group, zygote_for
 from probes.run.worker import PHASE_PROBE, RESULT_PREFIX
@@ -50,7 +51,9 @@ def worker_python(case: Case) -> str | None:
 def run_case(case: Case, python: str | None = None) -> CaseResult:
     """One case in its own watched process. By default it is forked from the
     warm zygote of the IUT's interpreter; a device-owning IUT, an explicit
-    `python`, or a zygote that cannot start gets a fresh interpreter."""
+    `python`, or a zygote that cannot start gets a fresh interpreter. The
+    workers of a loopback_only IUT, fresh or forked, run in a network namespace
+    with only lo (probes.run.netns); where none can be made its cases are SKIP."""
     declared = iut(case.iut)
     fresh = python is not None or declared.owns_device
     python = python or worker_python(case)
@@ -60,14 +63,17 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
     if declared.build and not _build_installed(declared):
         return CaseResult(case, Outcome(SKIP, f"{case.iut}: the build is not installed ({BUILDS_DIR}); "
                                         "`kvprobe run` installs it first"), 0.0, "", *this_host())
+    if declared.loopback_only and (reason := netns.unavailable()):
+        return CaseResult(case, Outcome(SKIP, f"{case.iut}: {reason}"), 0.0, "", *this_host())
     start = time.monotonic()
     env, text = _worker_env(case), case.to_json()
     limit = case.startup_timeout + case.timeout + GRACE_SECONDS
+    isolated = declared.loopback_only
     try:
-        ran = (_run_fresh(python, text, env, limit) if fresh
-               else zygote_for(python, declared.preload, env).run(text, env, limit))
+        ran = (_run_fresh(python, text, env, limit, isolated) if fresh
+               else zygote_for(python, declared.preload, env, isolated).run(text, env, limit))
     except ZygoteUnavailable:  # no warm parent for it: a fresh interpreter
-        ran = _run_fresh(python, text, env, limit)
+        ran = _run_fresh(python, text, env, limit, isolated)
     except ZygoteLost as e:
         return CaseResult(case, Outcome(ERROR, str(e)), time.monotonic() - start, "", *this_host())
     returncode, out, err, killed = ran
@@ -75,9 +81,12 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
     return CaseResult(case, outcome, time.monotonic() - start, err, *this_host())
 
 
-def _run_fresh(python: str, text: str, env: dict, limit: float) -> tuple[int, str, str, bool]:
-    """`python -m probes.run.worker` with the case on stdin: (returncode, stdout, stderr, killed)."""
-    proc = subprocess.Popen([python, "-m", WORKER], stdin=subprocess.PIPE,
+def _run_fresh(python: str, text: str, env: dict, limit: float,
+               loopback_only: bool = False) -> tuple[int, str, str, bool]:
+    """`python -m probes.run.worker` with the case on stdin: (returncode, stdout, stderr, killed);
+    `loopback_only`: in a network namespace of its own with only lo."""
+    command = netns.python_command(python, WORKER) if loopback_only else [python, "-m", WORKER]
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env=env)
     try:

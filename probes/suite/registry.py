@@ -81,17 +81,17 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     # The offload connector's calls: host chunks saved into and unlocked, and
     # transfers overlapping device work and each other.
     Probe("host_chunks", host_chunks.host_chunks, "robustness", always(PASS), subject=PLAN_SHAPE,
-          kinds=host_chunks.HOST_CHUNK_KINDS),
+          kinds=host_chunks.HOST_CHUNK_KINDS, default=False),
     # Moving what the step leaves is right; so is refusing a donated array by name.
     Probe("inflight_step", ordering.inflight_step, "generation", always(PASS, REJECTED), subject=PLAN_SHAPE),
     Probe("unawaited_transfers", ordering.unawaited_transfers, "robustness", always(PASS),
-          subject=PLAN_SHAPE, kinds=ordering.ORDERING_KINDS),
+          subject=PLAN_SHAPE, kinds=ordering.ORDERING_KINDS, default=False),
     Probe("transfer_parameters", requests.transfer_parameters, "robustness", always(PASS),
-          subject=PLAN_SHAPE, kinds=requests.TRANSFER_KINDS),
+          subject=PLAN_SHAPE, kinds=requests.TRANSFER_KINDS, default=False),
     # Refusing a setting that means nothing is right; so is clamping a huge
     # parallelism and moving blocks exactly.
     Probe("settings", settings.settings, "robustness", always(REJECTED, PASS), subject=PLAN_SHAPE,
-          kinds=settings.SETTING_KINDS),
+          kinds=settings.SETTING_KINDS, default=False),
     Probe("call_sequence", call_sequence.call_sequence, "fuzz", always(PASS), default=False),
 )}
 

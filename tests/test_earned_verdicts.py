@@ -136,3 +136,47 @@ def test_host_budget_judges_a_pool_it_is_not_told_by_its_growth():
     outcome = host_budget(case("host_budget", PROBES["host_budget"].subject),
                           stand_in(DenseSimArrays, UnreportedPoolLibrary))
     assert outcome.verdict == "ERROR" and "its size cannot be judged" in outcome.detail
+
+
+class SilentPoolLibrary(KvrefLibrary):
+    """The reference's manager, but it does not report its pool: its size is
+    judged by the address space, as for a library that reports none. With
+    `extra`, each manager also maps that share of its pool again and keeps it."""
+
+    extra = 0.0
+    kept: list = []
+
+    def manager(self, caches, host_blocks, **options):
+        manager = super().manager(caches, host_blocks, **options)
+        if self.extra:
+            self.kept.append(np.zeros(int(manager.host_bytes * self.extra), np.uint8))  # mapped, untouched
+        return dataclasses.replace(SilentView(manager), host_bytes=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class SilentView:
+    manager: kvref.KVCacheManager
+    host_bytes: int | None = 0
+
+    @property
+    def layer_bytes_per_block(self):
+        return self.manager.layer_bytes_per_block
+
+    @property
+    def num_shards(self):
+        return self.manager.num_shards
+
+
+class OversizedPoolLibrary(SilentPoolLibrary):
+    extra = 0.5
+
+
+def test_repeated_construction_measures_a_pool_it_is_not_told():
+    from probes.suite.host_budget import repeated_construction
+
+    subject = PROBES["repeated_construction"].subject
+    outcome = repeated_construction(case("repeated_construction", subject), stand_in(library=SilentPoolLibrary))
+    assert outcome.verdict == "PASS", outcome.detail
+    oversized = repeated_construction(case("repeated_construction", subject),
+                                      stand_in(library=OversizedPoolLibrary))
+    assert oversized.verdict == "ERROR" and "bytes of address space per host block" in oversized.detail

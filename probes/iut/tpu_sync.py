@@ -25,7 +25,9 @@ class AsyncFailure(RuntimeError):
 
 
 # absl status codes that refuse the input; any other code is a failure.
-REFUSAL_CODES = ("INVALID_ARGUMENT", "OUT_OF_RANGE", "FAILED_PRECONDITION", "UNIMPLEMENTED")
+# RESOURCE_EXHAUSTED: a save the host pool cannot hold.
+REFUSAL_CODES = ("INVALID_ARGUMENT", "OUT_OF_RANGE", "FAILED_PRECONDITION", "UNIMPLEMENTED",
+                 "RESOURCE_EXHAUSTED")
 STATUS_CODE = re.compile(r"\b([A-Z][A-Z_]+[A-Z]): ")
 
 

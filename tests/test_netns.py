@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -249,3 +250,18 @@ def test_the_benchmark_measures_the_production_library_in_the_namespace(peer_pyt
     assert done.returncode == 0, done.stderr[-2000:]
     assert "tpu-sync-jax" in done.stdout and "SKIP" not in done.stdout and "ratio" in done.stdout
     assert "SEEN ['lo'] True" in done.stdout, done.stdout
+
+
+def test_every_committed_reproducer_enters_the_namespace_before_the_library():
+    """Each finding script under reports/ runs the production library only
+    inside a loopback-only namespace: netns.enter() comes before anything
+    that imports tpu_sync (directly, or through the harness's worker)."""
+    scripts = sorted(Path(__file__).resolve().parents[1].glob("reports/*/findings/*.py"))
+    assert scripts
+    for script in scripts:
+        text = script.read_text()
+        loads = [i for i in (text.find("tpu_sync"), text.find("run_case_here")) if i >= 0]
+        if not loads:
+            continue
+        entered = text.find("netns.enter()")
+        assert 0 <= entered < min(loads), f"{script.name} imports the library outside a namespace"

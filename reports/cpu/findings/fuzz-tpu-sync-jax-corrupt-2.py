@@ -11,6 +11,11 @@ import faulthandler
 import os
 import sys
 
+from probes.run import netns  # noqa: E402  (the library listens on every interface: run it where only lo exists)
+
+if reason := netns.enter():  # re-executes this script under `unshare -rn`, lo up
+    print("SKIP", reason)
+    sys.exit(netns.SKIP_EXIT)
 os.environ.setdefault("JAX_PLATFORMS", 'cpu')
 faulthandler.dump_traceback_later(120.0, exit=True)
 

@@ -4,7 +4,13 @@ manager with no layers can move nothing; a correct one refuses the empty list.
 Run: .venv-peer/bin/python reports/cpu/findings/no_layers.py"""
 
 import os
+import sys
 
+from probes.run import netns  # noqa: E402  (the library listens on every interface: run it where only lo exists)
+
+if reason := netns.enter():  # re-executes this script under `unshare -rn`, lo up
+    print("SKIP", reason)
+    sys.exit(netns.SKIP_EXIT)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from tpu_sync.api.jax.kv_cache_manager import KVCacheManager  # noqa: E402

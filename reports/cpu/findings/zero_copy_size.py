@@ -5,7 +5,13 @@ zero blocks is a caller's bug.
 Run: .venv-peer/bin/python reports/cpu/findings/zero_copy_size.py"""
 
 import os
+import sys
 
+from probes.run import netns  # noqa: E402  (the library listens on every interface: run it where only lo exists)
+
+if reason := netns.enter():  # re-executes this script under `unshare -rn`, lo up
+    print("SKIP", reason)
+    sys.exit(netns.SKIP_EXIT)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402

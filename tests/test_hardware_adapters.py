@@ -158,6 +158,7 @@ def test_tpu_workers_do_not_inherit_the_parents_jax_platforms(monkeypatch):
 
 
 @pytest.mark.peer
+@pytest.mark.timeout(1200)  # every probe twice, in watched workers
 def test_jax_hardware_adapter_runs_here_with_a_cpu_standing_in(monkeypatch):
     """Every step of tpu-sync-jax-tpu's own code (deferred creation, scramble,
     serving step, the manager view, host reads) runs on JAX CPU devices in

@@ -55,6 +55,11 @@ def test_torch_environment_holds_every_pin():
         peer_env.peer_env("tensorflow")
 
 
+# Every probe on both libraries, each case a watched worker: minutes, more on
+# a loaded machine. The first test to ask for it pays for it.
+SIDE_BY_SIDE_SECONDS = 1800
+
+
 @pytest.fixture(scope="module")
 def side_by_side(peer_python):
     cases = [c for iut in ("kvref-jax", "tpu-sync-jax")
@@ -62,6 +67,7 @@ def side_by_side(peer_python):
     return run_cases(cases, jobs=2)
 
 
+@pytest.mark.timeout(SIDE_BY_SIDE_SECONDS)
 def test_every_case_gets_one_verdict(side_by_side):
     expected = [c.case_id + c.options_text for iut in ("kvref-jax", "tpu-sync-jax")
                 for c in build_cases(["cpu"], load_matrix("cpu"), PROBES, iut)]
@@ -71,11 +77,13 @@ def test_every_case_gets_one_verdict(side_by_side):
             assert r.outcome.detail.strip(), r.case.case_id  # a finding keeps its evidence
 
 
+@pytest.mark.timeout(SIDE_BY_SIDE_SECONDS)
 def test_production_library_is_probed_as_its_users_build_it(side_by_side):
     built = {r.case.options_text for r in side_by_side if r.case.iut == "tpu-sync-jax"}
     assert built == {"defaults", "unsafe_skip_buffer_lock=False", "RAIDEN_ENABLE_ASYNC_DISPATCH='1'"}
 
 
+@pytest.mark.timeout(SIDE_BY_SIDE_SECONDS)
 def test_no_pass_for_a_construction_that_had_nothing_pending(side_by_side):
     construction = [r for r in side_by_side
                     if r.case.probe in ("deferred_construction", "host_transferred_construction")]
@@ -87,11 +95,13 @@ def test_no_pass_for_a_construction_that_had_nothing_pending(side_by_side):
             assert r.outcome.verdict in ("SKIP", "ERROR"), r.case.case_id
 
 
+@pytest.mark.timeout(SIDE_BY_SIDE_SECONDS)
 def test_production_runs_in_its_own_interpreter(side_by_side):
     production = [r for r in side_by_side if r.case.iut == "tpu-sync-jax" and r.outcome.iut_version]
     assert production and all(r.outcome.iut_version == JAX_ENV.version for r in production)
 
 
+@pytest.mark.timeout(SIDE_BY_SIDE_SECONDS)
 def test_reference_earns_its_predictions_beside_it(side_by_side):
     for r in side_by_side:
         if r.case.iut == "kvref-jax":
@@ -104,6 +114,7 @@ def test_reference_earns_its_predictions_beside_it(side_by_side):
             assert agrees(r.outcome.verdict, describe(r.case)["predicted"]), (r.case.case_id, r.outcome.detail)
 
 
+@pytest.mark.timeout(SIDE_BY_SIDE_SECONDS)
 def test_robustness_probes_reach_the_production_library(side_by_side):
     seen = {r.case.probe for r in side_by_side if r.case.iut == "tpu-sync-jax"
             and r.outcome.verdict != "SKIP"}

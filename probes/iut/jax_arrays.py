@@ -20,7 +20,30 @@ from probes.iut.reference import tpu_layout_of
 from probes.iut.protocol import NoViews
 
 
-class JaxCpuArrays:
+class JaxSteps:
+    """What JAX arrays do alike on every device: no views, pending until their
+    computation ends, and the serving engine's steps (module functions)."""
+
+    def views(self, key, seeds):
+        raise NoViews("a jax.Array has no views into another: slicing copies")
+
+    def is_pending(self, cache):
+        return not cache.is_ready()
+
+    def serving_step(self, cache, new):
+        return donating_step(cache, new)
+
+    def dispatch_step(self, cache, new):
+        return dispatched_step(cache, new)
+
+    def hold_copies(self, cache, seconds):
+        return False  # no way to slow this device's copies from outside
+
+    def read_by_step(self, cache):
+        return read_by_step(cache)
+
+
+class JaxCpuArrays(JaxSteps):
     """JAX CPU arrays, dense row-major; written in place through their buffer."""
 
     backend = "jax-cpu"
@@ -50,9 +73,6 @@ class JaxCpuArrays:
         hosts = [random_host(key, seed, finite) for seed in seeds]
         return list(zip(jax_caches(hosts, jax.devices("cpu")[0], mode), hosts))
 
-    def views(self, key, seeds):
-        raise NoViews("a jax.Array has no views into another: slicing copies")
-
     def fetch(self, cache):
         return np.asarray(cache).copy()
 
@@ -60,20 +80,6 @@ class JaxCpuArrays:
         cache.block_until_ready()
         ctypes.memset(cache.unsafe_buffer_pointer(), 0, cache.nbytes)
 
-    def is_pending(self, cache):
-        return not cache.is_ready()
-
-    def serving_step(self, cache, new):
-        return donating_step(cache, new)
-
-    def dispatch_step(self, cache, new):
-        return dispatched_step(cache, new)
-
-    def hold_copies(self, cache, seconds):
-        return False  # no way to slow this device's copies from outside
-
-    def read_by_step(self, cache):
-        return read_by_step(cache)
 
 
 # Bytes a deferred cache's computation churns through: about half a second
@@ -185,7 +191,7 @@ def _key(dtype: np.dtype):
     return jnp.asarray(0x5A, dtype={1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[dtype.itemsize])
 
 
-class JaxTpuArrays:
+class JaxTpuArrays(JaxSteps):
     """JAX arrays on this machine's TPU, laid out by its compiler; the
     reference predicts from the same layout."""
 
@@ -220,30 +226,13 @@ class JaxTpuArrays:
         hosts = [random_host(key, seed, finite) for seed in seeds]
         return list(zip(jax_caches(hosts, tpu_device(), mode), hosts))
 
-    def views(self, key, seeds):
-        raise NoViews("a jax.Array has no views into another: slicing copies")
-
     def fetch(self, cache):
-        import jax
-
-        return np.asarray(jax.device_get(cache))
+        """Read from the device every time: jax keeps the host copy of an
+        array's first read, which a manager's later writes do not update."""
+        return read_by_step(cache)
 
     def scramble(self, cache):
         # The public API offers no in-place device write. Without it the h2d of
         # a second permutation must still move every block for the check to hold.
         cache.block_until_ready()
 
-    def is_pending(self, cache):
-        return not cache.is_ready()
-
-    def serving_step(self, cache, new):
-        return donating_step(cache, new)
-
-    def dispatch_step(self, cache, new):
-        return dispatched_step(cache, new)
-
-    def hold_copies(self, cache, seconds):
-        return False  # no way to slow this device's copies from outside
-
-    def read_by_step(self, cache):
-        return read_by_step(cache)

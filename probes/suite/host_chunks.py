@@ -9,6 +9,7 @@ and moves no byte; keep a locked chunk's bytes until it is unlocked."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -18,6 +19,7 @@ import kvref
 from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
 from probes.suite.refusals import first_line
+from probes.suite.threads import unfinished
 from probes.suite.verdicts import CORRUPT, ERROR, PASS, Outcome
 
 CHUNKS = 16  # the host pool, in chunks
@@ -244,13 +246,9 @@ def eight_threads(pool: Pool) -> str:
         except Exception as e:  # reported as the outcome
             problems.append((ERROR, f"thread {t}: {first_line(e)}"))
 
-    threads = [threading.Thread(target=work, args=(t,), daemon=True) for t in range(THREADS)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(THREAD_SECONDS + 5)
-    if any(th.is_alive() for th in threads):
-        raise Broken(ERROR, f"threads still running after {THREAD_SECONDS + 5:.0f}s")
+    stuck = unfinished([functools.partial(work, t) for t in range(THREADS)], THREAD_SECONDS + 5)
+    if stuck:
+        raise Broken(ERROR, f"{stuck} threads still running after {THREAD_SECONDS + 5:.0f}s")
     if problems:
         raise Broken(*problems[0])
     if time.monotonic() > deadline:

@@ -4,8 +4,8 @@ library's answers are findings, recorded whatever they are."""
 
 from __future__ import annotations
 
+import functools
 import gc
-import threading
 import time
 
 import numpy as np
@@ -14,6 +14,7 @@ import kvref
 from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
 from probes.suite.refusals import first_line
+from probes.suite.threads import unfinished
 from probes.suite.verdicts import CORRUPT, ERROR, PASS, REJECTED, Outcome
 
 # Bad input a manager must refuse without changing device or host bytes:
@@ -143,11 +144,8 @@ def concurrent_transfers(case: Case, iut: Adapter) -> Outcome:
         except Exception as e:  # reported as the outcome
             errors.append(first_line(e))
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    if unfinished([functools.partial(work, t) for t in range(4)], BOTH_WAYS_SECONDS + 5):
+        return Outcome(ERROR, f"a thread was still moving blocks after {BOTH_WAYS_SECONDS + 5:.0f}s")
     if errors:
         return Outcome(ERROR, errors[0])
     if wrong:
@@ -199,12 +197,7 @@ def _both_directions(case: Case, iut: Adapter) -> Outcome:
         except Exception as e:  # reported as the outcome
             errors.append(first_line(e))
 
-    threads = [threading.Thread(target=guarded, args=(w,), daemon=True) for w in (saving, loading)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(BOTH_WAYS_SECONDS + 5)
-    if any(th.is_alive() for th in threads):
+    if unfinished([functools.partial(guarded, w) for w in (saving, loading)], BOTH_WAYS_SECONDS + 5):
         return Outcome(ERROR, f"a thread was still moving blocks after {BOTH_WAYS_SECONDS + 5:.0f}s")
     if errors:
         return Outcome(ERROR, errors[0])

@@ -112,11 +112,11 @@ class TorchXlaArrays:
         return cache
 
     def dispatch_step(self, cache, new: np.ndarray):
-        """The in-place copy, synced without waiting: the computation runs on."""
-        import torch_xla
-
-        cache.copy_(kvref.to_torch(new).to(cache.device))
-        torch_xla.sync(wait=False)
+        """The in-place copy of `new`, recorded and not synced: a lazy tensor's
+        step is in flight until something syncs it (an unwaited sync on the
+        XLA CPU device hands its buffer over too soon to be seen running).
+        The double flip makes it a computation (a copy of device data is not)."""
+        cache.copy_(kvref.to_torch(new).to(cache.device).flip(0).flip(0))
         return cache
 
     def hold_copies(self, cache, seconds):

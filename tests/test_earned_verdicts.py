@@ -179,4 +179,4 @@ def test_repeated_construction_measures_a_pool_it_is_not_told():
     assert outcome.verdict == "PASS", outcome.detail
     oversized = repeated_construction(case("repeated_construction", subject),
                                       stand_in(library=OversizedPoolLibrary))
-    assert oversized.verdict == "ERROR" and "bytes of address space per host block" in oversized.detail
+    assert oversized.verdict == "ERROR" and "bytes of memory per host block" in oversized.detail

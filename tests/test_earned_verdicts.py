@@ -180,3 +180,34 @@ def test_repeated_construction_measures_a_pool_it_is_not_told():
     oversized = repeated_construction(case("repeated_construction", subject),
                                       stand_in(library=OversizedPoolLibrary))
     assert oversized.verdict == "ERROR" and "bytes of memory per host block" in oversized.detail
+
+
+class TrustingPlansLibrary(KvrefLibrary):
+    """Registers any plan that parses, without looking at what it names."""
+
+    def manager(self, caches, host_blocks, **options):
+        manager = super().manager(caches, host_blocks, **options)
+        plans = {}
+
+        def register_active_plan(uuid, request, is_sender):
+            if isinstance(request, str):
+                raise TypeError("str")
+            try:
+                message = request if hasattr(request, "SerializeToString") else \
+                    kvref.StartTransferRequest.FromString(request)
+            except Exception as e:  # a clean refusal of bytes that do not parse
+                raise ValueError(f"malformed: {e}") from None
+            plans[uuid] = {"uuid": message.uuid, "peer": message.peer, "layer_ids": list(message.layer_ids),
+                           "src_block_ids": list(message.src_block_ids),
+                           "dst_block_ids": list(message.dst_block_ids), "is_sender": is_sender}
+
+        def active_plan(uuid):
+            return plans[uuid]
+
+        manager.register_active_plan, manager.active_plan = register_active_plan, active_plan
+        return manager
+
+
+def test_plan_binding_needs_invalid_plans_refused():
+    outcome = plan_binding(case("plan_binding", PLAN_SHAPE), stand_in(library=TrustingPlansLibrary))
+    assert outcome.verdict == "ERROR" and "out-of-range block plan was accepted" in outcome.detail

@@ -18,7 +18,13 @@ kvref::Owner python_owner(nb::handle object) {
   if (!object.is_valid() || object.is_none()) return nullptr;
   object.inc_ref();
   return kvref::Owner(object.ptr(), [](void* p) {
-    if (!Py_IsInitialized()) return;  // the interpreter is gone, and its objects with it
+    // Once the interpreter is finalizing (or gone) a thread that takes the
+    // GIL is ended under it: the reference is left to the interpreter's end.
+#if PY_VERSION_HEX >= 0x030D0000
+    if (!Py_IsInitialized() || Py_IsFinalizing()) return;
+#else
+    if (!Py_IsInitialized() || _Py_IsFinalizing()) return;
+#endif
     nb::gil_scoped_acquire gil;
     Py_DECREF(static_cast<PyObject*>(p));
   });

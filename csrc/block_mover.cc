@@ -1,5 +1,7 @@
 #include "block_mover.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -34,6 +36,9 @@ void DeviceRegion::write(int64_t offset, int64_t n, const uint8_t* src, bool fen
   if (sim) sim->dma_write(offset, n, src, fenced);
   else std::memcpy(raw + offset, src, static_cast<size_t>(n));
 }
+
+TransferFuture::TransferFuture(int64_t parts)
+    : remaining_(parts), done_(parts == 0), creator_pid_(getpid()) {}
 
 void TransferFuture::on_done(std::function<void(bool)> callback) {
   bool now;
@@ -70,6 +75,10 @@ std::exception_ptr TransferFuture::error() {
 
 bool TransferFuture::wait(double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
+  if (!done_ && getpid() != creator_pid_)
+    throw DeviceError("this transfer was started in process " + std::to_string(creator_pid_) +
+                      " before a fork; its copies do not run in this process (" +
+                      std::to_string(getpid()) + "): wait for it in the process that started it");
   auto finished = [this] { return done_; };
   if (timeout_s < 0) {
     cv_.wait(lock, finished);

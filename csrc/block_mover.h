@@ -46,7 +46,7 @@ struct LayerAddressing {
 
 class TransferFuture {
  public:
-  explicit TransferFuture(int64_t parts) : remaining_(parts), done_(parts == 0) {}
+  explicit TransferFuture(int64_t parts);
   // Runs once every part has finished, before any waiter is woken (so that
   // whoever sees the future done also sees its effects); `ok`: no part failed.
   void on_done(std::function<void(bool ok)> callback);
@@ -65,6 +65,7 @@ class TransferFuture {
   bool done_;
   std::exception_ptr error_;
   std::vector<std::function<void(bool)>> callbacks_;
+  int creator_pid_;  // a forked child cannot wait for copies its parent runs
 };
 
 // Old bugs of the mover, switched on one by one (kvref.Faults).

@@ -1,6 +1,7 @@
 #include "device.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <utility>
@@ -22,9 +23,24 @@ PageBuffer::~PageBuffer() {
 }
 
 SimDevice::SimDevice(int id)
-    : id_(id), queue_(std::make_shared<ExecutorQueue>()), executor_(run_executor, queue_) {}
+    : id_(id),
+      creator_pid_(getpid()),
+      queue_(std::make_shared<ExecutorQueue>()),
+      executor_(run_executor, queue_) {}
+
+void SimDevice::check_process() const {
+  if (getpid() != creator_pid_)
+    throw DeviceError("simulated device " + std::to_string(id_) + " was made in process " +
+                      std::to_string(creator_pid_) + " before a fork, and its executor does not " +
+                      "run in this process (" + std::to_string(getpid()) +
+                      "): make a new SimDevice here");
+}
 
 SimDevice::~SimDevice() {
+  if (getpid() != creator_pid_) {  // a forked child: the executor thread is the parent's
+    new std::thread(std::move(executor_));  // never joined, never destroyed
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(queue_->mu);
     queue_->stop = true;
@@ -36,6 +52,7 @@ SimDevice::~SimDevice() {
 }
 
 void SimDevice::enqueue(std::function<void()> task) {
+  check_process();
   {
     std::lock_guard<std::mutex> lock(queue_->mu);
     queue_->tasks.push_back(std::move(task));
@@ -67,6 +84,7 @@ void SimDevice::track_deferred(const std::shared_ptr<DeviceBuffer>& buffer) {
 }
 
 void SimDevice::sync() {
+  check_process();
   std::vector<std::weak_ptr<DeviceBuffer>> pending;
   {
     std::lock_guard<std::mutex> lock(deferred_mu_);
@@ -134,6 +152,7 @@ void DeviceBuffer::run(const Op& op) {
 }
 
 void DeviceBuffer::launch(Op op, BufferState running) {
+  device_->check_process();  // before anything changes: an op that cannot run leaves no trace
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (in_flight_++ == 0) error_.clear();  // a new op sequence starts clean
@@ -159,6 +178,7 @@ bool DeviceBuffer::await(double timeout_s) {
   auto ready = [this] {
     return state_ == BufferState::kMaterialized || state_ == BufferState::kFailed;
   };
+  if (!ready()) device_->check_process();  // an op its parent launched never ends here
   if (timeout_s < 0) {
     cv_.wait(lock, ready);
   } else if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready)) {

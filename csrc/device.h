@@ -68,6 +68,8 @@ class SimDevice : public std::enable_shared_from_this<SimDevice> {
   explicit SimDevice(int id);
   ~SimDevice();
   int id() const { return id_; }
+  // DeviceError in a forked child: this device's executor is its parent's.
+  void check_process() const;
 
   void enqueue(std::function<void()> task);
   // Launches every deferred buffer and waits until the executor is idle.
@@ -83,6 +85,7 @@ class SimDevice : public std::enable_shared_from_this<SimDevice> {
   static void run_executor(std::shared_ptr<ExecutorQueue> queue);
 
   const int id_;
+  const int creator_pid_;  // its executor thread runs in this process only
   std::shared_ptr<ExecutorQueue> queue_;
   std::mutex deferred_mu_;
   std::vector<std::weak_ptr<DeviceBuffer>> deferred_;

@@ -1,12 +1,39 @@
 #include "thread_pool.h"
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <atomic>
+#include <new>
 
 namespace kvref {
 
+namespace {
+
+std::atomic<ThreadPool*> g_pool{nullptr};
+std::mutex g_pool_mu;
+
+// A forked child has none of the parent's threads: it forgets the pool (and
+// the lock, which a parent thread may have held) and makes its own on first
+// use. The parent's pool object is left as it was; nothing in the child can
+// use it.
+void forget_pool_in_child() {
+  g_pool.store(nullptr);
+  new (&g_pool_mu) std::mutex();
+}
+
+}  // namespace
+
 ThreadPool& ThreadPool::shared() {
-  static ThreadPool* pool =
-      new ThreadPool(std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 2, 8));
+  if (ThreadPool* pool = g_pool.load()) return *pool;
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  ThreadPool* pool = g_pool.load();
+  if (!pool) {
+    static const bool registered = pthread_atfork(nullptr, nullptr, forget_pool_in_child) == 0;
+    (void)registered;
+    pool = new ThreadPool(std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 2, 8));
+    g_pool.store(pool);
+  }
   return *pool;
 }
 

@@ -14,6 +14,7 @@ class ThreadPool {
  public:
   // The shared pool; created on first use and kept for the process's life so
   // that no worker ever joins itself while finishing a manager's last task.
+  // A forked child gets a pool of its own on first use.
   static ThreadPool& shared();
   void submit(std::function<void()> task);
   int size() const { return static_cast<int>(workers_.size()); }

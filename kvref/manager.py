@@ -20,9 +20,9 @@ from kvref.addressing import SLICE_POLICIES, plan_host
 from kvref.buffers import DeviceBufferView, check_live, is_simulated, unpack_buffer
 from kvref.errors import HostBudgetError
 from kvref.faults import Faults
-from kvref.limits import memory_available
+from kvref.limits import check_allocation, memory_available
 from kvref.futures import TransferFuture
-from kvref.offsets import block_list, transfer_lists
+from kvref.offsets import block_list, block_number, transfer_lists
 from kvref.settings import check_parallelism, check_timeout
 from kvref.plans import request_bytes
 
@@ -50,6 +50,8 @@ class KVCacheManager:
         views = [[unpack_buffer(a, self.faults) for a in layer] for layer in layers]
         _check_devices(views)
         plan = plan_host(views, int(host_blocks), slice_policy, self.faults)
+        if host_budget_bytes is not None and (not block_number(host_budget_bytes) or host_budget_bytes < 0):
+            raise ValueError(f"host_budget_bytes must be a non-negative integer, got {host_budget_bytes!r}")
         budget = default_host_budget() if host_budget_bytes is None else int(host_budget_bytes)
         if plan.host_bytes > budget and not self.faults.no_host_budget:
             raise HostBudgetError(
@@ -57,6 +59,7 @@ class KVCacheManager:
                 f"GiB: {host_blocks} host blocks x {len(views)} layers x {len(views[0])} shards x "
                 f"{_sizes(plan.slice_bytes)} bytes per block), over the {budget:,}-byte budget; "
                 "nothing was allocated")
+        check_allocation(plan.allocate_bytes, "the host pool")  # whatever budget was given
         self._mover = _core.BlockMover(plan.layers, int(host_blocks), plan.allocate_bytes)
         f = self.faults
         if f.leaked_pool:
@@ -149,6 +152,8 @@ class KVCacheManager:
         """`request`: a serialized StartTransferRequest (bytes) or the message."""
         if not isinstance(uuid, str):
             raise TypeError(f"uuid must be str, got {type(uuid).__name__}")
+        if not isinstance(is_sender, (bool, np.bool_)):
+            raise TypeError(f"is_sender must be a bool, got {is_sender!r}")
         if self.faults.str_only_plan_binding:
             # The old binding: std::string under nanobind, which takes only str.
             payload = request.SerializeToString() if hasattr(request, "SerializeToString") else request
@@ -167,7 +172,7 @@ class KVCacheManager:
         limits = (("layer", layer, self.num_layers), ("shard", shard, self.num_shards),
                   ("host block", block, self.host_blocks))
         for name, value, limit in limits:
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            if not block_number(value):
                 raise TypeError(f"{name} must be an integer, got {value!r}")
             if not 0 <= value < limit:
                 raise IndexError(f"{name} {int(value)} is out of range [0, {limit})")

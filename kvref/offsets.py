@@ -7,11 +7,19 @@ import numpy as np
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
+def block_number(value) -> bool:
+    """Whether `value` is an integer block number: a Python or NumPy integer,
+    not a bool and not a time span (np.timedelta64 is a NumPy integer too)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_, np.timedelta64))
+
+
 def block_list(values, name: str) -> np.ndarray:
     """A 1-D int64 array from a list or array of integers, or a ValueError
-    naming the argument and what was wrong."""
+    naming the argument and what was wrong (with the value the caller gave)."""
     if isinstance(values, (str, bytes)) or np.isscalar(values):
         raise ValueError(f"{name} must be a list of block numbers, got {values!r}")
+    if isinstance(values, np.ma.MaskedArray):
+        raise ValueError(f"{name} is a masked array; a block list has no masked entries: pass plain integers")
     if isinstance(values, list) and all(type(v) is int for v in values):
         try:  # the common case, checked at C speed: plain ints that fit in int64
             return np.array(values, dtype=np.int64)
@@ -21,15 +29,18 @@ def block_list(values, name: str) -> np.ndarray:
         for i, value in enumerate(values):
             if np.ndim(value):
                 raise ValueError(f"{name} must be 1-D, got a sequence at index {i}")
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            if not block_number(value):
                 raise ValueError(f"{name}[{i}] must be an integer block number, got {value!r}")
             if not INT64_MIN <= int(value) <= INT64_MAX:
                 raise ValueError(f"{name}[{i}] = {int(value)} does not fit in int64")
     array = np.asarray(values)
     if array.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
-    if array.size and (array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer)):
+    if array.size and (array.dtype == np.bool_ or array.dtype.kind not in "iu"):
         raise ValueError(f"{name} must hold integers, got {array.dtype}")
+    if array.dtype.kind == "u" and array.size and int(array.max()) > INT64_MAX:
+        at = int(np.argmax(array > INT64_MAX))
+        raise ValueError(f"{name}[{at}] = {int(array[at])} does not fit in int64")
     return np.ascontiguousarray(array, dtype=np.int64)
 
 

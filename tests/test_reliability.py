@@ -106,3 +106,77 @@ def test_a_huge_pool_is_refused_in_its_own_terms():
     with pytest.raises(kvref.HostBudgetError, match=r"the host pool would take [0-9,]+ bytes "
                        r"\(4503599627370496 host blocks x 1 layers x 1 shards\)"):
         kvref.KVCacheManager([dev.zeros((512, 8, 2048), "bf16")], 2**52)
+
+
+FORKED = """
+import os, kvref, numpy as np
+dev = kvref.SimDevice("tpu7x")
+cache = dev.put(np.ones((64, 8, 128), np.float32)); cache.await_buffer()
+manager = kvref.KVCacheManager([cache], 8)
+manager.d2h([0], [0]).result()  # the parent's copy threads exist now
+cache.hold_next_dma(2_000_000)
+pending = manager.d2h([2], [2])
+pid = os.fork()
+if pid == 0:
+    seen = []
+    d = kvref.SimDevice("tpu7x"); fresh = d.put(np.ones((64, 8, 128), np.float32))
+    kvref.KVCacheManager([fresh], 8).d2h([0], [0]).result(timeout=10)
+    seen.append("new manager ok")
+    for what, call in (("future", lambda: pending.result(timeout=10)), ("device", lambda: cache.fill_(2.0))):
+        try:
+            call()
+        except kvref.DeviceError as e:
+            seen.append(what + " refused: " + ("before a fork" in str(e) and "said why" or str(e)))
+    print(";".join(seen), flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+pending.result()
+"""
+
+
+def test_a_forked_child_moves_blocks_and_refuses_what_it_inherited():
+    """The copy pool's threads do not exist in a forked child: it gets a pool
+    of its own, and a future or device its parent runs is refused, saying
+    why, instead of waiting forever."""
+    done = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "new manager ok;future refused: said why;device refused: said why" in done.stdout
+
+
+def test_a_multiprocessing_fork_pool_moves_blocks():
+    script = (
+        "import multiprocessing as mp, kvref, numpy as np\n"
+        "kvref.KVCacheManager([kvref.SimDevice('tpu7x').ones((64, 8, 128), 'f32')], 8).d2h([0], [0]).result()\n"
+        "def work(i):\n"
+        "    cache = kvref.SimDevice('tpu7x').ones((64, 8, 128), 'f32')\n"
+        "    kvref.KVCacheManager([cache], 8).d2h([i], [0]).result(timeout=10)\n"
+        "    return i\n"
+        "with mp.get_context('fork').Pool(2) as pool:\n"
+        "    print(pool.map(work, range(4)))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "[0, 1, 2, 3]" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("ids, message", [
+    (np.array([1, 2], dtype="m8[s]"), "must hold integers, got timedelta64"),
+    ([np.timedelta64(3)], "must be an integer block number, got np.timedelta64"),
+    (np.ma.array([1, 2], mask=[0, 1]), "is a masked array"),
+    (np.array([2**63], dtype=np.uint64), "= 9223372036854775808 does not fit in int64"),
+])
+def test_block_ids_that_mean_nothing_are_refused_with_the_value_given(ids, message):
+    cache = kvref.SimDevice("tpu7x").zeros((64, 8, 128), "f32")
+    manager = kvref.KVCacheManager([cache], 8)
+    with pytest.raises(ValueError, match=message):
+        manager.d2h(ids, [0] * len(ids))
+
+
+def test_plan_roles_and_budgets_take_only_what_they_mean():
+    cache = kvref.SimDevice("tpu7x").zeros((64, 8, 128), "f32")
+    manager = kvref.KVCacheManager([cache], 8)
+    request = kvref.StartTransferRequest(uuid="u", layer_ids=[0], src_block_ids=[1], dst_block_ids=[2])
+    with pytest.raises(TypeError, match="is_sender must be a bool, got 'false'"):
+        manager.register_active_plan("u", request.SerializeToString(), is_sender="false")
+    with pytest.raises(kvref.AllocationError, match="the host pool would allocate"):
+        kvref.KVCacheManager([cache], 2**32, host_budget_bytes=2**62)
+    with pytest.raises(ValueError, match="host_budget_bytes must be a non-negative integer, got -1"):
+        kvref.KVCacheManager([cache], 8, host_budget_bytes=-1)

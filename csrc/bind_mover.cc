@@ -3,7 +3,12 @@
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <pthread.h>
+
 #include <cstring>
+#include <mutex>
+#include <new>
+#include <vector>
 
 #include "bindings.h"
 #include "block_mover.h"
@@ -12,21 +17,40 @@ namespace kvref_bind {
 
 namespace {
 
+// References C++ lets go of are dropped by the interpreter's main thread, at
+// its next chance (Py_AddPendingCall), never by the copy thread that let go:
+// a thread that takes the GIL while the interpreter finalizes is ended under
+// it, which aborts the process. At the interpreter's end they are left to it.
+std::mutex g_release_mu;
+std::vector<PyObject*> g_release;
+bool g_release_scheduled = false;
+
+int release_pending(void*) {
+  std::vector<PyObject*> drop;
+  {
+    std::lock_guard<std::mutex> lock(g_release_mu);
+    drop.swap(g_release);
+    g_release_scheduled = false;
+  }
+  for (PyObject* object : drop) Py_DECREF(object);
+  return 0;
+}
+
+// A forked child has none of its parent's threads, one of which may have held the lock.
+void forget_releases_in_child() { new (&g_release_mu) std::mutex(); }
+
 // A reference to a Python object for C++ to hold: taken now, with the GIL,
-// and dropped with the GIL on whichever thread lets go of it last.
+// and dropped as above whichever thread lets go of it last.
 kvref::Owner python_owner(nb::handle object) {
   if (!object.is_valid() || object.is_none()) return nullptr;
   object.inc_ref();
   return kvref::Owner(object.ptr(), [](void* p) {
-    // Once the interpreter is finalizing (or gone) a thread that takes the
-    // GIL is ended under it: the reference is left to the interpreter's end.
-#if PY_VERSION_HEX >= 0x030D0000
-    if (!Py_IsInitialized() || Py_IsFinalizing()) return;
-#else
-    if (!Py_IsInitialized() || _Py_IsFinalizing()) return;
-#endif
-    nb::gil_scoped_acquire gil;
-    Py_DECREF(static_cast<PyObject*>(p));
+    if (!Py_IsInitialized()) return;  // the interpreter is gone, and its objects with it
+    std::lock_guard<std::mutex> lock(g_release_mu);
+    g_release.push_back(static_cast<PyObject*>(p));
+    // Py_AddPendingCall needs no GIL; it fails only when its queue is full,
+    // and then the next release asks again.
+    if (!g_release_scheduled) g_release_scheduled = Py_AddPendingCall(release_pending, nullptr) == 0;
   });
 }
 
@@ -38,6 +62,7 @@ using kvref::LayerAddressing;
 using kvref::TransferFuture;
 
 void bind_mover(nb::module_& m) {
+  pthread_atfork(nullptr, nullptr, forget_releases_in_child);
   nb::class_<DeviceRegion>(m, "DeviceRegion")
       .def_static("of_buffer", [](kvref::DeviceBuffer& b) {
         return DeviceRegion{b.shared_from_this(), nullptr, b.size()};

@@ -19,7 +19,9 @@ LAYERS = 2
 SAVED = 8  # blocks saved while the step runs
 CHECKED = 16  # host blocks read back after a d2h of every block
 UNHELD_ROUNDS = 8  # rounds where copies cannot be held in flight
-HOLD_SECONDS = 0.5  # how long the simulated link holds a copy in flight: longer than a step computes
+# How long the simulated link holds a copy in flight: longer than a step
+# computes, with room for a loaded machine to be slow issuing the next call.
+HOLD_SECONDS = 2.0
 ORDERING_KINDS = ("h2d_then_step", "d2h_then_h2d_same_chunk", "d2h_then_overwrite")
 
 

@@ -44,6 +44,10 @@ TiledLayout::TiledLayout(std::vector<int64_t> dims,
     root.logical_dim = static_cast<int>(*it);
     shape.push_back(add_digit(root));
   }
+  // The arithmetic below walks the tile tree recursively: its depth is the tile count.
+  if (tiles.size() > kMaxTiles)
+    throw std::invalid_argument("a layout of " + std::to_string(tiles.size()) + " tiles; at most " +
+                                std::to_string(kMaxTiles) + " are supported");
   for (const auto& tile : tiles) {
     if (tile.empty()) throw std::invalid_argument("a tile has no dims");
     while (shape.size() < tile.size()) shape.insert(shape.begin(), add_digit(Digit{}));

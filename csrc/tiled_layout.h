@@ -34,6 +34,10 @@ struct Loop {
   std::vector<std::pair<int, int64_t>> ancestors;  // (digit, multiplier)
 };
 
+// Tiles one layout may apply (kvref.shape.MAX_TILES): recursion over the tile
+// tree is as deep as the tile count.
+constexpr size_t kMaxTiles = 8;
+
 class TiledLayout {
  public:
   TiledLayout(std::vector<int64_t> dims, std::vector<int64_t> minor_to_major,

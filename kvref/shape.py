@@ -17,6 +17,11 @@ _TILE_RE = re.compile(r"T((?:\([^()]*\))+)")
 _DIGITS = re.compile(r"[0-9]+")
 
 
+# Tiles one layout may apply: the layout arithmetic walks a tile tree whose
+# depth is the tile count, so the input must not choose it freely.
+MAX_TILES = 8
+
+
 @dataclass(frozen=True)
 class Layout:
     """minor_to_major, tiles applied in order, and element size in bits
@@ -33,6 +38,9 @@ class Layout:
         if sorted(self.minor_to_major) != list(range(len(self.minor_to_major))):
             raise LayoutError(f"minor_to_major {list(self.minor_to_major)} is not a permutation "
                               f"of 0..{len(self.minor_to_major) - 1}")
+        if len(self.tiles) > MAX_TILES:
+            raise LayoutError(f"a layout of {len(self.tiles)} tiles; at most {MAX_TILES} are supported "
+                              "(XLA's TPU layouts use one or two)")
         for tile in self.tiles:
             if not tile or any(t <= 0 for t in tile):
                 raise LayoutError(f"tile {tile} must have one or more positive sizes")
@@ -93,19 +101,19 @@ class Shape:
         try:
             return cls._parse(text)
         except LayoutError as e:
-            if repr(text) in str(e):
+            if _shown(text) in str(e):
                 raise
-            raise LayoutError(f"{e} (in {text!r})") from None
+            raise LayoutError(f"{e} (in {_shown(text)})") from None
 
     @classmethod
     def _parse(cls, text: str) -> "Shape":
         m = _SHAPE_RE.match(text)
         if not m:
-            raise LayoutError(f"malformed shape text {text!r}; expected XLA form such as "
+            raise LayoutError(f"malformed shape text {_shown(text)}; expected XLA form such as "
                               "'bf16[512,3,2048]{2,0,1:T(8,128)(2,1)}'")
         dtype, dims_text, layout_text = m.groups()
         if dtype not in ELEMENT_TYPES:
-            raise LayoutError(f"unknown element type {dtype!r} in {text!r}; expected one of "
+            raise LayoutError(f"unknown element type {dtype!r} in {_shown(text)}; expected one of "
                               f"{', '.join(ELEMENT_TYPES)}")
         dims = _parse_ints(dims_text, text, "dims")
         layout = _parse_layout(layout_text, text) if layout_text is not None else None
@@ -175,7 +183,7 @@ def _parse_ints(text: str, whole: str, what: str) -> tuple[int, ...]:
         return ()
     parts = text.split(",")
     if not all(_DIGITS.fullmatch(part) for part in parts):
-        raise LayoutError(f"malformed {what} {text!r} in {whole!r}; expected comma-separated "
+        raise LayoutError(f"malformed {what} {_shown(text)} in {_shown(whole)}; expected comma-separated "
                           "integers of ASCII digits")
     return tuple(int(part) for part in parts)
 
@@ -196,6 +204,11 @@ def _parse_layout(text: str, whole: str) -> Layout:
         element_bits = int(m.group(1))
         rest = rest[m.end():]
     if rest:
-        raise LayoutError(f"unsupported layout part {rest!r} in {whole!r}; expected "
+        raise LayoutError(f"unsupported layout part {_shown(rest)} in {_shown(whole)}; expected "
                           "T(...)(...) tiles and an optional E(bits)")
     return Layout(minor_to_major, tiles, element_bits)
+
+
+def _shown(text: str, limit: int = 200) -> str:
+    """`text` quoted for a message, cut short when it is long."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text):,} characters)"

@@ -180,3 +180,24 @@ def test_plan_roles_and_budgets_take_only_what_they_mean():
         kvref.KVCacheManager([cache], 2**32, host_budget_bytes=2**62)
     with pytest.raises(ValueError, match="host_budget_bytes must be a non-negative integer, got -1"):
         kvref.KVCacheManager([cache], 8, host_budget_bytes=-1)
+
+
+def test_a_layout_of_tens_of_thousands_of_tiles_is_refused_at_parse_not_a_stack_overflow():
+    """The layout arithmetic recurses over the tile tree; a layout of 50,000
+    tiles once crashed the slice analysis (SIGSEGV). It runs in a process of
+    its own, so a crash is a failure, not the end of the test run."""
+    script = (
+        "import kvref\n"
+        "text = 'f32[8,128]{1,0:T' + '(1,1)' * 50000 + '}'\n"
+        "for attempt in (lambda: kvref.major_slice(kvref.Shape.parse(text)),\n"
+        "                lambda: kvref.Shape('f32', (8, 128), kvref.Layout((1, 0), ((1, 1),) * 50000))):\n"
+        "    try:\n"
+        "        attempt()\n"
+        "    except kvref.LayoutError as e:\n"
+        "        assert 'a layout of 50000 tiles; at most 8 are supported' in str(e), str(e)[:300]\n"
+        "        assert len(str(e)) < 2000, 'the message repeats the whole input'\n"
+        "    else:\n"
+        "        raise AssertionError('accepted')\n"
+        "print('refused')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "refused" in done.stdout, (done.returncode, done.stderr[-2000:])

@@ -37,7 +37,8 @@ def random_layout_text(rng, max_rank: int = 4, huge: float = 0.15) -> str:
     if rank and rng.random() < 0.05:
         order[0] = order[-1]  # not a permutation
     tiles = []
-    for _ in range(int(rng.integers(0, 3))):
+    many = rng.random() < 0.02  # past the limit on tiles, where recursion would overflow the stack
+    for _ in range(int(rng.integers(9, 200)) if many else int(rng.integers(0, 3))):
         size = int(rng.integers(1, 4))
         tiles.append([_pick(rng, HUGE) if rng.random() < huge / 2 else
                       (0 if rng.random() < 0.03 else _pick(rng, TILES)) for _ in range(size)])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import kvref
+from kvref.shape import MAX_TILES  # the documented limit on tiles per layout
 
 INT64_MAX = 2**63 - 1
 _TEXT = re.compile(r"([a-z][a-z0-9]*)\[([0-9,]*)\](?:\{([0-9,]*)(?::((?:T(?:\([0-9,]*\))+)?(?:E\([0-9]+\))?))?\})?",
@@ -29,7 +30,8 @@ def expected_bytes(text: str) -> int | None:
     if sorted(order) != list(range(len(dims))) or any(d > INT64_MAX for d in dims):
         return None
     tiles, bits = _extras(extra or "")
-    if tiles is None or any(not tile or min(tile) <= 0 or max(tile) > INT64_MAX for tile in tiles):
+    if tiles is None or len(tiles) > MAX_TILES or \
+            any(not tile or min(tile) <= 0 or max(tile) > INT64_MAX for tile in tiles):
         return None
     element = kvref.ELEMENT_TYPES[dtype]
     if not _bits_fit(element, bits):

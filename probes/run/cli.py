@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -34,8 +35,8 @@ def _positive_number(cast):
             number = cast(value)
         except ValueError:
             number = 0
-        if not number > 0:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
+        if not (number > 0 and math.isfinite(number)):
+            raise argparse.ArgumentTypeError(f"expected a positive, finite number, got {value!r}")
         return number
     return parse
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -44,6 +45,7 @@ def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, con
             if reason:
                 raise ValueError(f"TPU type {gen!r}: {reason}")
     matrix_rows = load_matrix(matrix)
+    check_out(out)
     cases = [c for name in iuts
              for c in build_cases(generations, matrix_rows, probes or DEFAULT_PROBES, name, faults, timeout)]
     if not cases:
@@ -66,6 +68,21 @@ def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, con
         summary.write_generation_report(part, Path(out) / results.generation_dir(gen))
     summary.write_index(latest_frames(out), Path(out))
     return frame
+
+
+def check_out(out: Path) -> None:
+    """The report directory can be written, found before the first case runs
+    rather than after the last."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; expected a directory for the reports")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise ValueError(f"--out {out} cannot be written ({e.strerror or e}); expected a writable "
+                         "directory for the reports") from None
 
 
 def latest_frames(out: Path) -> dict[str, pd.DataFrame]:

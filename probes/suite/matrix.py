@@ -34,8 +34,17 @@ def matrix_path(name_or_path: str) -> Path:
 
 def load_matrix(name_or_path: str) -> list[MatrixRow]:
     path = matrix_path(name_or_path)
-    rows = []
-    with open(path, newline="") as f:
+    try:
+        return _read_matrix(path)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a text CSV file ({e.reason} at byte {e.start}); expected {COLUMNS}") from None
+    except csv.Error as e:
+        raise ValueError(f"{path}: {e}; expected a CSV file of {COLUMNS}") from None
+
+
+def _read_matrix(path: Path) -> list[MatrixRow]:
+    rows, lines = [], {}
+    with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         missing = {"name", "shape"} - set(reader.fieldnames or ())
         if missing:
@@ -50,6 +59,10 @@ def load_matrix(name_or_path: str) -> list[MatrixRow]:
             if unknown:
                 raise ValueError(f"{path}:{line}: unknown probe(s) {unknown}; expected any of "
                                  f"{list(SHAPE_PROBES)}")
+            if row["name"] in lines:  # a case id is the generation, probe and row name
+                raise ValueError(f"{path}:{line}: row name {row['name']!r} is also the name of line "
+                                 f"{lines[row['name']]}; each row needs its own name")
+            lines[row["name"]] = line
             rows.append(MatrixRow(row["name"], shape, probes))
     return rows
 

@@ -1,0 +1,48 @@
+"""kvprobe under misuse: every argument error is one line naming the
+argument or file and what was expected, exit 2, found before any case runs."""
+
+import pytest
+
+from probes.run import cli
+
+
+def refused(capsys, *argv) -> str:
+    try:
+        code = cli.main(["run", "-g", "tpu7x", *argv])
+    except SystemExit as e:  # argparse's own refusals
+        code = e.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert "Traceback" not in err, err
+    last = err.splitlines()[-1]  # argparse prints its usage lines before the error
+    assert last.startswith(("kvprobe: error: ", "kvprobe run: error: ")), err
+    return last
+
+
+def test_a_timeout_that_is_not_finite(capsys):
+    assert "argument --timeout: expected a positive, finite number, got 'inf'" in refused(capsys, "--timeout", "inf")
+
+
+def test_an_out_that_is_a_file_is_found_before_any_case(capsys, tmp_path):
+    file = tmp_path / "reports"
+    file.write_text("")
+    assert f"--out {file} is a file; expected a directory" in refused(capsys, "--matrix", "seed", "--out", str(file))
+    assert not any(tmp_path.glob("*/runs"))
+
+
+def test_an_out_that_cannot_be_made(capsys, tmp_path):
+    (tmp_path / "plain").write_text("")
+    out = tmp_path / "plain" / "reports"
+    assert f"--out {out} cannot be written" in refused(capsys, "--matrix", "seed", "--out", str(out))
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'name,shape\na,"bf16[64,8,128]"\na,"f32[64,8,128]"\n',
+     "m.csv:3: row name 'a' is also the name of line 2; each row needs its own name"),
+    (bytes(range(128, 256)) * 3, "m.csv: not a text CSV file"),
+    (b"name,shape\nx," + b"y" * 200_000 + b"\n", "m.csv: field larger than field limit"),
+])
+def test_a_matrix_that_is_not_one_names_the_file(capsys, tmp_path, content, message):
+    matrix = tmp_path / "m.csv"
+    matrix.write_bytes(content)
+    assert message in refused(capsys, "--matrix", str(matrix), "--out", str(tmp_path / "out"))

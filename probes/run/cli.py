@@ -322,6 +322,13 @@ def main(argv=None) -> int:
     except (ValueError, RuntimeError, OSError) as e:
         print(f"kvprobe: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:  # Ctrl-C: one line, the shell's code for SIGINT
+        finished = getattr(e, "finished", None)
+        kept = "" if finished is None else \
+            f"; {len(finished)} finished cases kept as run {getattr(e, 'run_id', '(unwritten)')}" if finished \
+            else "; no case had finished"
+        print(f"kvprobe: interrupted{kept}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

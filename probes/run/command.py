@@ -16,7 +16,7 @@ from probes.report import qualification, results, summary
 from probes.report.results import disagreements
 from probes.run import rows
 from probes.run.ray_runner import run_cases_on_ray
-from probes.run.runner import run_cases
+from probes.run.runner import Interrupted, run_cases
 from probes.suite.matrix import build_cases, load_matrix
 from probes.suite.predict import describe
 from probes.suite.registry import DEFAULT_PROBES
@@ -60,8 +60,13 @@ def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, con
                   TimeElapsedColumn(), console=console, transient=True) as progress:
         task = progress.add_task(f"probing {', '.join(iuts)}", total=len(cases))
         advance = lambda r: progress.advance(task)  # noqa: E731
-        found = (run_cases_on_ray(cases, ray_address, advance) if ray_address
-                 else run_cases(cases, jobs, progress=advance))
+        try:
+            found = (run_cases_on_ray(cases, ray_address, advance) if ray_address
+                     else run_cases(cases, jobs, progress=advance))
+        except Interrupted as stop:  # what had finished, as a run marked partial
+            stop.run_id = f"{run_id}-partial"
+            results.write_runs(rows.to_frame(stop.finished, stop.run_id), out)
+            raise
     frame = rows.to_frame(found, run_id)
     results.write_runs(frame, out)
     for gen, part in frame.groupby("generation", sort=False):

@@ -10,6 +10,7 @@ path in the file system, which reaches across network namespaces."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import selectors
@@ -78,7 +79,8 @@ class Zygote:
                 os.close(fd)
             conn.close()
             raise ZygoteUnavailable("the zygote closed the connection without forking")
-        return _watch(pid, out_r, err_r, conn, timeout)
+        with live(pid):
+            return _watch(pid, out_r, err_r, conn, timeout)
 
     def close(self, wait: float = 5.0) -> None:
         """Tell the zygote to take no new cases; it exits when the cases it
@@ -133,6 +135,31 @@ def _watch(pid: int, out_r: int, err_r: int, conn: socket.socket, timeout: float
         raise ZygoteLost(f"the zygote that forked worker {pid} gave no exit status")
     out, err = (b"".join(chunks[fd]).decode(errors="replace") for fd in (out_r, err_r))
     return returncode, out, err, killed
+
+
+_LIVE: set[int] = set()  # process groups of the workers running now, fresh or forked
+_LIVE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def live(pid: int):
+    """While the worker whose process group `pid` leads is running."""
+    with _LIVE_LOCK:
+        _LIVE.add(pid)
+    try:
+        yield
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.discard(pid)
+
+
+def kill_live() -> int:
+    """Kill every worker running now (a run that was interrupted): how many."""
+    with _LIVE_LOCK:
+        pids = list(_LIVE)
+    for pid in pids:
+        kill_group(pid)
+    return len(pids)
 
 
 def kill_group(pid: int) -> None:

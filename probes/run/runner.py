@@ -19,7 +19,7 @@ from probes.iut.tpu_sync import BUILD_VARIABLE
 from probes.iut.registry import iut
 from probes.run import netns
 from probes.run.hosts import this_host
-from probes.run.forked import ZygoteLost, ZygoteUnavailable, kill_group, zygote_for
+from probes.run.forked import ZygoteLost, ZygoteUnavailable, kill_group, kill_live, live, zygote_for
 from probes.run.worker import PHASE_PROBE, RESULT_PREFIX
 from probes.suite.cases import Case
 from probes.suite.verdicts import CRASH, ERROR, HANG, SKIP, Outcome
@@ -89,13 +89,14 @@ def _run_fresh(python: str, text: str, env: dict, limit: float,
     proc = subprocess.Popen(command, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env=env)
-    try:
-        out, err = proc.communicate(text, timeout=limit)
-        killed = False
-    except subprocess.TimeoutExpired:
-        kill_group(proc.pid)
-        out, err = proc.communicate()
-        killed = True
+    with live(proc.pid):
+        try:
+            out, err = proc.communicate(text, timeout=limit)
+            killed = False
+        except subprocess.TimeoutExpired:
+            kill_group(proc.pid)
+            out, err = proc.communicate()
+            killed = True
     kill_group(proc.pid)  # nothing the worker started may outlive it
     return proc.returncode, out, err, killed
 
@@ -150,15 +151,32 @@ def run_cases(cases: list[Case], jobs: int | None = None, python: str | None = N
     """All cases, `jobs` at a time (default: the core count), in input order.
     `progress(result)` is called as each finishes."""
     jobs = 1 if owns_device(cases) else jobs or os.cpu_count() or 1
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(run_case, case, python) for case in cases]
-        results = []
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    futures = [pool.submit(run_case, case, python) for case in cases]
+    results = []
+    try:
         for future in futures:
             result = future.result()
             if progress:
                 progress(result)
             results.append(result)
+    except KeyboardInterrupt:
+        # Ctrl-C: no queued case starts, every running worker ends now, and
+        # what had finished is kept (a case killed here earned no verdict).
+        finished = [f.result() for f in futures if f.done() and not f.cancelled() and not f.exception()]
+        pool.shutdown(wait=False, cancel_futures=True)
+        kill_live()
+        raise Interrupted(finished) from None
+    pool.shutdown()
     return results
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C, with the cases that had finished."""
+
+    def __init__(self, finished: list[CaseResult]):
+        super().__init__(f"interrupted with {len(finished)} cases finished")
+        self.finished = finished
 
 
 def owns_device(cases: list[Case]) -> bool:

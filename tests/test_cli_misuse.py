@@ -73,3 +73,11 @@ def test_ctrl_c_stops_the_run_at_once_and_keeps_what_finished(tmp_path):
     assert all(p.stem.endswith("-partial") for p in runs), runs
     if "finished cases kept" in lines[0]:
         assert runs
+
+
+@pytest.mark.oracle
+def test_a_shape_the_compiler_refuses_names_the_matrix_and_row(capsys, tmp_path):
+    matrix = tmp_path / "m.csv"
+    matrix.write_text('name,shape\nfits,"bf16[64,8,128]"\nhuge,"bf16[1099511627776,8]"\n')
+    line = refused(capsys, "--matrix", str(matrix), "--out", str(tmp_path / "out"))
+    assert f"matrix {matrix}, row 'huge' (bf16[1099511627776,8]) on tpu7x: " in line

@@ -46,6 +46,7 @@ def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, con
                 raise ValueError(f"TPU type {gen!r}: {reason}")
     matrix_rows = load_matrix(matrix)
     check_out(out)
+    check_layouts(matrix, matrix_rows, generations, iuts)
     cases = [c for name in iuts
              for c in build_cases(generations, matrix_rows, probes or DEFAULT_PROBES, name, faults, timeout)]
     if not cases:
@@ -73,6 +74,20 @@ def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, con
         summary.write_generation_report(part, Path(out) / results.generation_dir(gen))
     summary.write_index(latest_frames(out), Path(out))
     return frame
+
+
+def check_layouts(matrix: str, matrix_rows, generations, iuts) -> None:
+    """Every row's layout on every generation, looked up (or compiled, and
+    cached for the workers) before any case runs, so a shape the compiler
+    refuses names its matrix and row."""
+    for name in iuts:
+        for gen in generations:
+            for row in matrix_rows:
+                try:
+                    iut(name).layout_of(gen, row.shape)
+                except Exception as e:  # the compiler's refusal, named
+                    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                    raise ValueError(f"matrix {matrix}, row {row.name!r} ({row.shape}) on {gen}: {first}") from None
 
 
 def check_out(out: Path) -> None:

@@ -20,7 +20,8 @@ def refused(capsys, *argv) -> str:
 
 
 def test_a_timeout_that_is_not_finite(capsys):
-    assert "argument --timeout: expected a positive, finite number, got 'inf'" in refused(capsys, "--timeout", "inf")
+    assert "argument --timeout: expected a positive number, not infinite or NaN, got 'inf'" in \
+        refused(capsys, "--timeout", "inf")
 
 
 def test_an_out_that_is_a_file_is_found_before_any_case(capsys, tmp_path):

@@ -35,8 +35,10 @@ def _positive_number(cast):
             number = cast(value)
         except ValueError:
             number = 0
-        if not (number > 0 and math.isfinite(number)):
-            raise argparse.ArgumentTypeError(f"expected a positive, finite number, got {value!r}")
+        if not number > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
+        if not math.isfinite(number):
+            raise argparse.ArgumentTypeError(f"expected a positive number, not infinite or NaN, got {value!r}")
         return number
     return parse
 

@@ -132,7 +132,7 @@ class SimArrays:
 
     # How long a dispatched step computes before it writes: long enough to be
     # running when the next call is made, whatever the machine's load.
-    STEP_US = 1_000_000
+    STEP_US = 500_000
 
     def dispatch_step(self, cache, new):
         """An in-place op launched now, computing for STEP_US before it writes."""

@@ -81,6 +81,6 @@ refresh-layouts: $(STAMP)
 clean:
 	rm -rf $(VENV) .venv-peer .venv-peer-torch .venv-peer-builds .venv-xla build
 
-# A fuzz campaign over kvref's API: inputs, refusals, acceptances, failures per category.
+# A fuzz campaign over kvref's API and the process around it: inputs, refusals, acceptances, failures per category.
 fuzz: $(STAMP)
-	$(BIN)/python -m probes.fuzz.campaign --inputs 100000
+	$(BIN)/python -m probes.fuzz.campaign --inputs 100000 --lifecycle 600

@@ -13,3 +13,13 @@ class LayoutError(ValueError):
 
 class HostBudgetError(MemoryError):
     """The host pool would exceed the budget; nothing was allocated."""
+
+
+class NotAnInteger(TypeError, ValueError):
+    """A value that must be an integer is not one (a bool, a float, a time
+    span, a string...). A TypeError, and a ValueError like every other
+    refused block list."""
+
+
+class NotAFlag(TypeError):
+    """A value that must be a bool is not one."""

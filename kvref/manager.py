@@ -22,9 +22,10 @@ from kvref.errors import HostBudgetError
 from kvref.faults import Faults
 from kvref.limits import check_allocation, memory_available
 from kvref.futures import TransferFuture
-from kvref.offsets import block_list, block_number, transfer_lists
+from kvref.offsets import block_list, transfer_lists
 from kvref.settings import check_parallelism, check_timeout
 from kvref.plans import request_bytes
+from kvref.values import flag, integer
 
 BUDGET_SHARE = 0.5  # default budget: this share of the memory available now
 _LEAKED_POOLS: list = []  # the leaked_pool fault model's pools, never freed
@@ -43,16 +44,13 @@ class KVCacheManager:
         self.timeout_s = timeout_s
         if slice_policy not in SLICE_POLICIES:
             raise ValueError(f"slice_policy {slice_policy!r} is not one of {SLICE_POLICIES}")
-        if isinstance(host_blocks, bool) or not isinstance(host_blocks, (int, np.integer)) \
-                or host_blocks <= 0:
-            raise ValueError(f"host_blocks must be a positive integer, got {host_blocks!r}")
+        host_blocks = integer(host_blocks, "host_blocks", 1)
         layers = _layers(kv_caches)
         views = [[unpack_buffer(a, self.faults) for a in layer] for layer in layers]
         _check_devices(views)
         plan = plan_host(views, int(host_blocks), slice_policy, self.faults)
-        if host_budget_bytes is not None and (not block_number(host_budget_bytes) or host_budget_bytes < 0):
-            raise ValueError(f"host_budget_bytes must be a non-negative integer, got {host_budget_bytes!r}")
-        budget = default_host_budget() if host_budget_bytes is None else int(host_budget_bytes)
+        budget = default_host_budget() if host_budget_bytes is None else integer(host_budget_bytes,
+                                                                                 "host_budget_bytes", 0)
         if plan.host_bytes > budget and not self.faults.no_host_budget:
             raise HostBudgetError(
                 f"the host pool would take {plan.host_bytes:,} bytes ({plan.host_bytes / 2**30:.1f} "
@@ -152,8 +150,7 @@ class KVCacheManager:
         """`request`: a serialized StartTransferRequest (bytes) or the message."""
         if not isinstance(uuid, str):
             raise TypeError(f"uuid must be str, got {type(uuid).__name__}")
-        if not isinstance(is_sender, (bool, np.bool_)):
-            raise TypeError(f"is_sender must be a bool, got {is_sender!r}")
+        is_sender = flag(is_sender, "is_sender")
         if self.faults.str_only_plan_binding:
             # The old binding: std::string under nanobind, which takes only str.
             payload = request.SerializeToString() if hasattr(request, "SerializeToString") else request
@@ -172,10 +169,7 @@ class KVCacheManager:
         limits = (("layer", layer, self.num_layers), ("shard", shard, self.num_shards),
                   ("host block", block, self.host_blocks))
         for name, value, limit in limits:
-            if not block_number(value):
-                raise TypeError(f"{name} must be an integer, got {value!r}")
-            if not 0 <= value < limit:
-                raise IndexError(f"{name} {int(value)} is out of range [0, {limit})")
+            integer(value, name, 0, limit - 1, expected=f"an integer in [0, {limit})", out_of_range=IndexError)
         return int(layer), int(shard), int(block)
 
     def __repr__(self) -> str:

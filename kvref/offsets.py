@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-
-
-def block_number(value) -> bool:
-    """Whether `value` is an integer block number: a Python or NumPy integer,
-    not a bool and not a time span (np.timedelta64 is a NumPy integer too)."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_, np.timedelta64))
+from kvref.errors import NotAnInteger
+from kvref.values import INT64_MAX, integer
 
 
 def block_list(values, name: str) -> np.ndarray:
@@ -26,21 +21,22 @@ def block_list(values, name: str) -> np.ndarray:
         except OverflowError:
             pass  # named below
     if not isinstance(values, np.ndarray):
+        checked = []
         for i, value in enumerate(values):
             if np.ndim(value):
                 raise ValueError(f"{name} must be 1-D, got a sequence at index {i}")
-            if not block_number(value):
-                raise ValueError(f"{name}[{i}] must be an integer block number, got {value!r}")
-            if not INT64_MIN <= int(value) <= INT64_MAX:
-                raise ValueError(f"{name}[{i}] = {int(value)} does not fit in int64")
-    array = np.asarray(values)
+            checked.append(integer(value, f"{name}[{i}]", expected="an integer block number that fits in int64"))
+        # Each element converts alone: NumPy would make a list of uint64 and int64 scalars float64.
+        return np.array(checked, dtype=np.int64)
+    array = values
     if array.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
     if array.size and (array.dtype == np.bool_ or array.dtype.kind not in "iu"):
-        raise ValueError(f"{name} must hold integers, got {array.dtype}")
+        raise NotAnInteger(f"{name} must hold integers, got {array.dtype}")
     if array.dtype.kind == "u" and array.size and int(array.max()) > INT64_MAX:
         at = int(np.argmax(array > INT64_MAX))
-        raise ValueError(f"{name}[{at}] = {int(array[at])} does not fit in int64")
+        raise ValueError(f"{name}[{at}] must be an integer block number that fits in int64, "
+                         f"got {int(array[at])}")
     return np.ascontiguousarray(array, dtype=np.int64)
 
 

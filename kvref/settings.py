@@ -8,18 +8,14 @@ import math
 
 import numpy as np
 
+from kvref.values import integer
+
 MAX_PARALLELISM = 1024  # parts per transfer; more only costs threads and bookkeeping
 
 
 def check_parallelism(value) -> int | None:
     """None (the copy pool's threads) or an integer in [1, MAX_PARALLELISM]."""
-    if value is None:
-        return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"parallelism must be an integer, got {value!r}")
-    if not 1 <= value <= MAX_PARALLELISM:
-        raise ValueError(f"parallelism must be in [1, {MAX_PARALLELISM}], got {int(value)}")
-    return int(value)
+    return None if value is None else integer(value, "parallelism", 1, MAX_PARALLELISM)
 
 
 def check_timeout(value) -> float | None:

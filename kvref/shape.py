@@ -10,8 +10,9 @@ from kvref import _core
 from kvref.dtypes import ELEMENT_TYPES, ElementType, element_type
 from kvref.errors import LayoutError
 from kvref.shape_key import ShapeKey
+from kvref.values import INT64_MAX, is_integer
 
-_INT64_MAX = 2**63 - 1
+
 _SHAPE_RE = re.compile(r"^\s*([a-z][a-z0-9]*)\[([^\]]*)\](?:\{([^{}]*)\})?\s*$", re.ASCII)
 _TILE_RE = re.compile(r"T((?:\([^()]*\))+)")
 _DIGITS = re.compile(r"[0-9]+")
@@ -170,10 +171,10 @@ def _check_element_bits(element: ElementType, bits: int, shape) -> None:
 
 
 def _as_int(value, what: str) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
+    if not is_integer(value):
         raise LayoutError(f"{what} {value!r} is not an integer")
     value = int(value)
-    if not -_INT64_MAX <= value <= _INT64_MAX:
+    if not -INT64_MAX <= value <= INT64_MAX:
         raise LayoutError(f"{what} {value} does not fit in int64")
     return value
 

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 
 from kvref.dtypes import element_type
+from kvref.values import is_integer
 
 _KEY_RE = re.compile(r"([a-z][a-z0-9]*)\[([0-9,]*)\]", re.ASCII)
 
@@ -21,7 +22,7 @@ class ShapeKey:
         object.__setattr__(self, "dtype", element_type(self.dtype).name)
         dims = []
         for d in self.dims:
-            if isinstance(d, bool) or not hasattr(d, "__index__") or int(d) < 0:
+            if not is_integer(d) or int(d) < 0:
                 raise ValueError(f"dim {d!r} of {self.dtype}{list(self.dims)} must be a "
                                  "non-negative integer")
             dims.append(int(d))

@@ -17,6 +17,7 @@ from kvref.placement import unpack
 from kvref.shape import Shape
 from kvref.shape_key import ShapeKey
 from kvref.torch_interop import as_numpy
+from kvref.values import integer
 
 BufferState = _core.BufferState
 DeviceError = _core.DeviceError
@@ -63,8 +64,7 @@ class DeviceArray:
         The op computes for `run_us` before it writes, and starts only after
         every copy issued on this array before it has ended."""
         logical = self.device._logical(array, self.shape)
-        if isinstance(run_us, bool) or not isinstance(run_us, int) or run_us < 0:
-            raise ValueError(f"run_us must be a non-negative integer, got {run_us!r}")
+        run_us = integer(run_us, "run_us", 0)
         self._buffer.overwrite(self.shape._core, logical, self.shape.element.numpy.itemsize,
                                self.device.deferring, run_us)
         return self

@@ -92,7 +92,7 @@ def test_the_constructor_refuses_what_the_facade_does_not_do():
         tpu_sync.KVCacheManager(caches, 5000, host_blocks_to_allocate=4)
     with pytest.raises(ValueError, match="Must specify either"):
         tpu_sync.KVCacheManager(caches, 0)
-    with pytest.raises(ValueError, match="parallelism must be in"):
+    with pytest.raises(ValueError, match="parallelism must be an integer in"):
         tpu_sync.KVCacheManager(caches, 0, host_blocks_to_allocate=4, parallelism=0)
     assert tpu_sync.KVCacheManager(caches, 0, max_blocks=4, num_slots=2).reference.host_blocks == 8
 

@@ -1,13 +1,18 @@
-"""The fuzz campaign: a short run over every category finds nothing, and a
-crash or a hang is pinned to the input that caused it while the campaign goes on.
-`make fuzz` runs the 100,000-input campaign."""
+"""The fuzz campaign: a short run over every category, and of lifecycle
+cases, finds nothing; a crash or a hang is pinned to the input that caused
+it while the campaign goes on; a lifecycle case fails when its process ends
+otherwise than its event implies. `make fuzz` runs the 100,000-input campaign."""
 
 import json
+import sys
 
 import numpy as np
+import pytest
 
-from probes.fuzz import campaign
+from probes.fuzz import campaign, lifecycle
 from probes.fuzz.kvref_api import CATEGORIES
+from probes.fuzz.lifecycle import EVENTS, Lifecycle
+from probes.fuzz.mismatch import Mismatch
 
 
 def test_a_short_campaign_finds_nothing():
@@ -35,3 +40,36 @@ def test_a_hang_is_pinned_too(tmp_path, monkeypatch):
     assert [(f["index"], f["event"]) for f in tally.failures] == [(i, "hang") for i in hanging]
     assert "Timeout" in tally.failures[0]["detail"] if hanging else True
     assert json.dumps(tally.failures)  # every failure keeps its input as data
+
+
+def test_a_short_lifecycle_run_finds_nothing_and_meets_every_event():
+    tallies = campaign.campaign(total=0, seed=2024, lifecycle=30)
+    assert [t.category for t in tallies] == ["lifecycle"]
+    assert tallies[0].inputs == 30 and not tallies[0].failures, campaign.render(tallies, 1.0)
+    drawn = {Lifecycle().generate(np.random.default_rng([2024, i]))["event"] for i in range(30)}
+    assert len(drawn) >= len(EVENTS) - 2, f"30 cases drew only {sorted(drawn)}"
+
+
+class Misbehaving(Lifecycle):
+    """A child that ends as a broken kvref would make it end."""
+
+    def __init__(self, script: str):
+        self.script = script
+
+    def command(self, case):
+        return [sys.executable, "-c", self.script]
+
+
+@pytest.mark.parametrize("event, script, needle", [
+    ("exit", "import os; os.abort()", "exit -6, expected 0"),
+    ("exit", "import sys; print('terminate called without an active exception', file=sys.stderr)",
+     "'terminate called' on stderr"),
+    ("SIGTERM", "pass", "exit 0, expected -15"),
+    ("await", "pass", "did not check its bytes"),
+    ("raise", "import time; time.sleep(60)", "hung past"),
+])
+def test_a_lifecycle_case_fails_when_the_child_ends_otherwise(monkeypatch, event, script, needle):
+    monkeypatch.setattr(lifecycle, "CASE_SECONDS", 2.0)
+    case = {**Lifecycle().generate(np.random.default_rng(1)), "event": event}
+    with pytest.raises(Mismatch, match=needle):
+        Misbehaving(script).run(case)

@@ -231,9 +231,9 @@ def test_transfers_on_jax_arrays_have_landed_when_the_call_returns():
 
 
 @pytest.mark.parametrize("setting, value, message", [
-    ("parallelism", 0, "parallelism must be in \\[1, 1024\\], got 0"),
-    ("parallelism", 10**5, "parallelism must be in \\[1, 1024\\], got 100000"),
-    ("parallelism", 2.0, "parallelism must be an integer, got 2.0"),
+    ("parallelism", 0, "parallelism must be an integer in \\[1, 1024\\], got 0"),
+    ("parallelism", 10**5, "parallelism must be an integer in \\[1, 1024\\], got 100000"),
+    ("parallelism", 2.0, "parallelism must be an integer in \\[1, 1024\\], got 2.0"),
     ("timeout_s", 0, "timeout_s must be positive and finite, got 0"),
     ("timeout_s", float("nan"), "timeout_s must be positive and finite, got nan"),
     ("timeout_s", "5", "timeout_s must be a number of seconds, got '5'"),

@@ -159,15 +159,53 @@ def test_a_multiprocessing_fork_pool_moves_blocks():
 
 @pytest.mark.parametrize("ids, message", [
     (np.array([1, 2], dtype="m8[s]"), "must hold integers, got timedelta64"),
-    ([np.timedelta64(3)], "must be an integer block number, got np.timedelta64"),
+    ([np.timedelta64(3)], "must be an integer block number that fits in int64, got np.timedelta64"),
     (np.ma.array([1, 2], mask=[0, 1]), "is a masked array"),
-    (np.array([2**63], dtype=np.uint64), "= 9223372036854775808 does not fit in int64"),
+    (np.array([2**63], dtype=np.uint64), "fits in int64, got 9223372036854775808"),
 ])
 def test_block_ids_that_mean_nothing_are_refused_with_the_value_given(ids, message):
     cache = kvref.SimDevice("tpu7x").zeros((64, 8, 128), "f32")
     manager = kvref.KVCacheManager([cache], 8)
     with pytest.raises(ValueError, match=message):
         manager.d2h(ids, [0] * len(ids))
+
+
+def test_block_ids_of_mixed_numpy_integer_types_move_their_blocks():
+    """NumPy makes a list of uint64 and int64 scalars a float64 array; such a
+    list was once refused as 'must hold integers, got float64'."""
+    host = np.arange(64 * 8 * 128, dtype=np.float32).reshape(64, 8, 128)
+    manager = kvref.KVCacheManager([kvref.SimDevice("tpu7x").put(host)], 8)
+    manager.d2h([np.uint64(5), np.int64(3)], (np.uint8(0), np.int16(1))).result(timeout=30)
+    assert manager.read_block_bytes(0, 0) == host[5].tobytes()
+    assert manager.read_block_bytes(0, 1) == host[3].tobytes()
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda cache: kvref.KVCacheManager([cache], np.timedelta64(8)), "host_blocks must be a positive integer"),
+    (lambda cache: kvref.KVCacheManager([cache], 8, parallelism=np.timedelta64(2)), "parallelism must be"),
+    (lambda cache: kvref.KVCacheManager([cache], 8).read_block_bytes(np.timedelta64(0), 0), "layer must be"),
+    (lambda cache: cache.write_(np.zeros((64, 8, 128), np.float32), run_us=np.timedelta64(1)), "run_us must be"),
+    (lambda cache: kvref.ShapeKey("f32", (np.timedelta64(4),)), "dim np.timedelta64.4. of f32.* must be a non-negative integer"),
+    (lambda cache: kvref.Layout((np.timedelta64(0),)), "minor_to_major np.timedelta64.0. is not an integer"),
+])
+def test_one_meaning_of_an_integer_everywhere(make, needle):
+    """A NumPy time span counts as a NumPy integer; no kvref integer takes one."""
+    cache = kvref.SimDevice("tpu7x").zeros((64, 8, 128), "f32")
+    with pytest.raises((ValueError, TypeError), match=needle):
+        make(cache)
+
+
+@pytest.mark.parametrize("value", [1, np.int8(1), "true", np.array(True), [True], None])
+def test_one_meaning_of_a_flag_everywhere(value):
+    from kvref.compat import tpu_sync
+
+    cache = kvref.SimDevice("tpu7x").zeros((64, 8, 128), "f32")
+    request = kvref.StartTransferRequest(uuid="u", layer_ids=[0], src_block_ids=[1], dst_block_ids=[2])
+    manager = kvref.KVCacheManager([cache], 8)
+    with pytest.raises(kvref.NotAFlag, match="is_sender must be a bool, got"):
+        manager.register_active_plan("u", request.SerializeToString(), is_sender=value)
+    with pytest.raises(kvref.NotAFlag, match="unsafe_skip_buffer_lock must be a bool, got"):
+        tpu_sync.KVCacheManager([cache], 0, host_blocks_to_allocate=8, unsafe_skip_buffer_lock=value)
 
 
 def test_plan_roles_and_budgets_take_only_what_they_mean():
@@ -201,3 +239,21 @@ def test_a_layout_of_tens_of_thousands_of_tiles_is_refused_at_parse_not_a_stack_
         "print('refused')\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "refused" in done.stdout, (done.returncode, done.stderr[-2000:])
+
+
+@pytest.mark.parametrize("ending, status", [("sys.exit(0)", 0), ("del future", 0), ("raise SystemExit(0)", 0),
+                                            ("raise RuntimeError('planned')", 1)])
+def test_the_interpreter_ends_cleanly_while_a_raw_transfer_owns_a_host_array(ending, status):
+    """A raw transfer keeps its host array alive until its copy ends; the copy
+    ended after the interpreter had finalized and its release took the GIL,
+    which aborted the process ('terminate called without an active exception')."""
+    done = run_alone(f"""
+        import sys, numpy as np, kvref
+        cache = kvref.SimDevice("tpu7x").ones((64, 8, 128), "f32")
+        cache.await_buffer()
+        cache.hold_next_dma(1_000_000)  # the copy outlives the interpreter's own exit
+        future = kvref.transfer_d2h_async(cache, np.zeros(4 * 8 * 128, np.float32), [0, 1, 2, 3], [0, 1, 2, 3])
+        {ending}
+    """)
+    assert done.returncode == status, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr and "Fatal Python error" not in done.stderr, done.stderr[-2000:]

@@ -20,6 +20,7 @@ import sys
 import types
 
 import kvref
+from kvref.values import flag, integer
 
 
 class TransferFuture:
@@ -53,9 +54,8 @@ class KVCacheManager:
         if host_blocks_to_allocate is None:
             if max_blocks is None or num_slots is None:
                 raise ValueError("Must specify either (max_blocks, num_slots) or host_blocks_to_allocate.")
-            host_blocks_to_allocate = _positive("max_blocks", max_blocks) * _positive("num_slots", num_slots)
-        if not isinstance(unsafe_skip_buffer_lock, bool):
-            raise TypeError(f"unsafe_skip_buffer_lock must be a bool, got {unsafe_skip_buffer_lock!r}")
+            host_blocks_to_allocate = integer(max_blocks, "max_blocks", 1) * integer(num_slots, "num_slots", 1)
+        flag(unsafe_skip_buffer_lock, "unsafe_skip_buffer_lock")
         self._manager = kvref.KVCacheManager(kv_caches, host_blocks_to_allocate, parallelism=parallelism,
                                              timeout_s=timeout_s)
 
@@ -96,7 +96,3 @@ def install(name: str = "tpu_sync") -> types.ModuleType:
     return module
 
 
-def _positive(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value

@@ -1,8 +1,10 @@
 """A fuzz campaign over kvref's API: `python -m probes.fuzz.campaign
---inputs 100000` (`make fuzz`). Inputs run in a worker process that logs each
-one before running it, so a crash or a hang is pinned to the input that
-caused it, and the campaign goes on from the next. Prints inputs, refusals,
-acceptances and failures per category, with every failure's input."""
+--inputs 100000 --lifecycle 600` (`make fuzz`). Inputs run in a worker process
+that logs each one before running it, so a crash or a hang is pinned to the
+input that caused it, and the campaign goes on from the next. The lifecycle
+cases (probes.fuzz.lifecycle) each run in a process of their own besides.
+Prints inputs, refusals, acceptances and failures per category, with every
+failure's input."""
 
 from __future__ import annotations
 
@@ -66,11 +68,16 @@ def run_category(spec: str, count: int, seed: int, log_dir: Path) -> Tally:
     return tally
 
 
-def campaign(total: int, seed: int = 0, specs=None) -> list[Tally]:
+LIFECYCLE = "probes.fuzz.lifecycle:Lifecycle"
+
+
+def campaign(total: int, seed: int = 0, specs=None, lifecycle: int = 0) -> list[Tally]:
+    """`total` inputs shared by the API categories, then `lifecycle` cases."""
     specs = specs or [f"probes.fuzz.kvref_api:{type(c).__name__}" for c in CATEGORIES.values()]
-    per = -(-total // len(specs))
+    per = -(-total // len(specs)) if total else 0
+    counts = [(spec, per) for spec in specs] + ([(LIFECYCLE, lifecycle)] if lifecycle else [])
     with tempfile.TemporaryDirectory(prefix="kvref-fuzz-") as tmp:
-        return [run_category(spec, per, seed, Path(tmp)) for spec in specs]
+        return [run_category(spec, count, seed, Path(tmp)) for spec, count in counts if count]
 
 
 def render(tallies: list[Tally], seconds: float) -> str:
@@ -91,11 +98,13 @@ def render(tallies: list[Tally], seconds: float) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--inputs", type=int, default=100_000, help="inputs in all (default 100000)")
+    parser.add_argument("--lifecycle", type=int, default=600,
+                        help="process-lifecycle cases, each in a process of its own (default 600)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     start = time.perf_counter()
-    tallies = campaign(args.inputs, args.seed)
+    tallies = campaign(args.inputs, args.seed, lifecycle=args.lifecycle)
     print(render(tallies, time.perf_counter() - start))
     return 1 if any(t.failures for t in tallies) else 0
 

@@ -10,7 +10,9 @@ from google.protobuf import unknown_fields
 
 import kvref
 from probes.suite.block_model import BlockModel
+from probes.fuzz.caller_values import FLAGS, NotABlockList, materialize, model_values, random_flag, random_form
 from probes.fuzz.layout_model import expected_bytes
+from probes.fuzz.mismatch import Mismatch
 from probes.iut.host_data import random_host
 from probes.suite.ownership import row_byte_ranges
 
@@ -18,11 +20,9 @@ DTYPES = ("pred", "s4", "u4", "s8", "u8", "s16", "bf16", "f16", "f32", "f64", "f
 DIMS = (0, 1, 2, 3, 5, 7, 8, 16, 128, 512)
 HUGE = (2**31, 2**40, 2**61 - 1, 2**62, 2**63 - 1, 2**63, 2**64 + 3)
 TILES = (1, 2, 4, 8, 32, 128, 1024)
+DEEP_RANKS = (16, 32, 33, 64, 65, 300, 2000)
+NUMPY_MAX_DIMS = 64  # an array of more dims cannot exist, so kvref must refuse making one
 REFUSALS = (ValueError, TypeError, IndexError, kvref.AllocationError)
-
-
-class Mismatch(AssertionError):
-    """kvref did something other than what the model says."""
 
 
 def _pick(rng, options):
@@ -33,6 +33,9 @@ def random_layout_text(rng, max_rank: int = 4, huge: float = 0.15) -> str:
     """An XLA shape text: mostly valid, sometimes huge or broken."""
     rank = int(rng.integers(0, max_rank + 1))
     dims = [_pick(rng, HUGE) if rng.random() < huge else _pick(rng, DIMS) for _ in range(rank)]
+    if rng.random() < 0.02:  # very deep, past NumPy's 32 and 64 dims: no traversal may recurse per dim
+        rank = _pick(rng, DEEP_RANKS)
+        dims = [_pick(rng, (1, 1, 1, 2, 3, 0) if rng.random() < 0.9 else DIMS) for _ in range(rank)]
     order = list(rng.permutation(rank))
     if rank and rng.random() < 0.05:
         order[0] = order[-1]  # not a permutation
@@ -105,7 +108,7 @@ class Analysis:
             info = kvref.major_slice(shape)
         except kvref.AllocationError:
             return "refused"
-        if shape.physical_elements <= 50_000 and shape.rank and shape.logical_elements:
+        if shape.physical_elements <= 50_000 and 0 < shape.rank <= NUMPY_MAX_DIMS and shape.logical_elements:
             independent = row_byte_ranges(str(shape))
             if (info.addressable, info.slice_bytes) != tuple(independent.__dict__.values()):
                 raise Mismatch(f"{shape}: major_slice says {info.addressable}/{info.slice_bytes}, "
@@ -127,11 +130,12 @@ class PackUnpack:
             shape = kvref.Shape.parse(case["text"])
         except kvref.LayoutError:
             return "refused"
-        if max((shape.physical_elements, shape.logical_elements, *shape.dims)) > 200_000:
+        if max((shape.physical_elements, shape.logical_elements, *shape.dims)) > 200_000 \
+                or not _numpy_holds(shape):
             try:  # too big to fill: a buffer of the wrong size must still be refused cleanly
                 back = kvref.unpack(b"", shape)
             except REFUSALS:
-                if shape.physical_size_bytes == 0 and max(shape.dims, default=0) < 2**31:  # NumPy limit
+                if shape.physical_size_bytes == 0 and _numpy_holds(shape):
                     raise Mismatch(f"unpack of 0 bytes into the empty {shape} was refused") from None
                 return "refused"
             if shape.physical_size_bytes:
@@ -151,6 +155,15 @@ class PackUnpack:
         if back.tobytes() != host.tobytes() and shape.element_bits >= 8:
             raise Mismatch(f"{shape}: unpack(pack(x)) != x")
         return "accepted"
+
+
+def _numpy_holds(shape) -> bool:
+    """Whether NumPy can make an array of the shape's dims: at most 64 of
+    them, and the product of the non-zero ones, in bytes, within its size type."""
+    size = shape.element.numpy.itemsize
+    for d in shape.dims:
+        size *= d or 1
+    return shape.rank <= NUMPY_MAX_DIMS and size < 2**63
 
 
 ADDRESSABLE = ("bf16[16,2,128]{2,1,0:T(2,128)(2,1)}", "f32[8,4,128]{2,1,0:T(4,128)}",
@@ -185,6 +198,26 @@ def random_request(rng, rows: int, host_blocks: int, d2h: bool, valid: bool = Fa
     return {"d2h": d2h, "src": src, "dst": dst, "sizes": sizes}
 
 
+LISTS = ("src", "dst", "sizes")
+
+
+def in_caller_forms(rng, request: dict, block_lists: bool = False) -> dict:
+    """The request with each of its lists passed in a random form
+    (caller_values); with `block_lists`, forms that are block lists."""
+    return {**request, "forms": {k: random_form(rng, request[k], block_lists)
+                                 for k in LISTS if request[k] is not None}}
+
+
+def passed(call: dict, model: BlockModel) -> tuple[list, list, str | None]:
+    """The objects the call passes, the plain values the model applies, and
+    the model's reason to refuse (None: a correct kvref carries it out)."""
+    forms = call.get("forms", {})
+    objects = [None if call[k] is None else materialize(call[k], forms.get(k, {"form": "list"})) for k in LISTS]
+    plain = [None if call[k] is None else model_values(call[k], forms.get(k, {"form": "list"})) for k in LISTS]
+    problem = next((f"{k} is {v}" for k, v in zip(LISTS, plain) if isinstance(v, NotABlockList)), None)
+    return objects, plain, problem or model.problem(call["d2h"], *plain)
+
+
 class ManagerCalls:
     """A sequence of d2h, h2d, block reads and writes on a manager over
     simulated caches, each checked against BlockModel: valid requests move
@@ -197,8 +230,11 @@ class ManagerCalls:
         rows = kvref.Shape.parse(text).dims[0]
         host_blocks = int(rng.integers(1, 2 * rows))
         valid = bool(rng.random() < 0.5)  # half the sequences are wholly valid
-        calls = [random_request(rng, rows, host_blocks, bool(rng.random() < 0.5), valid or rng.random() < 0.5)
-                 for _ in range(8)]
+        calls = []
+        for _ in range(8):
+            valid_call = valid or rng.random() < 0.5
+            calls.append(in_caller_forms(rng, random_request(rng, rows, host_blocks, bool(rng.random() < 0.5),
+                                                             valid_call), block_lists=valid_call))
         return {"layout": text, "layers": int(rng.integers(1, 3)), "host_blocks": host_blocks,
                 "seed": int(rng.integers(2**31)), "calls": calls}
 
@@ -213,10 +249,9 @@ class ManagerCalls:
                            host_blocks=case["host_blocks"])
         outcome = "accepted"
         for call in case["calls"]:
-            problem = model.problem(call["d2h"], call["src"], call["dst"], call["sizes"])
+            objects, plain, problem = passed(call, model)
             try:
-                (manager.d2h if call["d2h"] else manager.h2d)(call["src"], call["dst"],
-                                                             call["sizes"]).result(timeout=60)
+                (manager.d2h if call["d2h"] else manager.h2d)(*objects).result(timeout=60)
             except REFUSALS as e:
                 if problem is None:
                     raise Mismatch(f"{call} refused ({type(e).__name__}: {e}) but is valid") from None
@@ -224,7 +259,7 @@ class ManagerCalls:
             else:
                 if problem is not None:
                     raise Mismatch(f"{call} accepted; the model refuses it: {problem}")
-                model.apply(call["d2h"], call["src"], call["dst"], call["sizes"])
+                model.apply(call["d2h"], *plain)
             _compare(model, manager, caches, block)
         return outcome
 
@@ -255,7 +290,7 @@ class RawTransfers:
         blocks = int(rng.integers(1, 12))
         return {"layout": _pick(rng, ADDRESSABLE), "host": host, "blocks": blocks,
                 "seed": int(rng.integers(2**31)),
-                "call": random_request(rng, 16, blocks, bool(rng.random() < 0.5))}
+                "call": in_caller_forms(rng, random_request(rng, 16, blocks, bool(rng.random() < 0.5)))}
 
     def run(self, case: dict) -> str:
         shape = kvref.Shape.parse(case["layout"])
@@ -265,18 +300,18 @@ class RawTransfers:
         host, valid_host = self._host(case["host"], case["blocks"], block)
         call = case["call"]
         model = BlockModel([_blocks(cache.physical_bytes(), block)], host_blocks=case["blocks"])
-        problem = None if valid_host else f"host array {case['host']}"
-        problem = problem or model.problem(call["d2h"], call["src"], call["dst"], call["sizes"])
+        objects, plain, problem = passed(call, model)
+        problem = problem if valid_host else f"host array {case['host']}"
         move = kvref.transfer_d2h if call["d2h"] else kvref.transfer_h2d
         try:
-            move(cache, host, call["src"], call["dst"], call["sizes"])
+            move(cache, host, *objects)
         except REFUSALS as e:
             if problem is None:
                 raise Mismatch(f"{call} with a {case['host']} host refused ({e}) but is valid") from None
             return "refused"
         if problem is not None:
             raise Mismatch(f"{call} with a {case['host']} host accepted; the model refuses it: {problem}")
-        model.apply(call["d2h"], call["src"], call["dst"], call["sizes"])
+        model.apply(call["d2h"], *plain)
         if _blocks(cache.physical_bytes(), block) != model.device[0] or \
                 _blocks(host.reshape(-1).view(np.uint8), block) != model.host[0]:
             raise Mismatch(f"{call}: bytes differ from the model")
@@ -324,7 +359,7 @@ class PlanBytes:
         elif kind == "lengths":
             request["dst_block_ids"].append(0)
         junk = rng.integers(0, 256, int(rng.integers(1, 40)), dtype=np.uint8).tobytes().hex()
-        return {"kind": kind, "request": request, "junk": junk}
+        return {"kind": kind, "request": request, "junk": junk, "is_sender": random_flag(rng, 0.85)}
 
     def run(self, case: dict) -> str:
         device = kvref.SimDevice("tpu7x")
@@ -337,10 +372,11 @@ class PlanBytes:
             data = bytes.fromhex(case["junk"])
         elif case["kind"] == "truncated" and data:
             data = data[:-1]
-        valid = _plan_is_valid(data)
+        make_flag, is_flag = FLAGS[case["is_sender"]]
+        valid = _plan_is_valid(data) and is_flag
         try:
-            manager.register_active_plan("p", data, is_sender=True)
-        except ValueError as e:
+            manager.register_active_plan("p", data, is_sender=make_flag())
+        except (ValueError, TypeError) as e:
             if valid:
                 raise Mismatch(f"a valid plan {case['request']} was refused: {e}") from None
             try:
@@ -349,7 +385,7 @@ class PlanBytes:
                 return "refused"
             raise Mismatch("a refused plan is registered") from None
         if not valid:
-            raise Mismatch(f"plan {case['kind']} {data.hex()} was accepted")
+            raise Mismatch(f"plan {case['kind']} {data.hex()} with is_sender={case['is_sender']} was accepted")
         got = manager.active_plan("p")
         parsed = kvref.StartTransferRequest.FromString(data)
         if got["src_block_ids"] != list(parsed.src_block_ids) or got["layer_ids"] != list(parsed.layer_ids):

@@ -14,7 +14,7 @@ import traceback
 
 import numpy as np
 
-from probes.fuzz.kvref_api import Mismatch
+from probes.fuzz.mismatch import Mismatch
 
 
 def main(spec: str, start: int, count: int, seed: int, log_path: str, seconds: float) -> int:

@@ -1,0 +1,49 @@
+"""What a caller's integers and flags may be, decided once for every check in
+kvref: an integer is a Python or NumPy integer that fits in int64 (not a bool,
+not a NumPy time span, which NumPy counts as an integer, not a 0-d array); a
+flag is a Python or NumPy bool (not 1, not the string "false")."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvref.errors import NotAFlag, NotAnInteger
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def is_integer(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_, np.timedelta64))
+
+
+def integer(value, name: str, low: int = INT64_MIN, high: int = INT64_MAX, *,
+            expected: str | None = None, out_of_range=ValueError) -> int:
+    """`value` as an int in [low, high], or an error naming `name`, what was
+    expected and the value given (NotAnInteger, or `out_of_range`)."""
+    expected = expected or _range_text(low, high)
+    if not is_integer(value):
+        raise NotAnInteger(f"{name} must be {expected}, got {_shown(value)}")
+    if not low <= int(value) <= high:
+        raise out_of_range(f"{name} must be {expected}, got {int(value)}")
+    return int(value)
+
+
+def flag(value, name: str) -> bool:
+    """`value` as a bool, or NotAFlag naming `name` and the value given."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise NotAFlag(f"{name} must be a bool, got {_shown(value)}")
+    return bool(value)
+
+
+def _range_text(low: int, high: int) -> str:
+    if low == INT64_MIN and high == INT64_MAX:
+        return "an integer that fits in int64"
+    if high == INT64_MAX:
+        return {0: "a non-negative integer", 1: "a positive integer"}.get(low, f"an integer of at least {low}")
+    return f"an integer in [{low}, {high}]"
+
+
+def _shown(value) -> str:
+    """The value as the caller wrote it (NumPy 2 prints its scalars' types), cut short."""
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."

@@ -241,19 +241,39 @@ def test_a_layout_of_tens_of_thousands_of_tiles_is_refused_at_parse_not_a_stack_
     assert done.returncode == 0 and "refused" in done.stdout, (done.returncode, done.stderr[-2000:])
 
 
+RACING_EXIT = """
+import sys, time
+import numpy as np, kvref
+sys.setswitchinterval(30)  # the main thread keeps the GIL: no hand-over to the copy thread
+
+
+class SlowToFinalize:
+    def __del__(self):
+        time.sleep(0.3)  # drops the GIL while the interpreter finalizes
+
+
+slow = SlowToFinalize()
+cache = kvref.SimDevice("tpu7x").ones((64, 8, 128), "f32")
+cache.await_buffer()
+cache.hold_next_dma(300_000)
+future = kvref.transfer_d2h_async(cache, np.zeros(4 * 8 * 128, np.float32), [0, 1, 2, 3], [0, 1, 2, 3])
+deadline = time.monotonic() + 30
+while not future.done() and time.monotonic() < deadline:
+    pass  # holding the GIL: the copy ends, and its thread waits to let go of the host array
+spin = time.perf_counter() + 0.2
+while time.perf_counter() < spin:
+    pass
+"""
+
+
 @pytest.mark.parametrize("ending, status", [("sys.exit(0)", 0), ("del future", 0), ("raise SystemExit(0)", 0),
                                             ("raise RuntimeError('planned')", 1)])
 def test_the_interpreter_ends_cleanly_while_a_raw_transfer_owns_a_host_array(ending, status):
-    """A raw transfer keeps its host array alive until its copy ends; the copy
-    ended after the interpreter had finalized and its release took the GIL,
-    which aborted the process ('terminate called without an active exception')."""
-    done = run_alone(f"""
-        import sys, numpy as np, kvref
-        cache = kvref.SimDevice("tpu7x").ones((64, 8, 128), "f32")
-        cache.await_buffer()
-        cache.hold_next_dma(1_000_000)  # the copy outlives the interpreter's own exit
-        future = kvref.transfer_d2h_async(cache, np.zeros(4 * 8 * 128, np.float32), [0, 1, 2, 3], [0, 1, 2, 3])
-        {ending}
-    """)
+    """A raw transfer keeps its host array alive until its copy ends. A copy
+    thread that had finished and waited for the GIL to let go of it got the
+    GIL while the interpreter finalized, which aborted the process
+    ('terminate called without an active exception')."""
+    done = subprocess.run([sys.executable, "-c", RACING_EXIT + ending], capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == status, done.stderr[-2000:]
     assert "terminate called" not in done.stderr and "Fatal Python error" not in done.stderr, done.stderr[-2000:]

@@ -21,7 +21,7 @@ from probes.fuzz.mismatch import Mismatch
 CASE_SECONDS = 20.0  # well inside the fuzz worker's watchdog; a held copy lasts at most 1.5 s
 KINDS = ("d2h", "h2d", "auto", "raw_d2h", "raw_h2d")
 EVENTS = {  # what ends the child, and the status that ending alone implies
-    "await": 0, "exit": 0, "return": 0, "drop_and_exit": 0, "thread": 0, "fork": 0,
+    "await": 0, "exit": 0, "return": 0, "drop_and_exit": 0, "thread": 0, "fork": 0, "exit_holding_gil": 0,
     "raise": 1, "SIGTERM": -signal.SIGTERM, "SIGINT": -signal.SIGINT, "SIGINT_in_wait": -signal.SIGINT,
 }
 ROWS, HOST_BLOCKS = 64, 24
@@ -153,6 +153,26 @@ def _forked_child_works(held: dict) -> int:
         return 6
 
 
+class _SlowToFinalize:
+    def __del__(self):
+        time.sleep(0.3)  # drops the GIL while the interpreter finalizes
+
+
+def _exit_holding_gil(futures) -> None:
+    """Keep the GIL while the copies end, so their threads wait for it to let
+    go of what they own, then exit: those threads get the GIL only while the
+    interpreter finalizes (a release taking it then once aborted the process)."""
+    sys.setswitchinterval(30)
+    globals()["_finalizing_slowly"] = _SlowToFinalize()
+    deadline = time.monotonic() + CASE_SECONDS / 2
+    while not all(f.done() for f in futures) and time.monotonic() < deadline:
+        pass
+    spin = time.perf_counter() + 0.2
+    while time.perf_counter() < spin:
+        pass
+    sys.exit(0)
+
+
 def child(case: dict) -> None:
     event = case["event"]
     if event == "thread":  # transfers issued on a thread that ends before the process does
@@ -188,6 +208,8 @@ def child(case: dict) -> None:
         if os.waitstatus_to_exitcode(status) != 0:
             sys.exit(f"the forked child failed with {os.waitstatus_to_exitcode(status)}")
         check()
+    elif event == "exit_holding_gil":
+        _exit_holding_gil(held["futures"])
     elif event in ("SIGTERM", "SIGINT"):
         os.kill(os.getpid(), getattr(signal, event))
         time.sleep(CASE_SECONDS)  # the signal ends the process before this does

@@ -1,11 +1,21 @@
 import os
 
+import pytest
+
 from tests.hardware_gate import no_hardware_case_ran
 
 HARDWARE_OUTCOMES: dict[str, str] = {}
 
 
+@pytest.hookimpl(tryfirst=True)  # before the kvprobe plugin reads its options
 def pytest_configure(config):
+    # `pytest -m tpu`: every probe on the seed matrix, on this TPU, for every
+    # IUT that owns real hardware, through the kvprobe plugin like any team's CI.
+    if "tpu" in (config.getoption("markexpr") or "") and not config.getoption("kvprobe_iut"):
+        from probes.iut.registry import usable_iuts
+
+        config.option.kvprobe_iut = ",".join(n for n, i in usable_iuts().items() if i.owns_device)
+        config.option.kvprobe_matrix, config.option.kvprobe_probe = "seed", "all"
     # This process never opens a TPU: JAX arrays in the tests live on the CPU
     # (the TPU compiler is used ahead of time through explicit topologies,
     # which this does not affect), and hardware cases run in workers that the

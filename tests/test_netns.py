@@ -57,9 +57,9 @@ def seen_path(tmp_path) -> str:
 def standin(monkeypatch, tmp_path, loopback_only: bool) -> None:
     """kvref-sim as the parent sees it: loopback_only or not, its workers
     reporting what they see. (A worker runs the real kvref-sim.)"""
-    declared = dataclasses.replace(registry.IUTS["kvref-sim"], loopback_only=loopback_only,
+    declared = dataclasses.replace(registry.iut("kvref-sim"), loopback_only=loopback_only,
                                    environment=(("PYTHONPATH", seen_path(tmp_path)),))
-    monkeypatch.setitem(registry.IUTS, "kvref-sim", declared)
+    monkeypatch.setitem(registry.RESOLVED, "kvref-sim", declared)
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_the_production_library_and_its_builds_are_loopback_only():
     for name in LOOPBACK_IUTS:
         assert registry.iut(name).loopback_only, name
     assert registry.iut("tpu-sync-jax==0.0.1rc20260101000000").loopback_only  # a build inherits it
-    assert not any(i.loopback_only for n, i in registry.IUTS.items() if n not in LOOPBACK_IUTS)
+    assert not any(i.loopback_only for n, i in registry.usable_iuts().items() if n not in LOOPBACK_IUTS)
 
 
 def test_a_namespace_has_only_lo_and_brings_it_up():
@@ -219,9 +219,9 @@ def production_case() -> Case:
 @pytest.mark.peer
 @pytest.mark.parametrize("fresh", [False, True], ids=["forked", "fresh"])
 def test_a_production_worker_sees_no_interface_but_lo(monkeypatch, tmp_path, peer_python, fresh):
-    declared = dataclasses.replace(registry.IUTS["tpu-sync-jax"],
+    declared = dataclasses.replace(registry.iut("tpu-sync-jax"),
                                    environment=(("PYTHONPATH", seen_path(tmp_path)),))
-    monkeypatch.setitem(registry.IUTS, "tpu-sync-jax", declared)
+    monkeypatch.setitem(registry.RESOLVED, "tpu-sync-jax", declared)
     result = run_case(production_case(), python=peer_python if fresh else None)
     assert result.outcome.verdict == "PASS", result.outcome.detail
     assert result.outcome.detail.endswith(ONLY_LO), result.outcome.detail

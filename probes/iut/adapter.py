@@ -7,16 +7,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import kvref
-from probes.iut.protocol import CACHE_MODES, Arrays, Library
+from probes.iut.protocol import CACHE_MODES, PROTOCOL_VERSION, Arrays, Library
 
 
 @dataclass(frozen=True)
 class IUT:
+    """An implementation under test, as a team declares it (probes.iut.registry
+    says how kvprobe finds it)."""
+
     name: str
     arrays: type[Arrays]
     library: type[Library]
     targets: tuple[str, ...]  # the --generation values it runs on
-    interpreter: str = "main"  # or a peer environment's name (probes.iut.peer_env)
+    # "main" (kvprobe's own), a peer environment's name, a path to a Python, or a
+    # PeerEnv the harness builds (probes.iut.peer_env)
+    interpreter: object = "main"
     jax_platforms: str | None = "cpu"  # JAX_PLATFORMS for its workers; None: leave as is
     owns_device: bool = False  # a worker holds a real TPU: cases run one at a time
     startup_seconds: float = 60.0  # a worker's start-up limit (a cold TPU runtime takes minutes)
@@ -25,6 +30,7 @@ class IUT:
     any_tpu_type: bool = False  # also runs on TPU types beyond the shipped ones (v2:2x2)
     build: str | None = None  # a build of its library other than the pinned one (probes.iut.builds)
     loopback_only: bool = False  # its workers run in a network namespace of their own with only lo
+    protocol: int = PROTOCOL_VERSION  # the version of probes.iut.protocol it was written for
 
     def layout_of(self, generation: str, key: kvref.ShapeKey) -> tuple[kvref.Shape, str]:
         return self.arrays.layout_of(generation, key)

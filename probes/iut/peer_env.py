@@ -45,9 +45,10 @@ class PeerEnv:
     name: str
     venv: Path
     pins: dict[str, str]  # distribution -> exact version; the library under test first
-    python_variable: str  # an environment variable naming an existing interpreter instead
+    python_variable: str = ""  # an environment variable naming an existing interpreter instead
     report: tuple[str, ...] = ()  # unpinned distributions whose versions `verify` reports
     python_version: str = "3.12"  # the interpreter it is made with (this minor version)
+    requirements: tuple[str, ...] = ()  # installed besides the pins (pip requirements or paths)
 
     @property
     def library(self) -> str:
@@ -59,12 +60,15 @@ class PeerEnv:
 
     def python(self) -> Path | None:
         """The interpreter ($<python_variable> or the venv's), if it exists."""
-        path = Path(os.environ.get(self.python_variable) or self.venv / "bin" / "python")
+        chosen = os.environ.get(self.python_variable) if self.python_variable else None
+        path = Path(chosen or self.venv / "bin" / "python")
         return path if path.exists() else None
 
     def missing(self) -> str:
+        create = f"--lib {self.name}" if PEER_ENVS.get(self.name) == self else "--iut IUT"
+        also = f" or set {self.python_variable}" if self.python_variable else ""
         return (f"the {self.name} peer environment ({self.library}) is not installed at "
-                f"{self.venv}: run `kvprobe peer-env --lib {self.name}` or set {self.python_variable}")
+                f"{self.venv}: run `kvprobe peer-env {create}`{also}")
 
 
 PEER_ENVS = {
@@ -85,6 +89,29 @@ def peer_env(name: str) -> PeerEnv:
     if name not in PEER_ENVS:
         raise ValueError(f"unknown peer environment {name!r}; expected one of {sorted(PEER_ENVS)}")
     return PEER_ENVS[name]
+
+
+def declared_env(interpreter) -> PeerEnv | None:
+    """The environment an IUT's `interpreter` names, if it names one."""
+    if isinstance(interpreter, PeerEnv):
+        return interpreter
+    if interpreter == "main" or os.sep in str(interpreter):
+        return None
+    return peer_env(interpreter)
+
+
+def interpreter_python(interpreter) -> tuple[str | None, str]:
+    """(the Python an IUT's workers run in, or None; why it is missing). An
+    IUT's interpreter is "main" (kvprobe's own), a peer environment's name, a
+    path to a Python, or a PeerEnv of its own (`kvprobe peer-env --iut`)."""
+    if interpreter == "main":
+        return sys.executable, ""
+    env = declared_env(interpreter)
+    if env is None:
+        path = Path(interpreter)
+        return (str(path), "") if path.exists() else (None, f"its interpreter {path} does not exist")
+    python = env.python()
+    return (str(python), "") if python else (None, env.missing())
 
 
 def base_python(version: str = "3.12") -> list[str]:
@@ -114,7 +141,7 @@ def create(env: PeerEnv) -> dict:
     python = str(env.venv / "bin" / "python")
     _run([python, "-m", "pip", "install", "-q", "--upgrade", "pip"])
     pins = [f"{dist}=={version}" for dist, version in env.pins.items()]
-    _run([python, "-m", "pip", "install", "-q", *pins, *BUILD_REQUIREMENTS])
+    _run([python, "-m", "pip", "install", "-q", *pins, *env.requirements, *BUILD_REQUIREMENTS])
     # Its own build directory: the extension is built against this interpreter's nanobind.
     _run([python, "-m", "pip", "install", "-q", "--no-build-isolation", "-e", str(REPO),
           f"--config-settings=build-dir=build/{env.name}-{{wheel_tag}}"])

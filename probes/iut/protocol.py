@@ -8,7 +8,12 @@ drive through one Adapter (probes.iut.adapter):
 
 A manager the probes hold is a `ManagerView`. Nothing here has a default: an
 IUT that cannot answer a question must say so (raise, or SKIP with a reason),
-never answer permissively."""
+never answer permissively.
+
+This is the public contract for IUTs declared outside this project. Its
+version is PROTOCOL_VERSION; an IUT declares the version it was written for
+(probes.iut.adapter.IUT.protocol), and one the harness does not speak is
+refused by name. A change that breaks an existing IUT raises the version."""
 
 from __future__ import annotations
 
@@ -17,6 +22,9 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 import kvref
+
+PROTOCOL_VERSION = 1
+PROTOCOL_VERSIONS = (1,)  # the versions this harness drives
 
 # put: copied from the host; landing: copied from the host and, where the
 # backend allows, still in flight; deferred: a computation not yet done.

@@ -1,49 +1,146 @@
-"""Every implementation under test, declared once: the CLI, the runner, the
-worker and the predictions read this table. Adding an IUT is an Arrays or a
-Library module (probes.iut.protocol) and one line here."""
+"""Finding an implementation under test by name, the same way in the parent,
+the zygote and every worker (each resolves the name itself; nothing is
+handed over but the name):
+
+- `NAME`: an entry point of the group `kvprobe.iuts` of any installed
+  distribution, this project's own IUTs included (probes.iut.declared);
+- `package.module:ATTR`: the IUT object ATTR of an importable module; its
+  cases carry that text as their IUT name, so a worker imports the module too;
+- either, `==VERSION`: that IUT with another build of its library
+  (probes.iut.builds).
+
+Every IUT is checked when it is resolved: an IUT object, a protocol version
+the harness speaks, and both halves meeting the protocol."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
+from importlib import metadata
 
 import kvref
 from probes.iut import builds
 from probes.iut.adapter import IUT, Adapter
-from probes.iut.jax_arrays import JaxCpuArrays, JaxTpuArrays
-from probes.iut.reference import KvrefLibrary, SimArrays
-from probes.iut.torch_tpu import TORCH_TPU_GENERATIONS, TorchTpuArrays
-from probes.iut.tpu_sync import TpuSyncJaxLibrary, TpuSyncTorchLibrary
-from probes.iut.xla_arrays import TorchXlaArrays
+from probes.iut.protocol import PROTOCOL_VERSIONS, Arrays, Library, missing_members
 
-IUTS: dict[str, IUT] = {iut.name: iut for iut in (
-    IUT("kvref-sim", SimArrays, KvrefLibrary, targets=kvref.GENERATIONS, any_tpu_type=True),
-    IUT("kvref-jax", JaxCpuArrays, KvrefLibrary, targets=("cpu",), preload=("jax",)),
-    IUT("tpu-sync-jax", JaxCpuArrays, TpuSyncJaxLibrary, targets=("cpu",), interpreter="jax",
-        preload=("jax",), loopback_only=True),
-    IUT("kvref-torch-xla", TorchXlaArrays, KvrefLibrary, targets=("cpu",), interpreter="xla",
-        preload=("torch_xla",), environment=(("PJRT_DEVICE", "CPU"),)),
-    IUT("tpu-sync-jax-tpu", JaxTpuArrays, TpuSyncJaxLibrary, targets=kvref.GENERATIONS,
-        interpreter="jax", jax_platforms=None, owns_device=True, startup_seconds=300.0,
-        loopback_only=True),
-    IUT("tpu-sync-torch-tpu", TorchTpuArrays, TpuSyncTorchLibrary, targets=TORCH_TPU_GENERATIONS,
-        interpreter="torch", jax_platforms=None, owns_device=True, startup_seconds=300.0,
-        loopback_only=True),
-)}
+ENTRY_POINT_GROUP = "kvprobe.iuts"
+
+
+RESOLVED: dict = {}  # name -> IUT, each entry point loaded once per process
+
+
+class IUTError(ValueError):
+    """An IUT name that resolves to nothing runnable; the message says why."""
+
+
+@functools.cache
+def _entry_points() -> dict[str, list[metadata.EntryPoint]]:
+    """Every entry point of the group by name; one declaration seen twice
+    (the same distribution on two paths) counts once."""
+    found: dict[str, dict[tuple, metadata.EntryPoint]] = {}
+    for point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(point.name, {})[(point.value, _distribution(point))] = point
+    return {name: list(points.values()) for name, points in found.items()}
+
+
+def _distribution(point: metadata.EntryPoint) -> str:
+    dist = point.dist
+    return f"{dist.metadata['Name']} {dist.version}" if dist is not None else "an unknown distribution"
+
+
+def source_of(point: metadata.EntryPoint) -> str:
+    return f"entry point {point.name} = {point.value} ({_distribution(point)})"
+
+
+def checked(declared, where: str) -> IUT:
+    """`declared` if it is an IUT the harness can drive; IUTError naming
+    `where` and what is wrong otherwise."""
+    if not isinstance(declared, IUT):
+        raise IUTError(f"{where} is a {type(declared).__name__}, not an IUT (probes.iut.adapter.IUT)")
+    if declared.protocol not in PROTOCOL_VERSIONS:
+        raise IUTError(f"{where} declares protocol version {declared.protocol!r}; this kvprobe speaks "
+                       f"{', '.join(map(str, PROTOCOL_VERSIONS))} (probes.iut.protocol)")
+    for half, proto in ((declared.arrays, Arrays), (declared.library, Library)):
+        if not isinstance(half, type):
+            raise IUTError(f"{where}: its {proto.__name__} half is a {type(half).__name__}, not a class")
+        missing = missing_members(half, proto)
+        if missing:
+            raise IUTError(f"{where}: {half.__qualname__} lacks {', '.join(missing)} of the "
+                           f"{proto.__name__} protocol (probes.iut.protocol)")
+    return declared
+
+
+def _from_module(spec: str) -> IUT:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise IUTError(f"{spec!r}: expected package.module:ATTR")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # noqa: BLE001 (whatever the import raised is the reason)
+        raise IUTError(f"{spec}: module {module_name} does not import: {type(e).__name__}: {e}") from None
+    if not hasattr(module, attr):
+        raise IUTError(f"{spec}: module {module_name} has no attribute {attr!r}")
+    # The spec is the name its cases carry, so every worker resolves it the same way.
+    return dataclasses.replace(checked(getattr(module, attr), spec), name=spec)
+
+
+def _from_entry_point(name: str) -> IUT:
+    if name not in RESOLVED:
+        RESOLVED[name] = _load_entry_point(name)
+    return RESOLVED[name]
+
+
+def _load_entry_point(name: str) -> IUT:
+    points = _entry_points().get(name)
+    if not points:
+        raise IUTError(f"unknown implementation under test {name!r}; expected one of "
+                       f"{sorted(_entry_points())}, package.module:ATTR, or either ==VERSION for a "
+                       "build of its library (`kvprobe iuts` lists what is installed)")
+    if len(points) > 1:
+        raise IUTError(f"two IUTs are named {name!r}: " + "; ".join(source_of(p) for p in points)
+                       + ". Uninstall or rename one")
+    (point,) = points
+    try:
+        loaded = point.load()
+    except Exception as e:  # noqa: BLE001
+        raise IUTError(f"{source_of(point)} does not load: {type(e).__name__}: {e}") from None
+    return dataclasses.replace(checked(loaded, source_of(point)), name=name)
 
 
 def iut(name: str) -> IUT:
-    """A declared IUT, or `NAME==VERSION`: that IUT with another build of its library."""
+    """The IUT `name` resolves to (see the module's docstring), or IUTError."""
     base, version = builds.split(name)
-    if base not in IUTS:
-        raise ValueError(f"unknown implementation under test {base!r}; expected one of "
-                         f"{sorted(IUTS)}, optionally NAME==VERSION for a build of its library")
-    declared = IUTS[base]
+    declared = _from_module(base) if ":" in base else _from_entry_point(base)
     if version is None:
         return declared
     if declared.library.distribution not in builds.LIBRARIES:
-        raise ValueError(f"{base} has no builds to choose; builds exist for "
-                         f"{', '.join(n for n, i in IUTS.items() if i.library.distribution in builds.LIBRARIES)}")
+        raise IUTError(f"{base} has no builds to choose; builds exist for the libraries "
+                       f"{', '.join(builds.LIBRARIES)}")
     return dataclasses.replace(declared, name=name, build=version)
+
+
+def source_of_iut(name: str) -> str:
+    """Where the IUT `name` is declared."""
+    base, _ = builds.split(name)
+    if ":" in base:
+        return f"module {base.partition(':')[0]}"
+    return "; ".join(source_of(p) for p in _entry_points().get(base, [])) or "nothing installed"
+
+
+def known_iuts() -> dict[str, IUT | IUTError]:
+    """Every IUT the installed entry points declare: the IUT, or why it cannot be used."""
+    found: dict[str, IUT | IUTError] = {}
+    for name in sorted(_entry_points()):
+        try:
+            found[name] = iut(name)
+        except IUTError as e:
+            found[name] = e
+    return found
+
+
+def usable_iuts() -> dict[str, IUT]:
+    return {name: declared for name, declared in known_iuts().items() if isinstance(declared, IUT)}
 
 
 def check_target(name: str, generation: str) -> None:

@@ -11,7 +11,6 @@ from pathlib import Path
 from kvref import GENERATIONS
 from kvref.generations import check_generation
 from probes.iut.peer_env import PEER_ENVS
-from probes.iut.registry import IUTS
 from probes.report.paths import file_safe
 from probes.suite.registry import DEFAULT_PROBES, PROBES
 
@@ -67,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--generation", "-g", type=_generations, default=list(GENERATIONS),
                      help="one, several (comma-separated) or 'all' (default)")
     run.add_argument("--iut", type=lambda v: [x for x in v.split(",") if x], default=["kvref-sim"],
-                     help="implementation(s) under test, comma-separated; several give a side-by-side "
-                     "report: " + "; ".join(f"{n} ({', '.join(i.targets)})" for n, i in IUTS.items()))
+                     help="implementation(s) under test, comma-separated (several give a side-by-side "
+                     "report): a name `kvprobe iuts` lists, or package.module:ATTR; either ==VERSION "
+                     "for another build of its library")
     run.add_argument("--matrix", default="default",
                      help="shape matrix: 'default', 'seed', 'cpu' or a CSV file (name,shape,probes)")
     run.add_argument("--probe", type=_probes, default=None,
@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     peer = sub.add_parser("peer-env", help="create and check an environment of its own with a "
                           "pinned production library or framework")
+    peer.add_argument("--iut", default=None,
+                      help="instead: the environment an IUT declares as its interpreter (a PeerEnv)")
     peer.add_argument("--lib", choices=list(PEER_ENVS), default="jax",
                       help="xla: torch_xla 2.9.0 for kvref-torch-xla (lazy tensors on the XLA CPU "
                       "device; about 7 GB); jax: tpu-sync-jax (probed on JAX CPU arrays anywhere); torch: "
@@ -102,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     fz = sub.add_parser("fuzz", help="random call sequences against an IUT; shrunk reproducers of "
                         "every kind of failure under <out>/<generation>/findings/")
-    fz.add_argument("--iut", default="kvref-sim", choices=list(IUTS))
+    fz.add_argument("--iut", default="kvref-sim", help="an IUT, as for `kvprobe run`")
     fz.add_argument("--generation", "-g", default=None,
                     help="its target (default: the IUT's first, e.g. cpu for tpu-sync-jax)")
     fz.add_argument("--sequences", type=_positive, default=40, help="sequences per way the manager is built")
@@ -141,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="how the manager is built, as the iut_options column says it")
     bis.add_argument("--timeout", type=_positive_number(float), default=30.0)
     bis.set_defaults(run=_bisect)
+
+    iuts = sub.add_parser("iuts", help="every implementation under test kvprobe can see, where each "
+                          "is declared, and why any cannot run here")
+    iuts.add_argument("names", nargs="*", metavar="IUT", help="also these (package.module:ATTR)")
+    iuts.set_defaults(run=_list_iuts)
 
     diff = sub.add_parser("diff", help="what changed between two run CSVs")
     diff.add_argument("a", type=Path)
@@ -247,8 +254,11 @@ def _bisect(args) -> int:
 
 def _peer_env(args) -> int:
     from probes.iut import peer_env
+    from probes.iut.registry import iut
 
-    env = peer_env.peer_env(args.lib)
+    env = peer_env.peer_env(args.lib) if args.iut is None else peer_env.declared_env(iut(args.iut).interpreter)
+    if env is None:
+        raise ValueError(f"{args.iut} runs in {iut(args.iut).interpreter}, not an environment kvprobe builds")
     if args.check:
         python = env.python()
         if python is None:
@@ -275,12 +285,21 @@ def _fuzz(args) -> int:
     import kvref
     from probes.run import fuzz_command
 
-    generation = args.generation or IUTS[args.iut].targets[0]
+    from probes.iut.registry import iut
+
+    generation = args.generation or iut(args.iut).targets[0]
     results, findings = fuzz_command.fuzz_iut(args.iut, generation, args.sequences, args.seed,
                                               kvref.Faults.parse(args.faults, environ={}), args.timeout,
                                               args.jobs, args.out)
     print(fuzz_command.summary(results, findings))
     return 1 if findings else 0
+
+
+def _list_iuts(args) -> int:
+    from probes.run.iuts_command import listing
+
+    print(listing(args.names))
+    return 0
 
 
 def _diff(args) -> int:

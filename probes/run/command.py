@@ -11,7 +11,7 @@ from kvref import GENERATIONS, Faults
 from kvref.generations import is_shipped
 from kvref.oracle import compiler
 from probes.iut import builds
-from probes.iut.registry import IUTS, iut
+from probes.iut.registry import iut, usable_iuts
 from probes.report import qualification, results, summary
 from probes.report.results import disagreements
 from probes.run import rows
@@ -27,33 +27,7 @@ def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, con
         ray_address: str | None = None) -> pd.DataFrame:
     """Run the cases here, `jobs` at a time, or as tasks of the Ray cluster at
     `ray_address` (probes.run.ray_runner); write CSVs and reports."""
-    faults = Faults.parse(faults, environ={})
-    for name in iuts:  # refuse an unknown IUT, target or fault before starting anything
-        for gen in generations:
-            iut(name).check_target(gen)
-        iut(name).check_faults(faults)
-    for name in iuts:  # a build other than the pinned one: installed now, or its cases SKIP
-        declared = iut(name)
-        if declared.build:
-            try:
-                builds.ensure(declared.library.distribution, declared.build)
-            except builds.BuildUnavailable as e:
-                console.print(f"[yellow]{name}: {e}; its cases SKIP[/yellow]")
-    for gen in generations:
-        if gen != "cpu" and not is_shipped(gen):
-            reason = compiler.accepts(gen)
-            if reason:
-                raise ValueError(f"TPU type {gen!r}: {reason}")
-    matrix_rows = load_matrix(matrix)
-    check_out(out)
-    check_layouts(matrix, matrix_rows, generations, iuts)
-    cases = [c for name in iuts
-             for c in build_cases(generations, matrix_rows, probes or DEFAULT_PROBES, name, faults, timeout)]
-    if not cases:
-        raise ValueError("no cases: the matrix and --probe select nothing")
-    for case in cases:  # a new TPU type's layouts: compiled once here, cached for the workers
-        if not is_shipped(case.generation) and case.generation != "cpu":
-            describe(case)
+    cases = prepare(generations, iuts, matrix, probes, timeout, faults, out, console.print)
     run_id = rows.new_run_id()
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -68,6 +42,45 @@ def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, con
             stop.run_id = f"{run_id}-partial"
             results.write_runs(rows.to_frame(stop.finished, stop.run_id), out)
             raise
+    return record(found, run_id, out)
+
+
+def prepare(generations, iuts, matrix, probes, timeout, faults, out: Path | None, say=print) -> list:
+    """The cases of a run, after every check that can fail before one runs:
+    IUTs, targets, faults, builds, TPU types, the matrix, --out and layouts."""
+    faults = Faults.parse(faults, environ={})
+    for name in iuts:  # refuse an unknown IUT, target or fault before starting anything
+        for gen in generations:
+            iut(name).check_target(gen)
+        iut(name).check_faults(faults)
+    for name in iuts:  # a build other than the pinned one: installed now, or its cases SKIP
+        declared = iut(name)
+        if declared.build:
+            try:
+                builds.ensure(declared.library.distribution, declared.build)
+            except builds.BuildUnavailable as e:
+                say(f"[yellow]{name}: {e}; its cases SKIP[/yellow]")
+    for gen in generations:
+        if gen != "cpu" and not is_shipped(gen):
+            reason = compiler.accepts(gen)
+            if reason:
+                raise ValueError(f"TPU type {gen!r}: {reason}")
+    matrix_rows = load_matrix(matrix)
+    if out is not None:
+        check_out(out)
+    check_layouts(matrix, matrix_rows, generations, iuts)
+    cases = [c for name in iuts
+             for c in build_cases(generations, matrix_rows, probes or DEFAULT_PROBES, name, faults, timeout)]
+    if not cases:
+        raise ValueError("no cases: the matrix and --probe select nothing")
+    for case in cases:  # a new TPU type's layouts: compiled once here, cached for the workers
+        if not is_shipped(case.generation) and case.generation != "cpu":
+            describe(case)
+    return cases
+
+
+def record(found, run_id: str, out: Path) -> pd.DataFrame:
+    """The results of a run as CSVs, each generation's report and the index."""
     frame = rows.to_frame(found, run_id)
     results.write_runs(frame, out)
     for gen, part in frame.groupby("generation", sort=False):
@@ -172,5 +185,5 @@ def hardware_iuts(generation: str) -> list[str]:
 
     if not tpu_visible() or local_generation() != generation:
         return []
-    return [name for name, declared in IUTS.items() if declared.owns_device
+    return [name for name, declared in usable_iuts().items() if declared.owns_device
             and (generation in declared.targets or declared.any_tpu_type)]

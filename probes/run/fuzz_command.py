@@ -16,8 +16,9 @@ import numpy as np
 
 import kvref
 from probes.fuzz.sequences import addressable_shapes, random_sequence
-from probes.iut.peer_env import peer_env
+from probes.iut.peer_env import REPO, declared_env
 from probes.iut.registry import iut
+from probes.report.paths import file_safe
 from probes.run.runner import CaseResult, run_case, run_cases
 from probes.suite.cases import Case
 from probes.suite.verdicts import PASS
@@ -142,15 +143,23 @@ if NO_NAMESPACE:
 '''
 
 
+def _reproducer_python(interpreter) -> str:
+    """The IUT's interpreter as the reproducer names it: relative to the repository where it lies in it."""
+    if interpreter == "main":
+        return ".venv/bin/python"
+    env = declared_env(interpreter)
+    python = Path(interpreter) if env is None else env.venv / "bin" / "python"
+    return str(python.relative_to(REPO)) if python.is_relative_to(REPO) else str(python)
+
+
 def write_reproducer(finding: Finding, directory: Path) -> Path:
     case, outcome = finding.result.case, finding.result.outcome
     directory.mkdir(parents=True, exist_ok=True)
-    stem = f"fuzz-{case.iut}-{outcome.verdict.lower()}"
+    stem = f"fuzz-{file_safe(case.iut)}-{outcome.verdict.lower()}"
     index = len(list(directory.glob(f"{stem}-*.py")))
     path = directory / f"{stem}-{index + 1}.py"
     declared = iut(case.iut)
-    python = ".venv/bin/python" if declared.interpreter == "main" else \
-        f"{peer_env(declared.interpreter).venv.name}/bin/python"
+    python = _reproducer_python(declared.interpreter)
     first = outcome.detail.strip().splitlines()[0] if outcome.detail.strip() else outcome.verdict
     title = f"{case.iut} {outcome.iut_version} ({case.options_text}): {outcome.verdict}: {first}"[:300]
     path.write_text(REPRODUCER.format(

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from probes.iut.builds import BUILDS_DIR, build_dir, installed_version
-from probes.iut.peer_env import peer_env
+from probes.iut.peer_env import interpreter_python
 from probes.iut.tpu_sync import BUILD_VARIABLE
 from probes.iut.registry import iut
 from probes.run import netns
@@ -41,11 +41,7 @@ class CaseResult:
 
 def worker_python(case: Case) -> str | None:
     """The interpreter for this case's IUT; None when its environment is missing."""
-    interpreter = iut(case.iut).interpreter
-    if interpreter == "main":
-        return sys.executable
-    python = peer_env(interpreter).python()
-    return str(python) if python else None
+    return interpreter_python(iut(case.iut).interpreter)[0]
 
 
 def run_case(case: Case, python: str | None = None) -> CaseResult:
@@ -58,8 +54,8 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
     fresh = python is not None or declared.owns_device
     python = python or worker_python(case)
     if python is None:
-        env = peer_env(declared.interpreter)
-        return CaseResult(case, Outcome(SKIP, f"{case.iut}: {env.missing()}"), 0.0, "", *this_host())
+        missing = interpreter_python(declared.interpreter)[1]
+        return CaseResult(case, Outcome(SKIP, f"{case.iut}: {missing}"), 0.0, "", *this_host())
     if declared.build and not _build_installed(declared):
         return CaseResult(case, Outcome(SKIP, f"{case.iut}: the build is not installed ({BUILDS_DIR}); "
                                         "`kvprobe run` installs it first"), 0.0, "", *this_host())

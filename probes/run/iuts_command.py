@@ -1,0 +1,89 @@
+"""`kvprobe iuts`: every IUT kvprobe can see, where it is declared, and
+whether it can run here. Whether it can is asked in the IUT's own
+interpreter (`python -m probes.run.iuts_command NAME TARGET` prints the
+adapter's skip reason and the library's version as JSON), in a loopback-only
+network namespace where the IUT asks for one, so the answer is the one its
+workers would get."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from probes.iut.adapter import IUT
+from probes.iut.peer_env import interpreter_python
+from probes.iut.registry import IUTError, iut, known_iuts, source_of_iut
+from probes.run import netns
+
+CHECK_SECONDS = 120.0  # a cold JAX or torch import in the IUT's interpreter
+
+
+def can_run_here(declared: IUT) -> tuple[str, str]:
+    """(the library's version or "", "" when it can run here or why not)."""
+    python, missing = interpreter_python(declared.interpreter)
+    if python is None:
+        return "", missing
+    if declared.loopback_only and (reason := netns.unavailable()):
+        return "", reason
+    target = declared.targets[0]
+    command = ([*netns.python_command(python, "probes.run.iuts_command", declared.name, target)]
+               if declared.loopback_only else [python, "-m", "probes.run.iuts_command", declared.name, target])
+    env = {**os.environ, **dict(declared.environment)}
+    if declared.jax_platforms is not None:
+        env["JAX_PLATFORMS"] = declared.jax_platforms
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=CHECK_SECONDS, env=env)
+    except subprocess.TimeoutExpired:
+        return "", f"its interpreter did not answer in {CHECK_SECONDS:.0f} s"
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        return "", f"its interpreter failed: {' '.join(done.stderr.split())[-400:]}"
+    answer = json.loads(lines[-1])
+    return answer["version"], answer["skip_reason"] or ""
+
+
+def listing(extra: list[str]) -> str:
+    found: dict[str, IUT | IUTError] = known_iuts()
+    for name in extra:
+        try:
+            found[name] = iut(name)
+        except IUTError as e:
+            found[name] = e
+    usable = {name: d for name, d in found.items() if isinstance(d, IUT)}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        answers = dict(zip(usable, pool.map(can_run_here, usable.values())))
+    lines = []
+    for name, declared in found.items():
+        if isinstance(declared, IUTError):
+            lines.append(f"{name}\n  cannot be used: {declared}")
+            continue
+        version, reason = answers[name]
+        lines.append(f"{name}  ({declared.library.distribution} {version or '?'})\n"
+                     f"  declared by  {source_of_iut(name)}\n"
+                     f"  targets      {', '.join(declared.targets)}"
+                     f"{' and any TPU type libtpu compiles for' if declared.any_tpu_type else ''}\n"
+                     f"  interpreter  {interpreter_python(declared.interpreter)[0] or declared.interpreter}\n"
+                     f"  here         {'runs' if not reason else 'cannot run: ' + reason}")
+    return "\n".join(lines)
+
+
+def _answer(name: str, target: str) -> None:
+    import kvref
+    from probes.iut.registry import adapter_for
+
+    adapter = adapter_for(name, target, kvref.Faults())
+    print(json.dumps({"version": _version(adapter), "skip_reason": adapter.skip_reason()}))
+
+
+def _version(adapter) -> str:
+    try:
+        return adapter.version
+    except Exception:  # noqa: BLE001 (a library that is not installed has no version)
+        return ""
+
+
+if __name__ == "__main__":
+    _answer(*sys.argv[1:3])

@@ -1,0 +1,149 @@
+"""kvprobe as a pytest plugin (entry point `pytest11: kvprobe`), for a team's
+own CI, in any repository where kvref is installed:
+
+    pytest --kvprobe-iut NAME_OR_MODULE:ATTR [--kvprobe-generation G] [--kvprobe-matrix M]
+           [--kvprobe-probe P,...] [--kvprobe-out DIR] [-m tpu]
+
+Every case is one test item, `kvprobe/<iut>/<how its manager is built>::<case id>`
+(the case id of the CSVs), run in a watched worker exactly as `kvprobe run`
+runs it. It passes only when the verdict is one the reference predicts; its
+verdict, prediction and detail are the item's properties (so `--junitxml`
+carries them). A SKIP is a pytest skip with the worker's reason, except for a
+case of an IUT that owns a real TPU (those items are marked `tpu`) on a
+machine with a TPU, which fails. With `--kvprobe-out` the CSVs and reports
+are written as `kvprobe run` writes them. Without `--kvprobe-iut` the plugin
+does nothing."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from probes.suite.verdicts import SKIP, agrees
+
+GROUP = "kvprobe"
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup(GROUP, "qualify a KV-cache manager with kvprobe")
+    group.addoption("--kvprobe-iut", default=None, metavar="IUT",
+                    help="run kvprobe's cases against this IUT (comma-separated for several): a name "
+                    "`kvprobe iuts` lists, or package.module:ATTR")
+    group.addoption("--kvprobe-generation", default=None, metavar="G",
+                    help="TPU generation(s) as for `kvprobe run -g` ('local': this TPU); default: the "
+                    "IUT's targets, or this TPU for an IUT on real hardware")
+    group.addoption("--kvprobe-matrix", default="default", metavar="M",
+                    help="shape matrix: 'default', 'seed', 'cpu' or a CSV file")
+    group.addoption("--kvprobe-probe", default=None, metavar="P,...",
+                    help="comma-separated probes, or 'all' (default: the default probes)")
+    group.addoption("--kvprobe-timeout", type=float, default=30.0, help="seconds per case")
+    group.addoption("--kvprobe-out", default=None, metavar="DIR",
+                    help="also write the run's CSVs and reports here")
+
+
+def pytest_configure(config):
+    if config.getoption("kvprobe_iut"):
+        config.pluginmanager.register(KvprobeRun(config), "kvprobe-run")
+
+
+class CaseFailed(Exception):
+    """A case's verdict is not one the reference predicts (or it skipped on a TPU)."""
+
+
+class KvprobeRun:
+    """The cases of one pytest session, and what they found."""
+
+    def __init__(self, config):
+        self.config = config
+        self.found = []  # CaseResult, in the order the items ran
+
+    def cases(self) -> list:
+        from probes.run import cli, command
+
+        option = self.config.getoption
+        iuts = [name for name in option("kvprobe_iut").split(",") if name]
+        probes = None
+        try:
+            if option("kvprobe_probe"):
+                probes = cli._probes(option("kvprobe_probe"))
+            out = Path(option("kvprobe_out")) if option("kvprobe_out") else None
+            return [case for name in iuts
+                    for case in command.prepare(self._generations(name), [name], option("kvprobe_matrix"),
+                                                probes, option("kvprobe_timeout"), [], out)]
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            raise pytest.UsageError(f"kvprobe: {e}") from None
+
+    def _generations(self, name: str) -> list[str]:
+        from probes.iut.hardware import local_generation, tpu_visible
+        from probes.iut.registry import iut
+        from probes.run import cli
+
+        declared, given = iut(name), self.config.getoption("kvprobe_generation")
+        if declared.owns_device and (given is None or given == "local"):
+            # Without a TPU its items are made on a target anyway, to skip with the one reason.
+            return [local_generation()] if tpu_visible() else [declared.targets[0]]
+        return cli._generations(given) if given else list(declared.targets)
+
+    @pytest.hookimpl(tryfirst=True)  # before -m and -k deselect: they apply to these items too
+    def pytest_collection_modifyitems(self, session, config, items):
+        groups: dict[str, pytest.Collector] = {}
+        for case in self.cases():
+            label = f"kvprobe/{case.iut}/{case.options_text}"
+            if label not in groups:
+                groups[label] = CaseGroup.from_parent(session, name=label, nodeid=label)
+            items.append(CaseItem.from_parent(groups[label], name=case.case_id, case=case, run=self))
+
+    def pytest_sessionfinish(self, session):
+        out = self.config.getoption("kvprobe_out")
+        if out and self.found:
+            from probes.run import command, rows
+
+            command.record(self.found, rows.new_run_id(), Path(out))
+
+
+class CaseGroup(pytest.Collector):
+    """The cases of one IUT built one way."""
+
+    def collect(self):
+        return []
+
+
+class CaseItem(pytest.Item):
+    def __init__(self, *, case, run: KvprobeRun, **kwargs):
+        super().__init__(**kwargs)
+        from probes.iut.registry import iut
+
+        self.case, self.run = case, run
+        self.on_hardware = iut(case.iut).owns_device
+        if self.on_hardware:
+            self.add_marker("tpu")
+
+    def runtest(self):
+        from probes.iut.hardware import NO_TPU, tpu_visible
+        from probes.run.runner import run_case
+        from probes.suite.predict import describe
+
+        tpu_here = tpu_visible()
+        if self.on_hardware and not tpu_here:
+            pytest.skip(NO_TPU)  # one reason for every hardware case
+        result = run_case(self.case)
+        self.run.found.append(result)
+        outcome, predicted = result.outcome, describe(self.case)["predicted"]
+        self.user_properties += [("verdict", outcome.verdict), ("predicted", predicted),
+                                 ("detail", outcome.detail.strip()[:4000])]
+        if outcome.verdict == SKIP:
+            if self.on_hardware and tpu_here:
+                raise CaseFailed(f"SKIP on a machine with a TPU: {outcome.detail.strip()}")
+            pytest.skip(outcome.detail.strip()[:1000] or "SKIP")
+        if not agrees(outcome.verdict, predicted):
+            raise CaseFailed(f"{outcome.verdict}, predicted {predicted}: {outcome.detail.strip()[:4000]}")
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, CaseFailed):
+            return f"{self.case.iut} {self.case.case_id}: {excinfo.value}"
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.path, None, f"kvprobe {self.case.iut} {self.case.case_id}"

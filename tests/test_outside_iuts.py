@@ -1,0 +1,227 @@
+"""IUTs declared outside this project: the example package installed from
+examples/, run from a directory outside the repository through the CLI and
+the pytest plugin; IUTs named package.module:ATTR; every way a declaration can
+be wrong, refused before any case runs; and planted bugs in outside wrappers
+failing exactly the cases kvref's own fault model of that bug fails."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from probes.suite.verdicts import SKIP, agrees
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "example-manager"
+KVPROBE = [sys.executable, "-m", "probes.run.cli"]
+
+
+@pytest.fixture(scope="module")
+def outside(tmp_path_factory):
+    """A directory outside the repository, and an environment in which the
+    example package is installed (pip, into a directory on PYTHONPATH)."""
+    root = tmp_path_factory.mktemp("outside")
+    site = root / "site"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                           "--target", str(site), str(EXAMPLE)], capture_output=True, text=True, timeout=300,
+                          cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    work = root / "work"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(work)])}
+    return work, env
+
+
+def run(command, work, env, timeout=600):
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=work, env=env)
+
+
+def latest_csv(out: Path) -> pd.DataFrame:
+    (path,) = sorted(out.glob("*/runs/*.csv"))[-1:]
+    return pd.read_csv(path, keep_default_na=False)
+
+
+def failing(frame: pd.DataFrame) -> set[str]:
+    """The cases whose verdict is not one the reference predicts (a SKIP is no verdict)."""
+    return {c for c, v, p in zip(frame["case_id"], frame["verdict"], frame["predicted"])
+            if v != SKIP and not agrees(v, p)}
+
+
+def test_the_example_package_is_qualified_from_outside_through_the_cli_and_the_plugin(outside, tmp_path):
+    work, env = outside
+    listed = run([*KVPROBE, "iuts"], work, env, timeout=300)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert "example-manager  (kvprobe-example-manager 0.1.0)" in listed.stdout
+    assert "entry point example-manager = example_manager.iut:EXAMPLE_MANAGER" in listed.stdout
+
+    done = run([*KVPROBE, "run", "--iut", "example-manager", "-g", "tpu7x", "--out", str(tmp_path / "cli")],
+               work, env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    frame = latest_csv(tmp_path / "cli")
+    assert set(frame["iut"]) == {"example-manager"} and len(frame) > 40
+    assert failing(frame) == set() and (frame["verdict"] == "PASS").any()
+
+    junit = tmp_path / "junit.xml"
+    done = run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--kvprobe-iut", "example-manager",
+                "--kvprobe-generation", "tpu7x", "--kvprobe-probe", "roundtrip,serving_step,bad_input",
+                "--kvprobe-out", str(tmp_path / "plugin"), f"--junitxml={junit}", "-q"], work, env)
+    assert done.returncode == 0, done.stdout[-3000:]
+    cases = ET.parse(junit).getroot().iter("testcase")
+    properties = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")} for c in cases}
+    assert len(properties) == len(latest_csv(tmp_path / "plugin")) > 10
+    assert set(properties) == set(latest_csv(tmp_path / "plugin")["case_id"])  # each item is named by its case id
+    assert all(agrees(p["verdict"], p["predicted"]) for p in properties.values())
+
+
+PLANTED = '''
+"""Outside IUTs with a planted bug each: the example manager, wrapped."""
+import dataclasses
+
+import kvref
+from example_manager.iut import EXAMPLE_MANAGER, ExampleLibrary
+from example_manager.manager import BlockOffloader
+
+
+class LegacySlices(BlockOffloader):
+    """Sizes every block with the old formula."""
+
+    @staticmethod
+    def mover(kv_caches, host_blocks):
+        return kvref.KVCacheManager(kv_caches, host_blocks, faults=("legacy_slice_formula",))
+
+
+class SingleBlocks(BlockOffloader):
+    """Moves the first block of every run only."""
+
+    def offload(self, device_blocks, host_blocks, run_lengths=None):
+        return super().offload(device_blocks, host_blocks)
+
+    def restore(self, host_blocks, device_blocks, run_lengths=None):
+        return super().restore(host_blocks, device_blocks)
+
+    def save(self, device_blocks, run_lengths=None):
+        return super().save(device_blocks)
+
+
+def planted(manager_class):
+    library = type(manager_class.__name__ + "Library", (ExampleLibrary,), {"manager_class": manager_class})
+    return dataclasses.replace(EXAMPLE_MANAGER, library=library)
+
+
+LEGACY_SLICES = planted(LegacySlices)
+SINGLE_BLOCKS = planted(SingleBlocks)
+'''
+
+
+@pytest.mark.parametrize("attr, fault, probes", [
+    ("LEGACY_SLICES", "legacy_slice_formula", "roundtrip,serving_step,mixed_slices,host_budget"),
+    ("SINGLE_BLOCKS", "runs_as_single_blocks", "bad_input,host_chunks,transfer_parameters,roundtrip"),
+])
+def test_a_bug_planted_outside_fails_the_cases_its_fault_model_fails(outside, tmp_path, attr, fault, probes):
+    work, env = outside
+    (work / "planted_iuts.py").write_text(PLANTED)
+    spec = f"planted_iuts:{attr}"
+    common = ["-g", "tpu7x", "--probe", probes]
+    done = run([*KVPROBE, "run", "--iut", spec, *common, "--out", str(tmp_path / "outside")], work, env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = run([*KVPROBE, "run", "--iut", "kvref-sim", "--faults", fault, *common, "--out", str(tmp_path / "ref")],
+               work, env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outside_frame, reference_frame = latest_csv(tmp_path / "outside"), latest_csv(tmp_path / "ref")
+    assert set(outside_frame["iut"]) == {spec}
+    expected = failing(reference_frame)
+    assert expected, f"--faults {fault} fails none of {probes}: the comparison would prove nothing"
+    assert failing(outside_frame) == expected
+    assert (outside_frame["verdict"] == "PASS").any()
+
+    done = run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--kvprobe-iut", spec,
+                "--kvprobe-generation", "tpu7x", "--kvprobe-probe", probes, "-q", "-rf"], work, env)
+    assert done.returncode == 1, done.stdout[-3000:]
+    failed = {line.split(" ")[1].rsplit("::", 1)[1] for line in done.stdout.splitlines()
+              if line.startswith("FAILED ")}
+    assert failed == expected, done.stdout[-3000:]
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("no_such_module:IUT", "no_such_module:IUT: module no_such_module does not import: ModuleNotFoundError"),
+    ("broken_iuts:MISSING", "broken_iuts:MISSING: module broken_iuts has no attribute 'MISSING'"),
+    ("broken_iuts:NOT_AN_IUT", "broken_iuts:NOT_AN_IUT is a int, not an IUT"),
+    ("broken_iuts:FUTURE", "broken_iuts:FUTURE declares protocol version 99; this kvprobe speaks 1"),
+    ("broken_iuts:HALF", "broken_iuts:HALF: FewMembers lacks"),
+    ("nobody", "unknown implementation under test 'nobody'"),
+    (":X", "':X': expected package.module:ATTR"),
+])
+def test_a_declaration_that_cannot_be_used_is_one_error_before_any_case(outside, tmp_path, spec, needle):
+    work, env = outside
+    (work / "broken_iuts.py").write_text(textwrap.dedent('''
+        from probes.iut.adapter import IUT
+        from probes.iut.reference import KvrefLibrary, SimArrays
+
+        NOT_AN_IUT = 42
+        FUTURE = IUT("future", SimArrays, KvrefLibrary, targets=("tpu7x",), protocol=99)
+
+
+        class FewMembers:
+            distribution = "few"
+
+            def manager(self, caches, host_blocks):
+                return None
+
+
+        HALF = IUT("half", SimArrays, FewMembers, targets=("tpu7x",))
+    '''))
+    done = run([*KVPROBE, "run", "--iut", spec, "-g", "tpu7x", "--out", str(tmp_path / "never")], work, env,
+               timeout=120)
+    assert done.returncode == 2 and needle in done.stderr, done.stderr[-2000:]
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "never").exists() or not list((tmp_path / "never").rglob("*.csv"))
+    if spec == "broken_iuts:HALF":
+        assert "unlock" in done.stderr and "transfer" in done.stderr  # every missing member, named
+
+
+def test_two_declarations_of_one_name_are_an_error_listing_both(outside, tmp_path):
+    """A distribution whose entry point shadows a built-in IUT."""
+    work, env = outside
+    dist = tmp_path / "shadow" / "kvprobe_shadow-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: kvprobe-shadow\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[kvprobe.iuts]\nkvref-sim = example_manager.iut:EXAMPLE_MANAGER\n")
+    env = {**env, "PYTHONPATH": os.pathsep.join([str(tmp_path / "shadow"), env["PYTHONPATH"]])}
+    done = run([*KVPROBE, "run", "--iut", "kvref-sim", "-g", "tpu7x", "--out", str(tmp_path / "never")],
+               work, env, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "two IUTs are named 'kvref-sim'" in done.stderr
+    assert "(kvprobe-shadow 1.0)" in done.stderr and "probes.iut.declared:KVREF_SIM (kvref " in done.stderr
+
+
+def test_an_outside_iut_names_its_own_interpreter(outside, tmp_path):
+    """A path to a Python runs its workers; an environment of its own that is
+    not built yet makes its cases SKIP, saying how to build it."""
+    work, env = outside
+    (work / "interpreters.py").write_text(textwrap.dedent(f'''
+        import dataclasses
+        from pathlib import Path
+        from example_manager.iut import EXAMPLE_MANAGER
+        from probes.iut.peer_env import PeerEnv
+
+        BY_PATH = dataclasses.replace(EXAMPLE_MANAGER, interpreter={sys.executable!r})
+        UNBUILT = dataclasses.replace(EXAMPLE_MANAGER, interpreter=PeerEnv(
+            "example-env", Path({str(tmp_path / "no-env")!r}), {{"kvprobe-example-manager": "0.1.0"}}))
+    '''))
+    done = run([*KVPROBE, "run", "--iut", "interpreters:BY_PATH", "-g", "tpu7x", "--probe", "roundtrip",
+                "--out", str(tmp_path / "path")], work, env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert set(latest_csv(tmp_path / "path")["verdict"]) <= {"PASS", "REJECTED"}
+    done = run([*KVPROBE, "run", "--iut", "interpreters:UNBUILT", "-g", "tpu7x", "--probe", "roundtrip",
+                "--out", str(tmp_path / "unbuilt")], work, env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    frame = latest_csv(tmp_path / "unbuilt")
+    assert set(frame["verdict"]) == {SKIP}
+    assert "not installed at" in frame["detail"].iloc[0] and "kvprobe peer-env --iut IUT" in frame["detail"].iloc[0]

@@ -9,17 +9,51 @@ the compiler (kvref.oracle)."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-GENERATIONS: tuple[str, ...] = ("v3", "v4", "v5e", "v5p", "v6e", "tpu7x")
 
-TOPOLOGIES: dict[str, str] = {
-    "v3": "v3:2x2",
-    "v4": "v4:2x2x1",
-    "v5e": "v5e:1x1",
-    "v5p": "v5p:2x2x1",
-    "v6e": "v6e:1x1",
-    "tpu7x": "tpu7x:2x2x1",
-}
+@dataclass(frozen=True)
+class TpuChip:
+    """One TPU chip under every name the tools around it use."""
+
+    name: str  # kvprobe's name for it
+    topology: str | None  # what its shipped layouts are compiled for; None: not shipped
+    device_kinds: tuple[str, ...]  # JAX's device_kind first, then the other names JAX accepts
+    pci_device_ids: tuple[str, ...]  # under Google's PCI vendor id, as JAX detects chips
+    ray_accelerator_type: str  # Ray's accelerator type for a host of it
+    torch_tpu_name: str | None = None  # torch.tpu.get_device_name(); None: TorchTPU does not run on it
+
+
+# Read from jax's hardware_utils.py and pallas tpu_info.py, Ray's accelerator
+# types and torch-tpu 0.2.0's hardware module.
+CHIPS: tuple[TpuChip, ...] = (
+    TpuChip("v2", None, ("TPU v2",), (), "TPU-V2"),  # no PCI id of its own
+    TpuChip("v3", "v3:2x2", ("TPU v3",), ("0x0027",), "TPU-V3"),
+    TpuChip("v4", "v4:2x2x1", ("TPU v4",), ("0x005e",), "TPU-V4", "TPU v4"),
+    TpuChip("v5e", "v5e:1x1", ("TPU v5 lite", "TPU v5e"), ("0x0063",), "TPU-V5LITEPOD", "TPU v5e"),
+    TpuChip("v5p", "v5p:2x2x1", ("TPU v5", "TPU v5p"), ("0x0062",), "TPU-V5P", "TPU v5p"),
+    TpuChip("v6e", "v6e:1x1", ("TPU v6 lite", "TPU v6e"), ("0x006f",), "TPU-V6E", "TPU v6e"),
+    TpuChip("tpu7x", "tpu7x:2x2x1", ("TPU7x", "TPU7"), ("0x0076",), "TPU-V7X", "TPU v7"),
+)
+GOOGLE_PCI_VENDOR = "0x1ae0"
+
+# Everything below is derived from CHIPS.
+GENERATIONS: tuple[str, ...] = tuple(c.name for c in CHIPS if c.topology)
+TOPOLOGIES: dict[str, str] = {c.name: c.topology for c in CHIPS if c.topology}
+RAY_ACCELERATOR_TYPES: dict[str, str] = {c.name: c.ray_accelerator_type for c in CHIPS}
+TORCH_TPU_NAMES: dict[str, str] = {c.torch_tpu_name: c.name for c in CHIPS if c.torch_tpu_name}
+CHIP_NAMES: tuple[str, ...] = tuple(c.name for c in CHIPS)
+
+
+def chip_of_device_kind(kind: str) -> str | None:
+    """The chip a device kind names (any name JAX accepts for it), or None."""
+    kind = kind.strip()
+    return next((c.name for c in CHIPS if kind in c.device_kinds), None)
+
+
+def chip_of_pci_device(device_id: str) -> str | None:
+    """The chip of a Google PCI device id ("0x0063" -> v5e), or None."""
+    return next((c.name for c in CHIPS if device_id.strip().lower() in c.pci_device_ids), None)
 
 # Tried in this order for a chip named without a topology.
 DEFAULT_TOPOLOGIES: tuple[str, ...] = ("1x1", "2x2", "1x1x1", "2x2x1")

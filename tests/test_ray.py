@@ -67,7 +67,7 @@ def test_a_ray_run_writes_the_rows_a_local_run_writes(cluster):
 
 
 def test_hardware_cases_run_only_on_hosts_of_their_generation(cluster):
-    cases = build_cases(("v4", "v5e", "v6e"), [], probes=("plan_binding",), iut="tpu-sync-jax-tpu")
+    cases = build_cases(("v4", "v5e", "v6e"), [], probes=("mixed_slices",), iut="tpu-sync-jax-tpu")
     found = run_cases_on_ray(cases, cluster.address)
     for result in found:
         if result.case.generation == "v6e":  # no such host joined
@@ -89,7 +89,7 @@ def timed_task(case_text: str) -> dict:
 
 
 def test_one_hardware_case_at_a_time_per_host(cluster):
-    cases = build_cases(("v4",), [], probes=("plan_binding", "host_budget", "mixed_slices"),
+    cases = build_cases(("v4",), [], probes=("serving_step", "host_budget", "mixed_slices"),
                         iut="tpu-sync-jax-tpu")
     spans = sorted((float(a), float(b)) for node, a, b in
                    (r.outcome.detail.split() for r in run_cases_on_ray(cases, cluster.address, task=timed_task)))

@@ -9,8 +9,12 @@ import tempfile
 from pathlib import Path
 
 
+def cache_root() -> Path:
+    return Path(os.environ.get("KVREF_CACHE_DIR") or Path.home() / ".cache" / "kvref")
+
+
 def cache_path(versions: dict[str, str]) -> Path:
-    root = Path(os.environ.get("KVREF_CACHE_DIR") or Path.home() / ".cache" / "kvref")
+    root = cache_root()
     tag = "-".join(f"{k}{v}" for k, v in sorted(versions.items()))
     return root / f"tpu-layouts-{tag}.json"
 

@@ -4,8 +4,10 @@ topology and read the output's layout and size back."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import sys
 from dataclasses import dataclass
 
 from kvref.dtypes import element_type
@@ -61,15 +63,47 @@ def _device(generation: str):
 MULTIPLE_LOADS = ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
+def libtpu_log() -> str:
+    from kvref.oracle.cache import cache_root
+
+    return str(cache_root() / "libtpu.log")
+
+
+@contextlib.contextmanager
+def _libtpu_quiet():
+    """libtpu's start-up chatter on a host without a TPU (TPU environment
+    warnings, source location traces) goes to libtpu_log(), not the user's
+    terminal; an error names that file."""
+    path = libtpu_log()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        yield  # nowhere to put it: the chatter stays where it was
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(log, 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(log)
+
+
 def _describe(name: str):
     os.environ.setdefault(*MULTIPLE_LOADS)
     from jax.experimental import topologies
 
     try:
-        return topologies.get_topology_desc(topology_name=name, platform="tpu")
+        with _libtpu_quiet():
+            return topologies.get_topology_desc(topology_name=name, platform="tpu")
     except Exception as e:  # libtpu raises many kinds of errors here
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise OracleUnavailable(f"libtpu could not describe topology {name!r}: {first}") from e
+        raise OracleUnavailable(f"libtpu could not describe topology {name!r}: {first} "
+                                f"(libtpu's messages: {libtpu_log()})") from e
 
 
 def device_kind(generation: str) -> str:
@@ -97,7 +131,8 @@ def compile_layout(dtype, dims, generation: str) -> CompiledLayout:
     from jax.sharding import SingleDeviceSharding
 
     fn = jax.jit(lambda: jnp.zeros(dims, element.numpy), out_shardings=SingleDeviceSharding(device))
-    compiled = fn.lower().compile()
+    with _libtpu_quiet():
+        compiled = fn.lower().compile()
     out_dtype = element_type(compiled.out_info.dtype).name
     if out_dtype != element.name:
         raise OracleUnavailable(f"the compiler made {ShapeKey(element.name, dims)} into {out_dtype} "

@@ -27,10 +27,15 @@ class IUT:
     startup_seconds: float = 60.0  # a worker's start-up limit (a cold TPU runtime takes minutes)
     preload: tuple[str, ...] = ()  # modules a warm parent imports once for its workers; never a device
     environment: tuple[tuple[str, str], ...] = ()  # variables its workers run with
-    any_tpu_type: bool = False  # also runs on TPU types beyond the shipped ones (v2:2x2)
+    any_tpu_type: bool = False  # also runs on TPU types beyond the shipped ones (v2:2x2, a new chip)
     build: str | None = None  # a build of its library other than the pinned one (probes.iut.builds)
     loopback_only: bool = False  # its workers run in a network namespace of their own with only lo
     protocol: int = PROTOCOL_VERSION  # the version of probes.iut.protocol it was written for
+    # (probe, why it does not apply): probes this IUT cannot exercise, never run for it
+    not_applicable: tuple[tuple[str, str], ...] = ()
+
+    def applies(self, probe: str) -> bool:
+        return probe not in dict(self.not_applicable)
 
     def layout_of(self, generation: str, key: kvref.ShapeKey) -> tuple[kvref.Shape, str]:
         return self.arrays.layout_of(generation, key)
@@ -38,11 +43,18 @@ class IUT:
     def check_target(self, generation: str) -> None:
         if generation in self.targets:
             return
-        if self.any_tpu_type and generation != "cpu":
+        if self.any_tpu_type and generation != "cpu" and not kvref.generations.is_shipped(generation):
             kvref.generations.check_generation(generation)
             return
         also = " or any TPU type the installed libtpu compiles for" if self.any_tpu_type else ""
         raise ValueError(f"{self.name} runs on {', '.join(self.targets)}{also}, not {generation!r}")
+
+    def runs_on(self, generation: str) -> bool:
+        try:
+            self.check_target(generation)
+        except ValueError:
+            return False
+        return True
 
     def check_faults(self, faults: kvref.Faults) -> None:
         if faults and not self.library.supports_faults:

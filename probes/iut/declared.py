@@ -12,15 +12,32 @@ from probes.iut.torch_tpu import TORCH_TPU_GENERATIONS, TorchTpuArrays
 from probes.iut.tpu_sync import TpuSyncJaxLibrary, TpuSyncTorchLibrary
 from probes.iut.xla_arrays import TorchXlaArrays
 
-KVREF_SIM = IUT("kvref-sim", SimArrays, KvrefLibrary, targets=kvref.GENERATIONS, any_tpu_type=True)
-KVREF_JAX = IUT("kvref-jax", JaxCpuArrays, KvrefLibrary, targets=("cpu",), preload=("jax",))
+# Why a probe does not apply, said once for every IUT it holds for.
+NO_SIM_VIEWS = ("pending_views", "the simulated device has no views of one array into another")
+NO_JAX_VIEWS = ("pending_views", "a jax.Array has no views into another: slicing copies")
+NO_TORCH_TPU_VIEWS = ("pending_views", "the TorchTPU adapter makes no views")
+NO_JAX_PLANS = ("plan_binding", "tpu-sync-jax has no register_active_plan")
+NO_TORCH_PLANS = ("plan_binding", "tpu-sync-torch has no way to read a registered plan back")
+# A host->device copy of a few MiB lands in about a millisecond on a TPU,
+# before any check after the put can see it in flight.
+NO_TORCH_ALLOCATOR = ("host_chunks", "tpu-sync-torch has no d2h_auto_allocate or unlock_blocks")
+LANDS_AT_ONCE = ("host_transferred_construction",
+                 "a TPU lands a host->device copy of a few MiB in about a millisecond, before it can be "
+                 "seen in flight")
+
+KVREF_SIM = IUT("kvref-sim", SimArrays, KvrefLibrary, targets=kvref.GENERATIONS, any_tpu_type=True,
+                not_applicable=(NO_SIM_VIEWS,))
+KVREF_JAX = IUT("kvref-jax", JaxCpuArrays, KvrefLibrary, targets=("cpu",), preload=("jax",),
+                not_applicable=(NO_JAX_VIEWS,))
 TPU_SYNC_JAX = IUT("tpu-sync-jax", JaxCpuArrays, TpuSyncJaxLibrary, targets=("cpu",), interpreter="jax",
-                   preload=("jax",), loopback_only=True)
+                   preload=("jax",), loopback_only=True, not_applicable=(NO_JAX_VIEWS, NO_JAX_PLANS))
 KVREF_TORCH_XLA = IUT("kvref-torch-xla", TorchXlaArrays, KvrefLibrary, targets=("cpu",), interpreter="xla",
                       preload=("torch_xla",), environment=(("PJRT_DEVICE", "CPU"),))
 TPU_SYNC_JAX_TPU = IUT("tpu-sync-jax-tpu", JaxTpuArrays, TpuSyncJaxLibrary, targets=kvref.GENERATIONS,
                        interpreter="jax", jax_platforms=None, owns_device=True, startup_seconds=300.0,
-                       loopback_only=True)
+                       any_tpu_type=True, loopback_only=True,
+                       not_applicable=(NO_JAX_VIEWS, NO_JAX_PLANS, LANDS_AT_ONCE))
 TPU_SYNC_TORCH_TPU = IUT("tpu-sync-torch-tpu", TorchTpuArrays, TpuSyncTorchLibrary,
                          targets=TORCH_TPU_GENERATIONS, interpreter="torch", jax_platforms=None,
-                         owns_device=True, startup_seconds=300.0, loopback_only=True)
+                         owns_device=True, startup_seconds=300.0, any_tpu_type=True, loopback_only=True,
+                         not_applicable=(NO_TORCH_TPU_VIEWS, NO_TORCH_PLANS, NO_TORCH_ALLOCATOR, LANDS_AT_ONCE))

@@ -87,7 +87,7 @@ class JaxCpuArrays(JaxSteps):
 PENDING_BYTES = 10 * 2**30
 
 
-def jax_caches(hosts: list[np.ndarray], device, mode: str) -> list:
+def jax_caches(hosts: list[np.ndarray], device, mode: str, pending_bytes: int = PENDING_BYTES) -> list:
     """put and landing: `jax.device_put`, whose copies may still be in flight;
     deferred: the outputs of computations still running (see the module
     docstring), all dispatched after every input has landed."""
@@ -100,7 +100,7 @@ def jax_caches(hosts: list[np.ndarray], device, mode: str) -> list:
         return arrays
     for array in arrays:
         array.block_until_ready()
-    return [_identity_churn()(array, _rounds(host.nbytes * len(hosts)), _key(host.dtype))
+    return [_identity_churn()(array, _rounds(host.nbytes * len(hosts), pending_bytes), _key(host.dtype))
             for array, host in zip(arrays, hosts)]
 
 
@@ -160,8 +160,8 @@ def _copy_step():
     return jax.jit(lambda x: jnp.copy(x))
 
 
-def _rounds(nbytes: int) -> int:
-    return 2 * max(1, min(100_000, PENDING_BYTES // max(1, 2 * nbytes)))
+def _rounds(nbytes: int, pending_bytes: int = PENDING_BYTES) -> int:
+    return 2 * max(1, min(100_000, pending_bytes // max(1, 2 * nbytes)))
 
 
 @functools.cache
@@ -189,6 +189,20 @@ def _key(dtype: np.dtype):
     if np.issubdtype(dtype, np.integer) or dtype.kind in "iu" or "int" in dtype.name:
         return jnp.asarray(1, dtype=dtype)
     return jnp.asarray(0x5A, dtype={1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[dtype.itemsize])
+
+
+def check_compiled_layout(cache, generation: str) -> None:
+    """The reference predicts from the compiler's layout; a cache this TPU
+    laid out otherwise would make that prediction meaningless. A mismatch is
+    an error naming both layouts and the libtpu behind each."""
+    from importlib import metadata
+
+    key = kvref.ShapeKey(kvref.element_type(cache.dtype).name, tuple(cache.shape))
+    expected, source = tpu_layout_of(generation, key)
+    found = kvref.Layout.from_jax(cache.format.layout)
+    if (found.minor_to_major, found.tiles) != (expected.layout.minor_to_major, expected.layout.tiles):
+        raise RuntimeError(f"this TPU laid out a {key} cache as {found} (libtpu {metadata.version('libtpu')} "
+                           f"here); the prediction uses {expected.layout}, from {source}")
 
 
 class JaxTpuArrays(JaxSteps):
@@ -222,9 +236,17 @@ class JaxTpuArrays(JaxSteps):
             return f"this TPU is {found}, not {self.generation}"
         return None
 
+    # TPU HBM streams about a hundred times what one CPU core does: the same
+    # half second of pending work is a hundred times the bytes.
+    TPU_PENDING_BYTES = 100 * PENDING_BYTES
+
     def make_caches(self, key, seeds, mode="put", finite=False):
         hosts = [random_host(key, seed, finite) for seed in seeds]
-        return list(zip(jax_caches(hosts, tpu_device(), mode), hosts))
+        caches = jax_caches(hosts, tpu_device(), mode, PENDING_BYTES if standin_platform() else self.TPU_PENDING_BYTES)
+        if not standin_platform():
+            for cache in caches:
+                check_compiled_layout(cache, self.generation)
+        return list(zip(caches, hosts))
 
     def fetch(self, cache):
         """Read from the device every time: jax keeps the host copy of an

@@ -8,15 +8,13 @@ for DEFER_AND_FUSE, and its sync module's `is_materialized` / `synchronize`."""
 from __future__ import annotations
 
 import kvref
+from kvref.generations import TORCH_TPU_NAMES
 from probes.iut.hardware import NO_TPU, TpuUnavailable, tpu_visible
 from probes.iut.host_data import random_host
 from probes.iut.reference import tpu_layout_of
 from probes.iut.protocol import NoViews
 
-# torch.tpu.get_device_name() -> generation. TorchTPU names the chips it
-# supports by PCI id; it has no v3.
-TORCH_TPU_NAMES = {"TPU v4": "v4", "TPU v5e": "v5e", "TPU v5p": "v5p", "TPU v6e": "v6e",
-                   "TPU v7": "tpu7x"}
+# torch.tpu.get_device_name() names a chip as TORCH_TPU_NAMES says; it has no v3.
 TORCH_TPU_GENERATIONS = tuple(g for g in kvref.GENERATIONS if g in TORCH_TPU_NAMES.values())
 
 

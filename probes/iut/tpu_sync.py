@@ -24,26 +24,43 @@ class AsyncFailure(RuntimeError):
     """A transfer the library accepted failed while it ran: never a refusal."""
 
 
-# absl status codes that refuse the input; any other code is a failure.
-# RESOURCE_EXHAUSTED: a save the host pool cannot hold.
-REFUSAL_CODES = ("INVALID_ARGUMENT", "OUT_OF_RANGE", "FAILED_PRECONDITION", "UNIMPLEMENTED",
-                 "RESOURCE_EXHAUSTED")
-STATUS_CODE = re.compile(r"\b([A-Z][A-Z_]+[A-Z]): ")
+# The refusals each wheel gives, read from the wheels; anything else a call
+# raises is a failure. Both wheels share the C++ that checks a request.
+REFUSAL_CODES = ("INVALID_ARGUMENT", "OUT_OF_RANGE", "FAILED_PRECONDITION", "UNIMPLEMENTED")
+# RESOURCE_EXHAUSTED refuses only a save the host pool cannot hold; elsewhere it is the runtime's.
+POOL_FULL = re.compile(r"Insufficient available blocks|exceed total blocks")
+# The jax wheel: the call's absl status, after "absl::StatusOr not ok: " (d2h, h2d),
+# "absl::Status not ok: " (unlock_blocks) or nothing (d2h_auto_allocate).
+JAX_STATUS = re.compile(r"(?:absl::Status(?:Or)? not ok: )?([A-Z][A-Z_]+[A-Z]): ")
+JAX_UNCODED = re.compile(r"Layer \d+ has major dimension \d+ but layer 0 has \d+")  # mixed layers, at construction
+# The torch wheel: "KVCacheManager <Method> failed: <the check's message>", no code.
+TORCH_WRAPPED = re.compile(r"KVCacheManager \w+ failed: (.*)", re.DOTALL)
+CHECKS = re.compile(r"must have the same length|must be non-negative|Copy range exceeds|Invalid block ID|"
+                    r"Cannot unlock unallocated block ID|invalid StartTransferRequest bytes|"
+                    r"Insufficient available blocks|exceed total blocks|Lengths of offset and size lists must match")
+# Their Python layers' own refusals, and the bindings' refusal of an argument of the wrong type.
+PYTHON_REFUSALS = re.compile(r"Must specify either \(max_blocks, num_slots\) or host_blocks_to_allocate|"
+                             r"request must be bytes or a protobuf message|incompatible function arguments")
 
 
-def refuses(e: BaseException) -> bool:
-    """tpu-sync refuses input with ValueError or TypeError from its Python
-    layer, or RuntimeError from the call itself: the jax wheel keeps the absl
-    status code ("absl::StatusOr not ok: INVALID_ARGUMENT: ..."), which must
-    be one that refuses input; the torch wheel keeps only the message."""
+def refuses(e: BaseException, wheel: str = "jax") -> bool:
+    """Whether `e` is one of the wheel's ("jax" or "torch") clean refusals of
+    the input given."""
+    message = str(e)
     if isinstance(e, AsyncFailure):
         return False
     if isinstance(e, (ValueError, TypeError)):
-        return True
-    if isinstance(e, RuntimeError):
-        code = STATUS_CODE.search(str(e))
-        return code is None or code.group(1) in REFUSAL_CODES
-    return False
+        return bool(PYTHON_REFUSALS.search(message))
+    if type(e) is not RuntimeError:
+        return False
+    if wheel == "torch":
+        wrapped = TORCH_WRAPPED.match(message)
+        return bool(wrapped and CHECKS.search(wrapped.group(1)))
+    status = JAX_STATUS.match(message)
+    if status is None:
+        return bool(JAX_UNCODED.match(message))
+    code = status.group(1)
+    return code in REFUSAL_CODES or (code == "RESOURCE_EXHAUSTED" and bool(POOL_FULL.search(message)))
 
 
 def layer_block_sizes(impl, layers: int) -> tuple[int, ...]:
@@ -220,13 +237,14 @@ class SyncLibrary:
         manager.unlock(chunk_ids)
 
     def refuses(self, e: BaseException) -> bool:
-        return refuses(e)
+        return refuses(e, self.wheel)
 
 
 class TpuSyncJaxLibrary(SyncLibrary):
     """tpu-sync-jax (Python 3.12: its workers run in the jax peer environment)."""
 
     distribution = "tpu-sync-jax"
+    wheel = "jax"
     module = "tpu_sync.api.jax.kv_cache_manager"
     view = JaxSyncManager
     install_hint = "run `kvprobe peer-env`"
@@ -242,6 +260,7 @@ class TpuSyncTorchLibrary(SyncLibrary):
     """tpu-sync-torch (its workers run in the torch peer environment)."""
 
     distribution = "tpu-sync-torch"
+    wheel = "torch"
     module = "tpu_sync.api.torch.kv_cache_manager"
     view = TorchSyncManager
     install_hint = "run `kvprobe peer-env --lib torch` on a TPU VM"

@@ -14,6 +14,23 @@ from probes.report.results import disagreements, implementation, skipped
 from probes.suite.verdicts import VERDICTS
 
 
+def not_applicable(iuts) -> list[str]:
+    """The probes each IUT declares it cannot exercise, and why: never run, so
+    neither passed nor skipped."""
+    from probes.iut.registry import IUTError, iut
+
+    rows = []
+    for name in iuts:
+        try:
+            rows += [{"iut": name, "probe": probe, "why": why} for probe, why in iut(name).not_applicable]
+        except IUTError:  # an outside IUT no longer installed: its rows still report
+            continue
+    if not rows:
+        return []
+    return ["## Probes that do not apply", "", "Declared by each IUT, so never run for it.", "",
+            _table(pd.DataFrame(rows)), ""]
+
+
 def write_generation_report(frame: pd.DataFrame, gen_dir: Path) -> Path:
     gen_dir.mkdir(parents=True, exist_ok=True)
     frame = frame.assign(implementation=implementation(frame))
@@ -51,6 +68,7 @@ def write_generation_report(frame: pd.DataFrame, gen_dir: Path) -> Path:
         reasons = refused.assign(reason=[layout_reason(t) for t in refused["layout"]])
         lines += [_table(reasons[["shape", "layout", "legacy_slice_bytes", "reason"]]), ""]
     lines += [f"![memory map]({p.name})" for p in maps] + [""]
+    lines += not_applicable(frame["iut"].unique())
     lines += findings(gen_dir)
     path = gen_dir / "summary.md"
     path.write_text("\n".join(lines))

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from kvref import GENERATIONS
-from kvref.generations import check_generation
+from kvref.generations import CHIP_NAMES, check_generation
 from probes.iut.peer_env import PEER_ENVS
 from probes.report.paths import file_safe
 from probes.suite.registry import DEFAULT_PROBES, PROBES
@@ -144,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     bis.add_argument("--timeout", type=_positive_number(float), default=30.0)
     bis.set_defaults(run=_bisect)
 
+    doc = sub.add_parser("doctor", help="what this machine offers the hardware path, and whether "
+                         "`make tpu-test` would fail for the harness's reasons (exit 1)")
+    doc.set_defaults(run=_doctor)
+
     iuts = sub.add_parser("iuts", help="every implementation under test kvprobe can see, where each "
                           "is declared, and why any cannot run here")
     iuts.add_argument("names", nargs="*", metavar="IUT", help="also these (package.module:ATTR)")
@@ -156,8 +160,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# TPU chips `kvprobe generations` asks the installed libtpu about.
-CANDIDATE_CHIPS = ("v2", "v3", "v4", "v5e", "v5p", "v6e", "tpu7x")
 
 
 def _tpu_type(value: str) -> str:
@@ -210,7 +212,7 @@ def _list_generations(args) -> int:
     for name in GENERATIONS:
         print(f"  {name:8} {TOPOLOGIES[name]:14} {device_kind(name)}")
     print(f"the installed libtpu (a bare chip takes the first of {', '.join(DEFAULT_TOPOLOGIES)} it accepts):")
-    for name in dict.fromkeys([*CANDIDATE_CHIPS, *args.names]):
+    for name in dict.fromkeys([*CHIP_NAMES, *args.names]):
         reason = compiler.accepts(name)
         print(f"  {name:14} " + (f"compiles for it: {compiler.device_kind(name)}" if reason is None
                                  else f"no: {reason}"))
@@ -293,6 +295,14 @@ def _fuzz(args) -> int:
                                               args.jobs, args.out)
     print(fuzz_command.summary(results, findings))
     return 1 if findings else 0
+
+
+def _doctor(args) -> int:
+    from probes.run.doctor import diagnose
+
+    found = diagnose()
+    print("\n".join(found.lines))
+    return 1 if found.problems else 0
 
 
 def _list_iuts(args) -> int:

@@ -186,4 +186,4 @@ def hardware_iuts(generation: str) -> list[str]:
     if not tpu_visible() or local_generation() != generation:
         return []
     return [name for name, declared in usable_iuts().items() if declared.owns_device
-            and (generation in declared.targets or declared.any_tpu_type)]
+            and declared.runs_on(generation)]

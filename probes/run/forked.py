@@ -148,6 +148,9 @@ def live(pid: int):
         _LIVE.add(pid)
     try:
         yield
+    except BaseException:  # its watcher was interrupted (Ctrl-C, a test's timeout): it dies too
+        kill_group(pid)
+        raise
     finally:
         with _LIVE_LOCK:
             _LIVE.discard(pid)

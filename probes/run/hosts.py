@@ -8,10 +8,8 @@ import os
 import re
 import socket
 
-# kvprobe generation -> the accelerator type Ray gives a TPU host of it: the
-# label ray.io/accelerator-type, and one unit of resource accelerator_type:<it>.
-RAY_ACCELERATOR_TYPES = {"v2": "TPU-V2", "v3": "TPU-V3", "v4": "TPU-V4", "v5e": "TPU-V5LITEPOD",
-                         "v5p": "TPU-V5P", "v6e": "TPU-V6E", "tpu7x": "TPU-V7X"}
+from kvref.generations import RAY_ACCELERATOR_TYPES  # the label's value, and one unit of accelerator_type:<it>
+
 RAY_ACCELERATOR_LABEL = "ray.io/accelerator-type"
 TPU_TYPE_VARIABLE = "TPU_ACCELERATOR_TYPE"  # set on TPU VMs and GKE TPU nodes: "v4-8", "v5litepod-4"
 

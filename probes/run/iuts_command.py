@@ -21,14 +21,15 @@ from probes.run import netns
 CHECK_SECONDS = 120.0  # a cold JAX or torch import in the IUT's interpreter
 
 
-def can_run_here(declared: IUT) -> tuple[str, str]:
-    """(the library's version or "", "" when it can run here or why not)."""
+def can_run_here(declared: IUT, target: str | None = None) -> tuple[str, str]:
+    """(the library's version or "", "" when it can run here, on `target`
+    (default: its first), or why not)."""
     python, missing = interpreter_python(declared.interpreter)
     if python is None:
         return "", missing
     if declared.loopback_only and (reason := netns.unavailable()):
         return "", reason
-    target = declared.targets[0]
+    target = target or declared.targets[0]
     command = ([*netns.python_command(python, "probes.run.iuts_command", declared.name, target)]
                if declared.loopback_only else [python, "-m", "probes.run.iuts_command", declared.name, target])
     env = {**os.environ, **dict(declared.environment)}

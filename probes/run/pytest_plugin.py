@@ -103,6 +103,14 @@ class KvprobeRun:
             command.record(self.found, rows.new_run_id(), Path(out))
 
 
+def item_timeout(case, configured) -> float:
+    """pytest-timeout's limit for a case's item: never shorter than the
+    runner's own (start-up, the case, the grace to kill it), with a margin."""
+    from probes.run.runner import GRACE_SECONDS
+
+    return max(float(configured or 0), case.startup_timeout + case.timeout + GRACE_SECONDS + 30.0)
+
+
 class CaseGroup(pytest.Collector):
     """The cases of one IUT built one way."""
 
@@ -119,16 +127,23 @@ class CaseItem(pytest.Item):
         self.on_hardware = iut(case.iut).owns_device
         if self.on_hardware:
             self.add_marker("tpu")
+        if self.config.pluginmanager.hasplugin("timeout"):  # pytest-timeout must outlast the runner's own limit
+            self.add_marker(pytest.mark.timeout(item_timeout(case, self.config.getini("timeout"))))
 
     def runtest(self):
         from probes.iut.hardware import NO_TPU, tpu_visible
+        from probes.run.forked import kill_live
         from probes.run.runner import run_case
         from probes.suite.predict import describe
 
         tpu_here = tpu_visible()
         if self.on_hardware and not tpu_here:
             pytest.skip(NO_TPU)  # one reason for every hardware case
-        result = run_case(self.case)
+        try:
+            result = run_case(self.case)
+        except BaseException:  # pytest-timeout or Ctrl-C: no worker outlives its item (it would hold the TPU)
+            kill_live()
+            raise
         self.run.found.append(result)
         outcome, predicted = result.outcome, describe(self.case)["predicted"]
         self.user_properties += [("verdict", outcome.verdict), ("predicted", predicted),

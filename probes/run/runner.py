@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from probes.iut.builds import BUILDS_DIR, build_dir, installed_version
+from probes.iut.hardware import STANDIN_VARIABLE
 from probes.iut.peer_env import interpreter_python
 from probes.iut.tpu_sync import BUILD_VARIABLE
 from probes.iut.registry import iut
@@ -185,16 +186,23 @@ def _build_installed(declared) -> bool:
     return installed_version(build_dir(library, declared.build), library) == declared.build
 
 
+# What the parent's own jax and libtpu (or a test) set, which a worker that
+# opens the real TPU must not inherit: it would load the parent's libtpu, share
+# its lockfile or stand a CPU in for the TPU. Its IUT's `environment` may set them.
+TPU_ENVIRONMENT = ("TPU_LIBRARY_PATH", "LIBTPU_INIT_ARGS", "ALLOW_MULTIPLE_LIBTPU_LOAD", STANDIN_VARIABLE)
+
+
 def _worker_env(case: Case) -> dict:
     declared = iut(case.iut)
     env = dict(os.environ)
+    if declared.owns_device:
+        for name in TPU_ENVIRONMENT:
+            env.pop(name, None)
     env.update(declared.environment)
     if declared.build:  # the build first on the path, over the pinned library, sharing its jax
         path = str(build_dir(declared.library.distribution, declared.build))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH")) if p)
         env[BUILD_VARIABLE] = path
-    if declared.owns_device:  # the one process holding the TPU takes libtpu's lockfile
-        env.pop("ALLOW_MULTIPLE_LIBTPU_LOAD", None)
     platforms = declared.jax_platforms
     if platforms:
         env.setdefault("JAX_PLATFORMS", platforms)

@@ -73,6 +73,11 @@ def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut
     option sets): each matrix row's shape probes, then each selected
     generation probe once, then each robustness probe once per kind."""
     declared = declared_iut(iut)
+    unknown = sorted(set(dict(declared.not_applicable)) - set(PROBES))
+    if unknown:
+        raise ValueError(f"{iut} declares unknown probe(s) {unknown} not applicable; probes are "
+                         f"{', '.join(PROBES)}")
+    probes = [p for p in probes if declared.applies(p)]
     cases = []
     for gen in generations:
         for options in declared.library.OPTION_SETS:

@@ -39,8 +39,9 @@ _AT_EXIT: list = []
 
 
 def bad_input(case: Case, iut: Adapter) -> Outcome:
-    """One kind of bad input (case.kind): a clean error and no byte changed is
-    REJECTED; silent acceptance is ERROR; changed bytes CORRUPT."""
+    """One kind of bad input (case.kind): the library's clean refusal (as its
+    Library.refuses says) and no byte changed is REJECTED; silent acceptance,
+    or any other error, is ERROR; changed bytes CORRUPT."""
     kind, dims = case.kind, case.shape.dims
     pairs = [iut.make_cache(case.shape, case.seed + i, finite=True) for i in range(2)]
     caches = [c for c, _ in pairs]
@@ -48,8 +49,8 @@ def bad_input(case: Case, iut: Adapter) -> Outcome:
         layers = [] if kind == "no_layers" else [[caches[0]], caches]
         try:
             iut.manager(layers, BAD_HOST_BLOCKS)
-        except Exception as e:  # any clean refusal will do
-            return Outcome(REJECTED, first_line(e))
+        except Exception as e:  # the library's refusal, or not
+            return _judged(iut, kind, e)
         return Outcome(ERROR, f"{kind}: the manager was constructed")
     manager = iut.manager(caches, BAD_HOST_BLOCKS)
     iut.d2h(manager, list(range(BAD_HOST_BLOCKS)), list(range(BAD_HOST_BLOCKS)))
@@ -67,7 +68,13 @@ def bad_input(case: Case, iut: Adapter) -> Outcome:
         return Outcome(CORRUPT, f"{kind}: bytes changed, and the manager {what}")
     if refused is None:
         return Outcome(ERROR, f"{kind}: accepted {direction}(src={src}, dst={dst}, sizes={sizes}) silently")
-    return Outcome(REJECTED, first_line(refused))
+    return _judged(iut, kind, refused)
+
+
+def _judged(iut: Adapter, kind: str, e: Exception) -> Outcome:
+    if iut.refuses(e):
+        return Outcome(REJECTED, first_line(e))
+    return Outcome(ERROR, f"{kind}: failed with {first_line(e)}, which is not one of {iut.name}'s refusals")
 
 
 def release_order(case: Case, iut: Adapter) -> Outcome:

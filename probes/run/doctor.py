@@ -1,0 +1,113 @@
+"""`kvprobe doctor`: what this machine offers the hardware path, in under a
+minute. It says whether a TPU is here and why (the PCI bus, device nodes),
+which chip and generation, the jax/libtpu/torch versions of each
+environment, whether each IUT can start here (asked in its own
+interpreter), and which probes apply to which IUT. It exits non-zero where
+`make tpu-test` would fail for the harness's reasons: a TPU is here but its
+runtime does not start, or an IUT on it cannot start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from probes.iut import hardware
+from probes.iut.peer_env import PEER_ENVS
+from probes.iut.registry import usable_iuts
+from probes.run.iuts_command import can_run_here
+from probes.suite.registry import PROBES
+
+VERSIONS = ("jax", "jaxlib", "libtpu", "torch", "torch-xla", "torch-tpu", "tpu-sync-jax", "tpu-sync-torch")
+VERSION_SCRIPT = (
+    "import json\nfrom importlib import metadata\nfound = {}\n"
+    f"for name in {VERSIONS!r}:\n"
+    "    try:\n        found[name] = metadata.version(name)\n    except metadata.PackageNotFoundError:\n"
+    "        pass\nprint(json.dumps(found))\n")
+ASK_SECONDS = 60.0
+
+
+@dataclass
+class Diagnosis:
+    lines: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # what would fail `make tpu-test`
+
+    def say(self, text: str) -> None:
+        self.lines.append(text)
+
+    def problem(self, text: str) -> None:
+        self.problems.append(text)
+        self.lines.append(f"  PROBLEM: {text}")
+
+
+def diagnose() -> Diagnosis:
+    d = Diagnosis()
+    generation = _tpu(d)
+    _environments(d)
+    _iuts(d, generation)
+    if d.problems:
+        d.say(f"`make tpu-test` would fail for the harness's reasons ({len(d.problems)}):")
+        d.lines += [f"  - {p}" for p in d.problems]
+    else:
+        d.say("`make tpu-test` would " + ("run the hardware cases" if generation
+                                         else f"skip every hardware case: {hardware.NO_TPU}"))
+    return d
+
+
+def _tpu(d: Diagnosis) -> str | None:
+    devices, chips = hardware.google_pci_devices(), hardware.tpu_chips()
+    d.say("TPU")
+    d.say(f"  Google PCI devices: {', '.join(devices) or 'none'}")
+    if not chips:
+        d.say(f"  {hardware.NO_TPU}")
+        return None
+    d.say(f"  TPU chips on the PCI bus: {', '.join(chips)}")
+    try:
+        generation = hardware.local_generation()
+    except hardware.TpuUnavailable as e:
+        d.problem(str(e))
+        return None
+    d.say(f"  generation: {generation}")
+    return generation
+
+
+def _environments(d: Diagnosis) -> None:
+    import sys
+
+    d.say("Environments")
+    pythons = {"main": sys.executable, **{name: env.python() for name, env in PEER_ENVS.items()}}
+    for name, python in pythons.items():
+        if python is None:
+            d.say(f"  {name:6} not installed ({PEER_ENVS[name].venv})")
+            continue
+        try:
+            done = subprocess.run([str(python), "-c", VERSION_SCRIPT], capture_output=True, text=True,
+                                  timeout=ASK_SECONDS)
+            found = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {}
+        except (subprocess.TimeoutExpired, ValueError, IndexError):
+            found = {}
+        listed = ", ".join(f"{k} {v}" for k, v in found.items()) or "(could not ask it)"
+        d.say(f"  {name:6} {python}: {listed}")
+
+
+def _iuts(d: Diagnosis, generation: str | None) -> None:
+    d.say("IUTs")
+    declared = usable_iuts()
+    targets = [generation if generation and i.owns_device and i.runs_on(generation) else None
+               for i in declared.values()]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        answers = dict(zip(declared, pool.map(can_run_here, declared.values(), targets)))
+    for name, iut in declared.items():
+        version, reason = answers[name]
+        applies = [p for p, probe in PROBES.items() if probe.scope != "fuzz" and iut.applies(p)]
+        d.say(f"  {name} ({iut.library.distribution} {version or '?'}): "
+              + ("can start here" if not reason else f"cannot start here: {reason}"))
+        d.say(f"    probes: {', '.join(applies)}")
+        for probe, why in iut.not_applicable:
+            d.say(f"    not {probe}: {why}")
+        on_this_tpu = generation is not None and iut.owns_device and iut.runs_on(generation)
+        if on_this_tpu and reason:
+            d.problem(f"{name} targets this {generation} TPU but cannot start: {reason}")
+    if generation and not any(i.owns_device and i.runs_on(generation) for i in declared.values()):
+        d.problem(f"no hardware IUT runs on {generation}")

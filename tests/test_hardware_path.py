@@ -1,0 +1,308 @@
+"""The hardware path with stand-ins for a TPU VM: which machine has a TPU (a
+fake PCI bus), which chip a device kind names, the one generation table,
+which probes apply to which IUT, what a hardware worker inherits, and that
+no worker outlives its pytest item."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import kvref
+from kvref import generations
+from kvref.oracle import table
+from probes.iut import hardware, registry
+from probes.run import runner
+from probes.suite.cases import Case
+from probes.suite.matrix import build_cases, load_matrix
+from probes.suite.registry import PROBES
+
+
+def fake_bus(monkeypatch, tmp_path, devices: dict[str, tuple[str, str]], nodes: tuple[str, ...] = ()):
+    """A PCI bus of (vendor, device) per address, and device nodes, as this machine's."""
+    for address, (vendor, device) in devices.items():
+        (tmp_path / "pci" / address).mkdir(parents=True)
+        (tmp_path / "pci" / address / "vendor").write_text(vendor + "\n")
+        (tmp_path / "pci" / address / "device").write_text(device + "\n")
+    (tmp_path / "pci").mkdir(exist_ok=True)
+    for node in nodes:
+        (tmp_path / "dev" / node).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "dev" / node).write_text("")
+    monkeypatch.setattr(hardware, "PCI_DEVICES", tmp_path / "pci")
+    monkeypatch.setattr(hardware, "DEVICE_NODES", (str(tmp_path / "dev" / "accel*"),
+                                                   str(tmp_path / "dev" / "vfio" / "[0-9]*")))
+
+
+GVNIC = ("0x1ae0", "0x0042")  # a plain GCE VM's network card: Google's vendor id, not a TPU
+
+
+@pytest.mark.parametrize("devices, nodes, chips", [
+    ({"0000:00:04.0": GVNIC}, (), []),
+    ({"0000:00:04.0": GVNIC}, ("vfio/vfio",), []),  # the vfio control node alone is no TPU
+    ({"0000:00:04.0": GVNIC, "0000:00:05.0": ("0x1ae0", "0x0063")}, (), ["v5e"]),
+    ({"0000:00:05.0": ("0x1ae0", "0x006f"), "0000:00:06.0": ("0x1ae0", "0x006f")}, (), ["v6e", "v6e"]),
+    ({"0000:00:05.0": ("0x1ae0", "0x0076")}, ("vfio/0",), ["tpu7x"]),
+    ({"0000:00:05.0": ("0x8086", "0x0063")}, ("accel0",), []),  # another vendor's accelerator
+    ({"0000:00:05.0": ("0x1ae0", "0x0099")}, ("accel0",), ["0x0099"]),  # a chip the table does not know
+    ({"0000:00:05.0": ("0x1ae0", "0x0099")}, (), []),
+])
+def test_a_tpu_is_a_google_pci_device_with_a_tpu_id(monkeypatch, tmp_path, devices, nodes, chips):
+    fake_bus(monkeypatch, tmp_path, devices, nodes)
+    assert hardware.tpu_chips() == chips
+    assert hardware.tpu_visible() == bool(chips)
+
+
+@pytest.mark.parametrize("kind, generation", [
+    ("TPU v5 lite", "v5e"), ("TPU v5e", "v5e"), ("TPU v5", "v5p"), ("TPU v5p", "v5p"),
+    ("TPU v6 lite", "v6e"), ("TPU v6e", "v6e"), ("TPU7x", "tpu7x"), ("TPU7", "tpu7x"), ("TPU v4", "v4"),
+])
+def test_every_name_jax_accepts_for_a_chip_names_its_generation(kind, generation):
+    assert hardware.generation_of_kind(kind) == generation
+
+
+def test_one_generation_table_and_everything_derived_agrees_with_the_layouts_shipped():
+    shipped = table.load()["generations"]
+    assert set(generations.GENERATIONS) == set(shipped)
+    for chip in generations.CHIPS:
+        if chip.topology:
+            assert chip.topology.split(":")[0] == chip.name
+            assert shipped[chip.name]["device_kind"] == chip.device_kinds[0], chip.name
+        assert chip.pci_device_ids or chip.name == "v2"
+    ids = [i for c in generations.CHIPS for i in c.pci_device_ids]
+    assert len(ids) == len(set(ids))
+    from probes.run.hosts import generation_of_accelerator
+
+    for chip in generations.CHIPS:
+        assert generation_of_accelerator(chip.ray_accelerator_type) == chip.name
+    from probes.iut.torch_tpu import TORCH_TPU_GENERATIONS
+
+    assert "v3" not in TORCH_TPU_GENERATIONS and "tpu7x" in TORCH_TPU_GENERATIONS
+
+
+def test_a_new_chip_runs_every_hardware_iut_but_a_shipped_chip_only_where_it_is_a_target():
+    for name in ("tpu-sync-jax-tpu", "tpu-sync-torch-tpu"):
+        assert registry.iut(name).runs_on("tpu8i")
+        assert registry.iut(name).runs_on("v5e")
+    assert not registry.iut("tpu-sync-torch-tpu").runs_on("v3")  # TorchTPU has no v3
+    assert not registry.iut("tpu-sync-jax").runs_on("v5e")
+
+
+def test_a_probe_that_does_not_apply_is_declared_with_its_reason_and_never_made(monkeypatch):
+    for name, declared in registry.usable_iuts().items():
+        for probe, why in declared.not_applicable:
+            assert probe in PROBES and len(why) > 20, (name, probe)
+    for name in ("tpu-sync-jax-tpu", "tpu-sync-torch-tpu"):
+        made = {c.probe for c in build_cases(["v6e"], load_matrix("seed"), tuple(PROBES), name)}
+        assert not made & {"pending_views", "plan_binding", "host_transferred_construction"}
+        assert {"roundtrip", "deferred_construction", "bad_input"} <= made
+    wrong = dataclasses.replace(registry.iut("kvref-sim"), not_applicable=(("teleport", "no such probe"),))
+    monkeypatch.setitem(registry.RESOLVED, "kvref-sim", wrong)
+    with pytest.raises(ValueError, match=r"kvref-sim declares unknown probe\(s\) \['teleport'\]"):
+        build_cases(["v6e"], load_matrix("seed"), tuple(PROBES), "kvref-sim")
+
+
+def test_the_report_lists_the_probes_that_do_not_apply():
+    from probes.report.summary import not_applicable
+
+    lines = "\n".join(not_applicable(["tpu-sync-jax-tpu", "kvref-sim"]))
+    assert "## Probes that do not apply" in lines
+    assert re.search(r"\|\s*tpu-sync-jax-tpu\s*\|\s*plan_binding\s*\|\s*tpu-sync-jax has no register_active_plan", lines)
+    assert re.search(r"\|\s*kvref-sim\s*\|\s*pending_views\s*\|", lines)
+
+
+def test_a_hardware_worker_inherits_no_tpu_environment(monkeypatch):
+    """The parent's jax and libtpu set these; a worker opening the TPU would
+    load the parent's libtpu, or a test's CPU stand-in, with them."""
+    for name in runner.TPU_ENVIRONMENT:
+        monkeypatch.setenv(name, "leaked")
+    hardware_case = Case("roundtrip", "v6e", "tpu-sync-jax-tpu", "row", kvref.ShapeKey("bf16", (512, 8, 2048)))
+    cpu_case = dataclasses.replace(hardware_case, generation="cpu", iut="tpu-sync-jax")
+    env = runner._worker_env(hardware_case)
+    assert not set(runner.TPU_ENVIRONMENT) & set(env) and "JAX_PLATFORMS" not in env
+    assert runner._worker_env(cpu_case)["TPU_LIBRARY_PATH"] == "leaked"  # a CPU worker's are its own business
+    standin = dataclasses.replace(hardware_case, iut="tests.hardware_standins:JAX_TPU_ON_CPU")
+    assert runner._worker_env(standin)[hardware.STANDIN_VARIABLE] == "cpu"  # declared, so set
+
+
+def test_a_plugin_item_outlasts_the_runners_limit():
+    from probes.run.pytest_plugin import item_timeout
+
+    case = Case("roundtrip", "v6e", "tpu-sync-jax-tpu", "row", kvref.ShapeKey("bf16", (512, 8, 2048)),
+                timeout=30.0, startup_timeout=300.0)
+    assert item_timeout(case, "300") > 330.0 + runner.GRACE_SECONDS
+    assert item_timeout(case, "5000") == 5000.0
+
+
+HANGS = '''
+import dataclasses, time
+from probes.iut.declared import KVREF_SIM
+from probes.iut.reference import KvrefLibrary
+
+
+class Hangs(KvrefLibrary):
+    def manager(self, caches, host_blocks, **options):
+        time.sleep(3600)
+
+
+HANGING = dataclasses.replace(KVREF_SIM, library=Hangs)
+'''
+
+
+def test_no_worker_outlives_an_interrupted_plugin_item(tmp_path):
+    """Ctrl-C (or pytest-timeout) while an item's worker runs: the worker,
+    in a session of its own, is killed with the item, so it cannot go on
+    holding a TPU for the next case."""
+    (tmp_path / "hanging_iuts.py").write_text(textwrap.dedent(HANGS))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    pytest_run = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                                   "--kvprobe-iut", "hanging_iuts:HANGING", "--kvprobe-generation", "v6e",
+                                   "--kvprobe-probe", "roundtrip", "--kvprobe-timeout", "600"],
+                                  cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline, workers = time.monotonic() + 120, []
+    while time.monotonic() < deadline and not workers:
+        time.sleep(0.5)
+        workers = [pid for pid in _descendants(pytest_run.pid) if "probes.run" in _cmdline(pid)]
+    assert workers, "no worker started"
+    time.sleep(1.0)  # inside the hanging manager
+    pytest_run.send_signal(signal.SIGINT)
+    pytest_run.communicate(timeout=120)
+    time.sleep(0.5)
+    survivors = [pid for pid in workers if _alive(pid)]
+    assert not survivors, [_cmdline(pid) for pid in survivors]
+
+
+def _parents() -> dict[int, int]:
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            found[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _descendants(root: int) -> list[int]:
+    parents, found, frontier = _parents(), [], [root]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_bad_input_is_rejected_only_when_the_library_calls_it_a_refusal():
+    """The same errors earn REJECTED from a library that recognises them and
+    ERROR from one that does not: bad_input asks the library."""
+    from probes.run.runner import run_cases
+
+    kinds = ("negative_offset", "no_layers")
+    cases = [c for iut in ("kvref-sim", "tests.hardware_standins:REFUSES_NOTHING")
+             for c in build_cases(["v6e"], [], ("bad_input",), iut) if c.kind in kinds]
+    verdicts = {(r.case.iut, r.case.kind): r.outcome for r in run_cases(cases, jobs=2)}
+    for kind in kinds:
+        assert verdicts[("kvref-sim", kind)].verdict == "REJECTED", verdicts[("kvref-sim", kind)].detail
+        strict = verdicts[("tests.hardware_standins:REFUSES_NOTHING", kind)]
+        assert strict.verdict == "ERROR" and "which is not one of" in strict.detail, strict.detail
+
+
+def test_a_tpu_cache_laid_out_otherwise_than_predicted_is_an_error_naming_both(monkeypatch):
+    """JAX's own layout of the cache under test, against the compiler's the
+    prediction uses (a CPU array stands in: its layout is not the TPU's)."""
+    import jax
+    import numpy as np
+
+    from probes.iut.jax_arrays import check_compiled_layout
+
+    cache = jax.device_put(np.zeros((512, 8, 2048), np.float32), jax.devices("cpu")[0])
+    with pytest.raises(RuntimeError, match=r"this TPU laid out a f32\[512,8,2048\] cache as \{2,1,0\} "
+                                           r"\(libtpu .* here\); the prediction uses \{2,1,0:T\(8,128\)\}"):
+        check_compiled_layout(cache, "v6e")
+
+
+def test_ahead_of_time_compiles_keep_libtpus_chatter_off_the_terminal(tmp_path):
+    script = "from kvref.oracle import compiler; print(compiler.compile_layout('bf16', (8, 4096), 'v5e').shape)"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KVREF_CACHE_DIR": str(tmp_path)})
+    assert done.returncode == 0 and "bf16[8,4096]" in done.stdout, done.stderr[-2000:]
+    assert "could not determine TPU" not in done.stderr and "Source Location Trace" not in done.stderr, done.stderr
+    assert "could not determine TPU" in (tmp_path / "libtpu.log").read_text()
+
+
+def test_doctor_without_a_tpu_says_why_and_passes(monkeypatch, tmp_path):
+    from probes.run import doctor
+
+    fake_bus(monkeypatch, tmp_path, {"0000:00:04.0": GVNIC})
+    monkeypatch.setattr(doctor, "can_run_here", lambda declared, target=None: ("1.0", ""))
+    found = doctor.diagnose()
+    text = "\n".join(found.lines)
+    assert not found.problems
+    assert "Google PCI devices: 0x0042" in text and hardware.NO_TPU in text
+    assert "not plan_binding: tpu-sync-jax has no register_active_plan" in text
+    assert "`make tpu-test` would skip every hardware case" in text
+
+
+@pytest.mark.parametrize("opens, starts, problem", [
+    (hardware.TpuUnavailable("a TPU is here, but JAX could not open it: libtpu.so not found"), True,
+     "JAX could not open it"),
+    ("v6e", False, "tpu-sync-jax-tpu targets this v6e TPU but cannot start: the jax peer environment"),
+    ("v6e", True, None),
+])
+def test_doctor_on_a_tpu_vm_fails_for_the_harness_reasons(monkeypatch, tmp_path, opens, starts, problem):
+    from probes.run import doctor
+
+    fake_bus(monkeypatch, tmp_path, {"0000:00:05.0": ("0x1ae0", "0x006f")})
+
+    def local_generation():
+        if isinstance(opens, Exception):
+            raise opens
+        return opens
+
+    monkeypatch.setattr(hardware, "local_generation", local_generation)
+    missing = "the jax peer environment (tpu-sync-jax) is not installed"
+    monkeypatch.setattr(doctor, "can_run_here", lambda declared, target=None:
+                        ("1.0", "" if starts or not declared.owns_device else missing))
+    found = doctor.diagnose()
+    if problem is None:
+        assert not found.problems, found.problems
+        assert "`make tpu-test` would run the hardware cases" in "\n".join(found.lines)
+    else:
+        assert any(problem in p for p in found.problems), found.problems
+
+
+def test_one_host_of_a_multi_host_slice_is_refused_at_once(monkeypatch, tmp_path):
+    fake_bus(monkeypatch, tmp_path, {"0000:00:05.0": ("0x1ae0", "0x0063")})
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "10.0.0.2,10.0.0.3")
+    hardware.local_generation.cache_clear()
+    try:
+        start = time.monotonic()
+        with pytest.raises(hardware.TpuUnavailable, match="one of 2 hosts of a slice"):
+            hardware.local_generation()
+        assert time.monotonic() - start < 5
+    finally:
+        hardware.local_generation.cache_clear()
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")
+    assert hardware.multi_host() is None

@@ -31,11 +31,12 @@ class IUT:
     build: str | None = None  # a build of its library other than the pinned one (probes.iut.builds)
     loopback_only: bool = False  # its workers run in a network namespace of their own with only lo
     protocol: int = PROTOCOL_VERSION  # the version of probes.iut.protocol it was written for
-    # (probe, why it does not apply): probes this IUT cannot exercise, never run for it
+    # (probe or probe/kind, why it does not apply): cases this IUT cannot exercise, never run for it
     not_applicable: tuple[tuple[str, str], ...] = ()
 
-    def applies(self, probe: str) -> bool:
-        return probe not in dict(self.not_applicable)
+    def applies(self, probe: str, kind: str = "") -> bool:
+        declared = dict(self.not_applicable)
+        return probe not in declared and f"{probe}/{kind}" not in declared
 
     def layout_of(self, generation: str, key: kvref.ShapeKey) -> tuple[kvref.Shape, str]:
         return self.arrays.layout_of(generation, key)

@@ -20,7 +20,9 @@ NO_JAX_PLANS = ("plan_binding", "tpu-sync-jax has no register_active_plan")
 NO_TORCH_PLANS = ("plan_binding", "tpu-sync-torch has no way to read a registered plan back")
 # A host->device copy of a few MiB lands in about a millisecond on a TPU,
 # before any check after the put can see it in flight.
-NO_TORCH_ALLOCATOR = ("host_chunks", "tpu-sync-torch has no d2h_auto_allocate or unlock_blocks")
+NO_TORCH_ALLOCATOR = tuple((case, "tpu-sync-torch has no d2h_auto_allocate or unlock_blocks")
+                           for case in ("host_chunks", "inflight_step", "release_order/save_in_flight",
+                                        "release_order/exit_in_flight"))
 LANDS_AT_ONCE = ("host_transferred_construction",
                  "a TPU lands a host->device copy of a few MiB in about a millisecond, before it can be "
                  "seen in flight")
@@ -40,4 +42,4 @@ TPU_SYNC_JAX_TPU = IUT("tpu-sync-jax-tpu", JaxTpuArrays, TpuSyncJaxLibrary, targ
 TPU_SYNC_TORCH_TPU = IUT("tpu-sync-torch-tpu", TorchTpuArrays, TpuSyncTorchLibrary,
                          targets=TORCH_TPU_GENERATIONS, interpreter="torch", jax_platforms=None,
                          owns_device=True, startup_seconds=300.0, any_tpu_type=True, loopback_only=True,
-                         not_applicable=(NO_TORCH_TPU_VIEWS, NO_TORCH_PLANS, NO_TORCH_ALLOCATOR, LANDS_AT_ONCE))
+                         not_applicable=(NO_TORCH_TPU_VIEWS, NO_TORCH_PLANS, *NO_TORCH_ALLOCATOR, LANDS_AT_ONCE))

@@ -118,11 +118,19 @@ class SyncManagerView:
             _ints(src), _ints(dst), None if sizes is None else _ints(sizes)))
 
     def save(self, src, sizes=None) -> tuple[list[int], "SyncPending"]:
+        self._needs("d2h_auto_allocate")
         chunks, future = self.manager.d2h_auto_allocate(_ints(src), None if sizes is None else _ints(sizes))
         return [int(c) for c in chunks], SyncPending(future)
 
     def unlock(self, chunk_ids) -> None:
+        self._needs("unlock_blocks")
         self.manager.unlock_blocks(_ints(chunk_ids))
+
+    def _needs(self, method: str) -> None:
+        """A wheel without the allocator (tpu-sync-torch) says so by name."""
+        if not hasattr(self.manager, method):
+            raise NotImplementedError(f"{type(self.manager).__module__} has no {method}; a probe that needs "
+                                      "it must be declared not applicable for this IUT")
 
     def check_block(self, block: int) -> None:
         if not 0 <= block < self.host_blocks:

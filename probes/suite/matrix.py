@@ -67,16 +67,22 @@ def _read_matrix(path: Path) -> list[MatrixRow]:
     return rows
 
 
+def _names_a_case_kind(name: str) -> bool:
+    """A probe's name, or probe/kind for one kind of a robustness probe."""
+    probe, _, kind = name.partition("/")
+    return probe in PROBES and (not kind or kind in PROBES[probe].kinds)
+
+
 def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut="kvref-sim",
                 faults: kvref.Faults = kvref.Faults(), timeout=30.0) -> list[Case]:
     """Per generation and per way the IUT's manager is built (its library's
     option sets): each matrix row's shape probes, then each selected
     generation probe once, then each robustness probe once per kind."""
     declared = declared_iut(iut)
-    unknown = sorted(set(dict(declared.not_applicable)) - set(PROBES))
+    unknown = sorted(name for name in dict(declared.not_applicable) if not _names_a_case_kind(name))
     if unknown:
         raise ValueError(f"{iut} declares unknown probe(s) {unknown} not applicable; probes are "
-                         f"{', '.join(PROBES)}")
+                         f"{', '.join(PROBES)}, a kind of one written probe/kind")
     probes = [p for p in probes if declared.applies(p)]
     cases = []
     for gen in generations:
@@ -90,6 +96,8 @@ def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut
                 if name not in probes or p.scope in ("shape", "fuzz"):
                     continue
                 for kind in p.kinds or ("",):
+                    if not declared.applies(name, kind):
+                        continue
                     cases.append(Case(name, gen, iut, f"{name}-{kind}" if kind else name, p.subject,
                                       kind=kind, **common))
     return cases

@@ -120,6 +120,11 @@ def iut(name: str) -> IUT:
     return dataclasses.replace(declared, name=name, build=version)
 
 
+def entry_point_names() -> list[str]:
+    """The names the installed entry points declare (read once per process)."""
+    return sorted(_entry_points())
+
+
 def source_of_iut(name: str) -> str:
     """Where the IUT `name` is declared."""
     base, _ = builds.split(name)

@@ -62,7 +62,7 @@ def google_pci_devices() -> list[str]:
 def tpu_chips() -> list[str]:
     """The TPU chips the PCI bus shows, by name (an unknown Google device id as itself)."""
     devices = google_pci_devices()
-    known = [chip_of_pci_device(d) for d in devices if chip_of_pci_device(d)]
+    known = [chip for chip in map(chip_of_pci_device, devices) if chip]
     if known:
         return known
     if devices and any(glob.glob(pattern) for pattern in DEVICE_NODES):

@@ -94,8 +94,10 @@ def _environments(d: Diagnosis) -> None:
 def _iuts(d: Diagnosis, generation: str | None) -> None:
     d.say("IUTs")
     declared = usable_iuts()
-    targets = [generation if generation and i.owns_device and i.runs_on(generation) else None
-               for i in declared.values()]
+    # The IUTs that would probe this TPU are asked about it; the others about their first target.
+    on_this_tpu = {name: generation is not None and i.owns_device and i.runs_on(generation)
+                   for name, i in declared.items()}
+    targets = [generation if on_this_tpu[name] else None for name in declared]
     with ThreadPoolExecutor(max_workers=4) as pool:
         answers = dict(zip(declared, pool.map(can_run_here, declared.values(), targets)))
     for name, iut in declared.items():
@@ -106,8 +108,7 @@ def _iuts(d: Diagnosis, generation: str | None) -> None:
         d.say(f"    probes: {', '.join(applies)}")
         for probe, why in iut.not_applicable:
             d.say(f"    not {probe}: {why}")
-        on_this_tpu = generation is not None and iut.owns_device and iut.runs_on(generation)
-        if on_this_tpu and reason:
+        if on_this_tpu[name] and reason:
             d.problem(f"{name} targets this {generation} TPU but cannot start: {reason}")
-    if generation and not any(i.owns_device and i.runs_on(generation) for i in declared.values()):
+    if generation and not any(on_this_tpu.values()):
         d.problem(f"no hardware IUT runs on {generation}")

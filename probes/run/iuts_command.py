@@ -8,7 +8,6 @@ workers would get."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +16,7 @@ from probes.iut.adapter import IUT
 from probes.iut.peer_env import interpreter_python
 from probes.iut.registry import IUTError, iut, known_iuts, source_of_iut
 from probes.run import netns
+from probes.run.runner import iut_env
 
 CHECK_SECONDS = 120.0  # a cold JAX or torch import in the IUT's interpreter
 
@@ -32,11 +32,9 @@ def can_run_here(declared: IUT, target: str | None = None) -> tuple[str, str]:
     target = target or declared.targets[0]
     command = ([*netns.python_command(python, "probes.run.iuts_command", declared.name, target)]
                if declared.loopback_only else [python, "-m", "probes.run.iuts_command", declared.name, target])
-    env = {**os.environ, **dict(declared.environment)}
-    if declared.jax_platforms is not None:
-        env["JAX_PLATFORMS"] = declared.jax_platforms
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=CHECK_SECONDS, env=env)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=CHECK_SECONDS,
+                              env=iut_env(declared))
     except subprocess.TimeoutExpired:
         return "", f"its interpreter did not answer in {CHECK_SECONDS:.0f} s"
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

@@ -193,7 +193,12 @@ TPU_ENVIRONMENT = ("TPU_LIBRARY_PATH", "LIBTPU_INIT_ARGS", "ALLOW_MULTIPLE_LIBTP
 
 
 def _worker_env(case: Case) -> dict:
-    declared = iut(case.iut)
+    return iut_env(iut(case.iut))
+
+
+def iut_env(declared) -> dict:
+    """The environment every process of this IUT runs with (its workers, and
+    `kvprobe iuts` asking whether it can start)."""
     env = dict(os.environ)
     if declared.owns_device:
         for name in TPU_ENVIRONMENT:

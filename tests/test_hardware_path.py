@@ -245,6 +245,30 @@ def test_a_tpu_cache_laid_out_otherwise_than_predicted_is_an_error_naming_both(m
         check_compiled_layout(cache, "v6e")
 
 
+def test_a_tpu_fetch_reads_the_device_not_the_host_copy_of_a_first_read(monkeypatch):
+    """On a TPU, jax keeps the host copy of an array's first read; a manager's
+    later write to the device does not update it. A column-major CPU array
+    stands in: jax copies it to read it, and keeps that copy too."""
+    import ctypes
+
+    import jax
+    import numpy as np
+    from jax.experimental.layout import Format, Layout
+
+    from probes.iut.jax_arrays import JaxTpuArrays
+
+    monkeypatch.setenv(hardware.STANDIN_VARIABLE, "cpu")
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    cache = jax.device_put(np.arange(1, 65, dtype=np.float32).reshape(8, 8), Format(Layout((1, 0)), sharding))
+    arrays = JaxTpuArrays("v6e")
+    first = arrays.fetch(cache)
+    np.asarray(cache)  # what the adapter's own reads must not be fooled by
+    cache.block_until_ready()
+    ctypes.memset(cache.unsafe_buffer_pointer(), 0, cache.nbytes)  # the manager's write
+    assert first.any() and np.asarray(cache).any(), "the stand-in no longer keeps a stale host copy"
+    assert not arrays.fetch(cache).any(), "fetch returned jax's host copy, not what the device holds"
+
+
 def test_ahead_of_time_compiles_keep_libtpus_chatter_off_the_terminal(tmp_path):
     script = "from kvref.oracle import compiler; print(compiler.compile_layout('bf16', (8, 4096), 'v5e').shape)"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,

@@ -102,6 +102,14 @@ def test_a_closed_zygote_still_reports_its_running_case_then_exits(tmp_path):
     zygote.close()
 
 
+def test_a_zygote_whose_runner_died_removes_its_folder(tmp_path):
+    zygote = planted_zygote(tmp_path, RESULT)
+    assert os.path.exists(zygote.path)
+    zygote.proc.stdin.close()  # what the runner's death does; it cannot remove the folder then
+    zygote.proc.wait(10)
+    assert not os.path.exists(zygote.dir)
+
+
 @pytest.mark.parametrize("probe", ["roundtrip", "deferred_construction", "plan_binding", "host_budget"])
 def test_forked_and_fresh_workers_give_the_same_verdicts(probe):
     row = MatrixRow("m", ShapeKey.parse("bf16[512,8,256]"), (probe,))

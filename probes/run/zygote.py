@@ -12,7 +12,7 @@ worker as `python -m probes.run.worker` would be, minus the start-up:
 The zygote stays single-threaded (it forks) and opens no device: device-owning
 IUTs never use one (probes.run.runner). When the runner's end of its stdin
 closes it takes no new cases and exits once its children have, so it cannot
-outlive the run.
+outlive the run; it removes its socket's folder as it goes.
 
 Protocol, over a SOCK_SEQPACKET Unix socket, one connection per case: the
 runner sends {"case": text, "env": {...}} with two fds (stdout, stderr); the
@@ -26,6 +26,7 @@ import importlib
 import json
 import os
 import selectors
+import shutil
 import socket
 import sys
 
@@ -84,6 +85,9 @@ def serve(path: str) -> tuple[dict, list[int]]:
                 except OSError:
                     pass  # the runner gave up on this case
                 conn.close()
+    # Its folder (socket and log) is the zygote's: gone with it, even when the
+    # runner that made it was killed and could not remove it.
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
     sys.exit(0)
 
 

@@ -87,7 +87,11 @@ void bind_mover(nb::module_& m) {
       .def_rw("copy_bytes", &LayerAddressing::copy_bytes)
       .def_rw("host_base", &LayerAddressing::host_base)
       .def_rw("host_stride", &LayerAddressing::host_stride)
-      .def_rw("host_shard_stride", &LayerAddressing::host_shard_stride);
+      .def_rw("host_shard_stride", &LayerAddressing::host_shard_stride)
+      .def_rw("first_block", &LayerAddressing::first_block)
+      .def_rw("host_slot", &LayerAddressing::host_slot)
+      .def_rw("reads", &LayerAddressing::reads)
+      .def_rw("shard_blocks", &LayerAddressing::shard_blocks);
 
   nb::class_<TransferFuture>(m, "TransferFuture")
       .def("wait", &TransferFuture::wait, nb::arg("timeout_s") = -1.0,

@@ -97,6 +97,11 @@ void TransferFuture::rethrow() {
   if (error_) std::rethrow_exception(error_);
 }
 
+int64_t LayerAddressing::slots() const {
+  if (host_slot.empty()) return static_cast<int64_t>(shards.size());
+  return *std::max_element(host_slot.begin(), host_slot.end()) + 1;
+}
+
 BlockMover::BlockMover(std::vector<LayerAddressing> layers, int64_t host_blocks,
                        int64_t host_bytes, uint8_t* external_host, Owner host_owner,
                        std::shared_ptr<PoolState> pool)
@@ -117,8 +122,15 @@ BlockMover::BlockMover(std::vector<LayerAddressing> layers, int64_t host_blocks,
   for (const auto& layer : layers_) {
     if (layer.shards.size() != shards || shards == 0)
       throw std::invalid_argument("every layer needs the same, non-zero number of shards");
+    for (const size_t per_shard : {layer.first_block.size(), layer.host_slot.size(), layer.reads.size()})
+      if (per_shard != 0 && per_shard != shards)
+        throw std::invalid_argument("per-shard addressing needs one entry per shard");
+    for (size_t s = 0; s < shards; ++s)
+      if (layer.first(s) < 0 || layer.slot(s) < 0 || layer.held(s) < 0 ||
+          layer.first(s) > layer.device_blocks - layer.held(s))
+        throw std::invalid_argument("a shard's blocks lie outside the layer's");
     int64_t last = layer.host_base;
-    for (int64_t term : {checked_mul(static_cast<int64_t>(shards) - 1, layer.host_shard_stride,
+    for (int64_t term : {checked_mul(layer.slots() - 1, layer.host_shard_stride,
                                      "host shard offset"),
                          checked_mul(host_blocks - 1, layer.host_stride, "host block offset"),
                          layer.copy_bytes})
@@ -150,9 +162,9 @@ uint8_t* BlockMover::host_block(int layer, int shard, int64_t block) {
     throw std::out_of_range("layer " + std::to_string(layer) + " is out of range [0, " +
                             std::to_string(layers_.size()) + ")");
   const auto& l = layers_[layer];
-  if (shard < 0 || static_cast<size_t>(shard) >= l.shards.size())
+  if (shard < 0 || shard >= l.slots())
     throw std::out_of_range("shard " + std::to_string(shard) + " is out of range [0, " +
-                            std::to_string(l.shards.size()) + ")");
+                            std::to_string(l.slots()) + ")");
   if (block < 0 || block >= host_blocks_)
     throw std::out_of_range("host block " + std::to_string(block) + " is out of range [0, " +
                             std::to_string(host_blocks_) + ")");
@@ -170,9 +182,9 @@ void BlockMover::validate(Direction dir, const int64_t* src, const int64_t* dst,
       throw std::invalid_argument("copy size " + std::to_string(counts[i]) + at +
                                   " must be at least one block");
     for (int side = 0; side < 2; ++side) {
-      const int64_t start = side == 0 ? src[i] : dst[i];
       const bool on_device = (side == 0) == d2h;
-      if (!on_device && !check_host) continue;
+      if (!on_device && !check_host) continue;  // (dst is null then: never read it)
+      const int64_t start = side == 0 ? src[i] : dst[i];
       const char* name = side == 0 ? src_name : dst_name;
       if (start < 0 || start > INT64_MAX - counts[i])
         throw std::invalid_argument(std::string(name) + " block range " +
@@ -187,14 +199,19 @@ void BlockMover::validate(Direction dir, const int64_t* src, const int64_t* dst,
       }
       for (size_t l = 0; l < layers_.size(); ++l) {
         const auto& layer = layers_[l];
-        // Byte ends are formed only for ranges within the block count, so never wrap.
-        if (end > layer.device_blocks ||
-            (end - 1) * layer.device_stride + layer.copy_bytes > layer.shards[0].size)
-          throw std::invalid_argument(
-              "device block range " + range_text(start, counts[i]) + at + " exceeds layer " +
-              std::to_string(l) + " (" + std::to_string(layer.device_blocks) + " blocks of " +
-              std::to_string(layer.device_stride) + " bytes in a " +
-              std::to_string(layer.shards[0].size) + "-byte buffer)");
+        for (size_t s = 0; s < layer.shards.size(); ++s) {
+          // The part of the range this shard holds, in its own block numbers.
+          // Byte ends are formed only for ranges within the block count, so never wrap.
+          const int64_t local_end = std::min(end, layer.first(s) + layer.held(s)) - layer.first(s);
+          if (end > layer.device_blocks ||
+              (local_end > 0 && start < layer.first(s) + layer.held(s) &&
+               (local_end - 1) * layer.device_stride + layer.copy_bytes > layer.shards[s].size))
+            throw std::invalid_argument(
+                "device block range " + range_text(start, counts[i]) + at + " exceeds layer " +
+                std::to_string(l) + " (" + std::to_string(layer.device_blocks) + " blocks of " +
+                std::to_string(layer.device_stride) + " bytes in a " +
+                std::to_string(layer.shards[s].size) + "-byte buffer)");
+        }
       }
     }
   }
@@ -222,14 +239,21 @@ void BlockMover::move(Direction dir, const int64_t* src, const int64_t* dst,
     const auto& layer = layers_[(item % per_op) / shards];
     const int64_t shard = item % shards;
     const DeviceRegion& region = layer.shards[shard];
-    const int64_t dev_block = dir == Direction::kDeviceToHost ? src[op] : dst[op];
-    const int64_t host_block = dir == Direction::kDeviceToHost ? dst[op] : src[op];
-    uint8_t* host = host_ + layer.host_base + shard * layer.host_shard_stride;
+    if (dir == Direction::kDeviceToHost && !layer.read_by_d2h(shard)) continue;
+    const int64_t global_block = dir == Direction::kDeviceToHost ? src[op] : dst[op];
+    // Only the part of the run this shard holds, at its own block numbers.
+    const int64_t begin = std::max(global_block, layer.first(shard));
+    const int64_t end = std::min(global_block + counts[op], layer.first(shard) + layer.held(shard));
+    if (begin >= end) continue;
+    const int64_t count = end - begin;
+    const int64_t dev_block = begin - layer.first(shard);
+    const int64_t host_block = (dir == Direction::kDeviceToHost ? dst[op] : src[op]) + (begin - global_block);
+    uint8_t* host = host_ + layer.host_base + layer.slot(shard) * layer.host_shard_stride;
     const bool contiguous =
         layer.device_stride == layer.copy_bytes && layer.host_stride == layer.copy_bytes;
     // A run of blocks contiguous on both sides moves as one copy.
-    const int64_t pieces = contiguous ? 1 : counts[op];
-    const int64_t bytes = contiguous ? counts[op] * layer.copy_bytes : layer.copy_bytes;
+    const int64_t pieces = contiguous ? 1 : count;
+    const int64_t bytes = contiguous ? count * layer.copy_bytes : layer.copy_bytes;
     for (int64_t k = 0; k < pieces; ++k) {
       const int64_t dev_off = (dev_block + k) * layer.device_stride;
       uint8_t* host_ptr = host + (host_block + k) * layer.host_stride;

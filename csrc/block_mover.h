@@ -41,7 +41,23 @@ struct LayerAddressing {
   int64_t copy_bytes = 0;     // bytes moved per block
   int64_t host_base = 0;      // host offset of shard 0, block 0
   int64_t host_stride = 0;    // bytes from one host block to the next
-  int64_t host_shard_stride = 0;
+  int64_t host_shard_stride = 0;  // bytes from one host slot to the next
+  // Per shard, for a cache whose block dimension is split over devices (all
+  // empty otherwise: every shard holds every block at its own slot): the
+  // global id of its first block, the host slot its part of a block fills,
+  // and whether a d2h reads it (a replica holds another shard's bytes; an
+  // h2d writes every replica). device_blocks is then the global count, and
+  // shard_blocks what each shard holds.
+  std::vector<int64_t> first_block;
+  std::vector<int64_t> host_slot;
+  std::vector<bool> reads;
+  int64_t shard_blocks = 0;
+
+  int64_t first(size_t shard) const { return first_block.empty() ? 0 : first_block[shard]; }
+  int64_t slot(size_t shard) const { return host_slot.empty() ? static_cast<int64_t>(shard) : host_slot[shard]; }
+  bool read_by_d2h(size_t shard) const { return reads.empty() || reads[shard]; }
+  int64_t held(size_t) const { return shard_blocks > 0 ? shard_blocks : device_blocks; }
+  int64_t slots() const;
 };
 
 class TransferFuture {

@@ -8,6 +8,7 @@ from kvref import _core
 from kvref.buffers import DeviceBufferView
 from kvref.errors import HostBudgetError
 from kvref.faults import Faults
+from kvref.sharding import ShardPlacement
 from kvref.slices import legacy_major_slice_byte_size, validate_major_slice_addressable
 
 SLICE_POLICIES = ("uniform", "per_layer")
@@ -20,6 +21,7 @@ class HostPlan:
     slice_bytes: tuple[int, ...]  # bytes per block, per layer
     host_bytes: int  # what the manager reports and the budget checks
     allocate_bytes: int  # what must be mapped so no copy leaves the pool
+    host_slots: tuple[int, ...]  # per layer, the parts a host block holds (one per shard unless split)
 
 
 def layer_slice_bytes(view: DeviceBufferView, layer: int, faults: Faults) -> int:
@@ -32,8 +34,11 @@ def layer_slice_bytes(view: DeviceBufferView, layer: int, faults: Faults) -> int
 
 
 def plan_host(views: list[list[DeviceBufferView]], host_blocks: int, policy: str,
-              faults: Faults) -> HostPlan:
-    """Slice sizes per layer, their device and host addressing, and the pool size."""
+              faults: Faults, placements: list[list[ShardPlacement] | None] | None = None) -> HostPlan:
+    """Slice sizes per layer, their device and host addressing, and the pool
+    size. `placements`, per layer: where each shard of a cache split over
+    devices lies (kvref.sharding), or None where every shard holds every block."""
+    placements = [_placed(p, faults) for p in (placements or [None] * len(views))]
     slices = [layer_slice_bytes(layer[0], i, faults) for i, layer in enumerate(views)]
     mixed_from_layer0 = faults.allow_mixed_slices
     if policy == "uniform" and not mixed_from_layer0:
@@ -43,25 +48,40 @@ def plan_host(views: list[list[DeviceBufferView]], host_blocks: int, policy: str
                     f"layer {i} has {size}-byte blocks ({views[i][0].shape}) but layer 0 has "
                     f"{slices[0]}-byte blocks ({views[0][0].shape}); use slice_policy='per_layer' "
                     "or one manager per block size")
-    shards = len(views[0])
+    slots = [placed[0].host_slots if placed else len(layer) for placed, layer in zip(placements, views)]
     host_slices = [slices[0] if mixed_from_layer0 else s for s in slices]
-    total = shards * host_blocks * sum(host_slices)
+    total = host_blocks * sum(n * s for n, s in zip(slots, host_slices))
     if total > MAX_HOST_BYTES:  # before any C++ sees a size that does not fit
         raise HostBudgetError(f"the host pool would take {total:,} bytes ({host_blocks} host blocks x "
-                              f"{len(views)} layers x {shards} shards), more than one pool can address "
+                              f"{len(views)} layers x {max(slots)} shards), more than one pool can address "
                               f"({MAX_HOST_BYTES:,} bytes); nothing was allocated")
     layers, base, reach = [], 0, 0
     for i, layer in enumerate(views):
         # The old manager derived every layer's host stride from layer 0's slice.
         host_slice = slices[0] if mixed_from_layer0 else slices[i]
+        addressed = layer[:1] if faults.first_shard_only else layer
         a = _core.LayerAddressing()
-        a.shards = [v.region for v in layer]
+        a.shards = [v.region for v in addressed]
         a.device_blocks = layer[0].shape.dims[0]
+        placed = placements[i]
+        if placed:
+            placed = placed[: len(addressed)]
+            a.first_block = [p.first_block for p in placed]
+            a.host_slot = [p.host_slot for p in placed]
+            a.reads = [p.reads for p in placed]
+            a.shard_blocks = a.device_blocks
+            a.device_blocks = max(p.first_block for p in placements[i]) + a.shard_blocks
         a.device_stride = a.copy_bytes = slices[i]
         a.host_base, a.host_stride = base, host_slice
         a.host_shard_stride = host_blocks * host_slice
         layers.append(a)
-        reach = max(reach, base + (shards - 1) * a.host_shard_stride
+        reach = max(reach, base + (slots[i] - 1) * a.host_shard_stride
                     + (host_blocks - 1) * host_slice + slices[i])
-        base += shards * host_blocks * host_slice
-    return HostPlan(layers, tuple(slices), base, max(base, reach))
+        base += slots[i] * host_blocks * host_slice
+    return HostPlan(layers, tuple(slices), base, max(base, reach), tuple(slots))
+
+
+def _placed(placements: list[ShardPlacement] | None, faults: Faults) -> list[ShardPlacement] | None:
+    """None where every shard holds every block at a host slot of its own
+    (as that fault model takes every sharded cache)."""
+    return None if faults.block_ids_on_every_shard or not placements else placements

@@ -20,6 +20,7 @@ from kvref import _core, xla_tensors
 from kvref.dtypes import element_type
 from kvref.faults import Faults
 from kvref.shape import Layout, Shape
+from kvref.sharding import ShardPlacement, placements_of
 from kvref.sim import DeviceArray
 
 
@@ -43,6 +44,18 @@ def unpack_buffer(array, faults: Faults = Faults()) -> DeviceBufferView:
         return _unpack_xla(array, faults)
     raise TypeError(f"expected a kvref.sim.DeviceArray, a single-device jax.Array or an XLA CPU "
                     f"torch tensor, got {type(array).__module__}.{type(array).__name__}")
+
+
+def split_shards(array) -> tuple[list, list[ShardPlacement] | None]:
+    """One layer's array as its per-device shards, in device order, and where
+    each lies; an array on one device is its own single shard. Anything with
+    `addressable_shards` (a jax.Array, a kvref.sim_mesh.ShardedArray) is split."""
+    shards = getattr(array, "addressable_shards", None)
+    if shards is None or len(shards) <= 1:
+        return [array], None
+    shards = sorted(shards, key=lambda shard: shard.device.id)
+    starts = [tuple(s.start or 0 for s in shard.index) for shard in shards]
+    return [shard.data for shard in shards], placements_of(starts)
 
 
 def is_simulated(view: DeviceBufferView) -> bool:

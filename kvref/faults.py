@@ -55,6 +55,12 @@ class Faults:
     buffer_resolved_once: bool = _fault(
         "buffers are resolved at construction only: a transfer after an in-place op moves "
         "stale storage (pending ops never run; an XLA tensor's new buffer is never seen)")
+    first_shard_only: bool = _fault(
+        "a sharded cache is addressed through its first shard only: the other devices' parts "
+        "of every block are never moved")
+    block_ids_on_every_shard: bool = _fault(
+        "a block id is applied to every shard of a cache split along its blocks, as if each "
+        "held them all: global block b moves local block b of every device")
 
     @classmethod
     def known(cls) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ import numpy as np
 
 from kvref import _core
 from kvref.addressing import SLICE_POLICIES, plan_host
-from kvref.buffers import DeviceBufferView, check_live, is_simulated, unpack_buffer
+from kvref.buffers import DeviceBufferView, check_live, is_simulated, split_shards, unpack_buffer
 from kvref.errors import HostBudgetError
 from kvref.faults import Faults
 from kvref.limits import check_allocation, memory_available
@@ -45,10 +45,10 @@ class KVCacheManager:
         if slice_policy not in SLICE_POLICIES:
             raise ValueError(f"slice_policy {slice_policy!r} is not one of {SLICE_POLICIES}")
         host_blocks = integer(host_blocks, "host_blocks", 1)
-        layers = _layers(kv_caches)
+        layers, placements = _layers(kv_caches)
         views = [[unpack_buffer(a, self.faults) for a in layer] for layer in layers]
         _check_devices(views)
-        plan = plan_host(views, int(host_blocks), slice_policy, self.faults)
+        plan = plan_host(views, int(host_blocks), slice_policy, self.faults, placements)
         budget = default_host_budget() if host_budget_bytes is None else integer(host_budget_bytes,
                                                                                  "host_budget_bytes", 0)
         if plan.host_bytes > budget and not self.faults.no_host_budget:
@@ -68,7 +68,9 @@ class KVCacheManager:
             self._mover.set_parallelism(parallelism)
         self._views = views
         self._lands_before_return = not all(is_simulated(v) for layer in views for v in layer)
-        self._plans = _core.PlanRegistry(len(views), min(v[0].shape.dims[0] for v in views))
+        self._plans = _core.PlanRegistry(len(views), min(a.device_blocks for a in plan.layers))
+        self._host_slots = plan.host_slots
+        self._addressed_shards = len(plan.layers[0].shards)
         self.host_blocks = int(host_blocks)
         self.host_bytes = plan.host_bytes
         self.layer_bytes_per_block = plan.slice_bytes
@@ -129,7 +131,8 @@ class KVCacheManager:
         return self._mover.chunks_available
 
     def read_block_bytes(self, layer: int, block: int, shard: int = 0) -> bytes:
-        """One host block of one layer."""
+        """One host block of one layer; of a sharded cache, `shard` is the
+        part of the block (see kvref.sharding), not a device."""
         return self._mover.read_host_block(*self._indices(layer, shard, block))
 
     def write_block_bytes(self, layer: int, block: int, payload, shard: int = 0) -> None:
@@ -166,8 +169,9 @@ class KVCacheManager:
 
     def _indices(self, layer, shard, block) -> tuple[int, int, int]:
         """Host block coordinates as ints, each checked against its range."""
-        limits = (("layer", layer, self.num_layers), ("shard", shard, self.num_shards),
-                  ("host block", block, self.host_blocks))
+        integer(layer, "layer", 0, self.num_layers - 1, expected=f"an integer in [0, {self.num_layers})",
+                out_of_range=IndexError)
+        limits = (("shard", shard, self._host_slots[int(layer)]), ("host block", block, self.host_blocks))
         for name, value, limit in limits:
             integer(value, name, 0, limit - 1, expected=f"an integer in [0, {limit})", out_of_range=IndexError)
         return int(layer), int(shard), int(block)
@@ -197,7 +201,7 @@ class KVCacheManager:
                     live = check_live(view, self.faults)
                 except ValueError as e:
                     raise ValueError(f"layer {i} shard {s}: {e}") from None
-                if live is not view:  # the array's storage moved: address the new one
+                if live is not view and s < self._addressed_shards:  # its storage moved: address the new one
                     self._mover = self._mover.with_shard(i, s, live.region)
                     layer[s] = live
 
@@ -207,19 +211,25 @@ def default_host_budget() -> int:
     return int(memory_available() * BUDGET_SHARE)
 
 
-def _layers(kv_caches) -> list[list]:
+def _layers(kv_caches) -> tuple[list[list], list]:
+    """Per layer, its shards (one per device) and, for one array split over
+    devices, where each shard lies (None: each shard holds every block)."""
     if isinstance(kv_caches, (str, bytes)) or not hasattr(kv_caches, "__len__"):
         raise TypeError(f"kv_caches must be a list of layers, got {type(kv_caches).__name__}")
     if len(kv_caches) == 0:
         raise ValueError("kv_caches is empty; expected at least one layer")
-    layers = [list(layer) if isinstance(layer, (list, tuple)) else [layer] for layer in kv_caches]
+    layers, placements = [], []
+    for layer in kv_caches:
+        shards, placed = (list(layer), None) if isinstance(layer, (list, tuple)) else split_shards(layer)
+        layers.append(shards)
+        placements.append(placed)
     for i, layer in enumerate(layers):
         if not layer:
             raise ValueError(f"layer {i} has no shards")
         if len(layer) != len(layers[0]):
             raise ValueError(f"layer {i} has {len(layer)} shards but layer 0 has {len(layers[0])}; "
                              "every layer needs the same shard count")
-    return layers
+    return layers, placements
 
 
 def _check_devices(views: list[list[DeviceBufferView]]) -> None:

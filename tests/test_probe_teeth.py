@@ -34,6 +34,13 @@ TEETH = [
     ("settings/timeout_nan", "", (), ["unchecked_settings"], "ERROR"),
     ("settings/parallelism_zero", "", (), ["unchecked_settings"], "ERROR"),
     ("repeated_construction", "", (), ["leaked_pool"], "ERROR"),
+    # Caches over a mesh: the other devices' parts never move, or a global
+    # block id is taken as every device's own.
+    ("sharded_roundtrip/heads", "", (), ["first_shard_only"], "CORRUPT"),
+    ("sharded_roundtrip/replicated", "", (), ["first_shard_only"], "CORRUPT"),
+    ("block_sharded/blocks", "", (), ["block_ids_on_every_shard"], "ERROR"),
+    ("block_sharded/blocks_and_heads", "", (), ["first_shard_only"], "CORRUPT"),
+    ("block_sharded/mixed_layers", "", (), ["block_ids_on_every_shard"], "ERROR"),
 ]
 
 
@@ -78,3 +85,13 @@ def test_reference_on_jax_cpu_arrays():
     result = run_case(c)
     assert result.outcome.verdict == "PASS", result.outcome.detail
     assert result.outcome.backend == "jax-cpu"
+
+
+@pytest.mark.parametrize("probe", ["sharded_roundtrip/heads", "sharded_roundtrip/replicated", "block_sharded/blocks",
+                                   "block_sharded/blocks_and_heads", "block_sharded/mixed_layers"])
+def test_reference_moves_sharded_jax_arrays(probe):
+    """One jax.Array per layer over a mesh of JAX CPU devices, as tpu-inference allocates it."""
+    name, _, kind = probe.partition("/")
+    c = Case(name, "cpu", "kvref-jax", f"{name}-{kind}", declared(name).subject, kind=kind)
+    result = run_case(c)
+    assert result.outcome.verdict == "PASS", result.outcome.detail

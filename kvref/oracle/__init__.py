@@ -10,36 +10,47 @@ from kvref.oracle import cache, table
 from kvref.oracle.compiler import OracleUnavailable
 from kvref.shape import Shape
 from kvref.shape_key import ShapeKey
+from kvref.sharding import Sharding
 
 __all__ = ["GENERATIONS", "LayoutAnswer", "OracleUnavailable", "device_kind", "generation_of_device_kind",
-           "lookup", "tpu_layout"]
+           "lookup", "table_key", "tpu_layout"]
 
 
 @dataclass(frozen=True)
 class LayoutAnswer:
-    shape: Shape
+    shape: Shape  # with a sharding, one device's shard
     generation: str
     source: str  # "table" or "compiler"
     versions: str  # "jax 0.10.2, libtpu 0.0.52"
     compiler_bytes: int  # the compiler's size for the buffer
 
 
-def lookup(dtype, dims, generation: str, *, live: bool = True) -> LayoutAnswer:
+def lookup(dtype, dims, generation: str, *, live: bool = True, sharding: Sharding | None = None) -> LayoutAnswer:
+    """The compiler's layout for a new array of `dims`; with a sharding, of
+    one device's shard, as the compiler lays it out for the whole mesh."""
     check_generation(generation)
     shape_key = ShapeKey(dtype, dims)
-    name, dims, key = shape_key.dtype, shape_key.dims, str(shape_key)
+    name, dims = shape_key.dtype, shape_key.dims
+    if sharding is not None:
+        sharding.check(dims)
+    key = table_key(shape_key, sharding)
     hit = table.lookup(generation, key)
     if hit:
         return LayoutAnswer(Shape.parse(hit[0]), generation, "table",
                             _version_text(table.load()["versions"]), hit[1])
     if not live:
         raise OracleUnavailable(f"{key} on {generation} is not in the shipped layout table")
-    return _from_compiler(name, dims, generation, key)
+    return _from_compiler(name, dims, generation, key, sharding)
 
 
-def tpu_layout(dtype, dims, generation: str) -> Shape:
-    """The layout `generation`'s XLA compiler picks for a new array."""
-    return lookup(dtype, dims, generation).shape
+def table_key(shape_key: ShapeKey, sharding: Sharding | None = None) -> str:
+    """How the table and the disk cache name an answer: the shape, then its sharding."""
+    return str(shape_key) if sharding is None else f"{shape_key} {sharding}"
+
+
+def tpu_layout(dtype, dims, generation: str, sharding: Sharding | None = None) -> Shape:
+    """The layout `generation`'s XLA compiler picks for a new array (or its shard)."""
+    return lookup(dtype, dims, generation, sharding=sharding).shape
 
 
 def device_kind(generation: str) -> str:
@@ -66,7 +77,8 @@ def generation_of_device_kind(kind: str) -> str | None:
     return None
 
 
-def _from_compiler(name: str, dims: tuple[int, ...], generation: str, key: str) -> LayoutAnswer:
+def _from_compiler(name: str, dims: tuple[int, ...], generation: str, key: str,
+                   sharding: Sharding | None) -> LayoutAnswer:
     from kvref.oracle import compiler
 
     try:
@@ -76,7 +88,7 @@ def _from_compiler(name: str, dims: tuple[int, ...], generation: str, key: str) 
     path = cache.cache_path(versions)
     entry = cache.get(path, generation, key)
     if entry is None:
-        answer = compiler.compile_layout(name, dims, generation)
+        answer = compiler.compile_layout(name, dims, generation, sharding)
         entry = (str(answer.shape), answer.output_bytes, answer.device_kind)
         cache.put(path, generation, key, entry)
     return LayoutAnswer(Shape.parse(entry[0]), generation, "compiler", _version_text(versions), entry[1])

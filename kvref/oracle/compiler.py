@@ -14,6 +14,7 @@ from kvref.dtypes import element_type
 from kvref.generations import DEFAULT_TOPOLOGIES, TOPOLOGIES, check_generation
 from kvref.shape import Layout, Shape
 from kvref.shape_key import ShapeKey
+from kvref.sharding import Sharding
 
 
 class OracleUnavailable(RuntimeError):
@@ -44,18 +45,44 @@ def versions() -> dict[str, str]:
 
 @functools.cache
 def _device(generation: str):
+    return _devices(generation, 1)[0]
+
+
+# Larger topologies of a chip, tried in order for a mesh its own topology
+# cannot hold (2-D chips, then 3-D ones).
+MESH_TOPOLOGIES = ("2x2", "2x4", "4x4", "4x8", "2x2x1", "2x2x2", "2x2x4", "2x4x4")
+
+
+@functools.cache
+def _devices(generation: str, count: int) -> tuple:
+    """At least `count` devices of one topology of this TPU type: the one its
+    name gives, or for a chip named alone, the first libtpu accepts that is
+    large enough."""
     check_generation(generation)
     versions()
-    if generation in TOPOLOGIES or ":" in generation:
-        return _describe(TOPOLOGIES.get(generation, generation)).devices[0]
+    if ":" in generation:
+        devices = _describe(generation).devices
+        if len(devices) < count:
+            raise ValueError(f"a mesh of {count} devices is larger than topology {generation} "
+                             f"({len(devices)} devices)")
+        return tuple(devices)
+    chip = generation
+    tried = ([TOPOLOGIES[chip].split(":")[1]] if chip in TOPOLOGIES else list(DEFAULT_TOPOLOGIES))
+    tried += [t for t in MESH_TOPOLOGIES if t not in tried] if count > 1 else []
     errors = []
-    for topology in DEFAULT_TOPOLOGIES:  # a bare chip: the first topology libtpu accepts
+    for topology in tried:
         try:
-            return _describe(f"{generation}:{topology}").devices[0]
+            devices = _describe(f"{chip}:{topology}").devices
         except OracleUnavailable as e:
             errors.append(str(e))
-    raise OracleUnavailable(f"the installed libtpu compiles for no {generation!r} topology of "
-                            f"{', '.join(DEFAULT_TOPOLOGIES)}: {errors[0]}")
+            continue
+        if len(devices) >= count:
+            return tuple(devices)
+    if errors and len(errors) == len(tried):
+        raise OracleUnavailable(f"the installed libtpu compiles for no {generation!r} topology of "
+                                f"{', '.join(tried)}: {errors[0]}")
+    raise ValueError(f"a mesh of {count} devices is larger than any {chip} topology tried "
+                     f"({', '.join(tried)})")
 
 
 # Ahead-of-time compiles open no TPU, so several processes may load libtpu at
@@ -120,23 +147,34 @@ def accepts(generation: str) -> str | None:
     return None
 
 
-def compile_layout(dtype, dims, generation: str) -> CompiledLayout:
-    """The layout the TPU compiler of `generation` picks for a new array."""
+def compile_layout(dtype, dims, generation: str, sharding: Sharding | None = None) -> CompiledLayout:
+    """The layout the TPU compiler of `generation` picks for a new array; with
+    a sharding, for one device's shard of it (compiled over the whole mesh),
+    and the size is one device's."""
     check_generation(generation)
     element = element_type(dtype)
     dims = tuple(int(d) for d in dims)
-    device = _device(generation)
+    shard_dims = dims if sharding is None else sharding.shard_dims(dims)
     import jax
     import jax.numpy as jnp
-    from jax.sharding import SingleDeviceSharding
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
-    fn = jax.jit(lambda: jnp.zeros(dims, element.numpy), out_shardings=SingleDeviceSharding(device))
+    if sharding is None:
+        device = _device(generation)
+        out = SingleDeviceSharding(device)
+    else:
+        devices = _devices(generation, sharding.devices)[: sharding.devices]
+        device = devices[0]
+        mesh = Mesh(np.array(devices, dtype=object).reshape(sharding.axis_sizes), sharding.axis_names)
+        out = NamedSharding(mesh, PartitionSpec(*sharding.partition_spec()))
+    fn = jax.jit(lambda: jnp.zeros(dims, element.numpy), out_shardings=out)
     with _libtpu_quiet():
         compiled = fn.lower().compile()
     out_dtype = element_type(compiled.out_info.dtype).name
     if out_dtype != element.name:
         raise OracleUnavailable(f"the compiler made {ShapeKey(element.name, dims)} into {out_dtype} "
                                 "(64-bit types need jax_enable_x64)")
-    shape = Shape(element.name, dims, Layout.from_jax(compiled.output_formats.layout))
+    shape = Shape(element.name, shard_dims, Layout.from_jax(compiled.output_formats.layout))
     output_bytes = compiled.memory_analysis().output_size_in_bytes
     return CompiledLayout(shape, int(output_bytes), device.device_kind)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import kvref
-from probes.iut.protocol import CACHE_MODES, PROTOCOL_VERSION, Arrays, Library
+from probes.iut.protocol import CACHE_MODES, PROTOCOL_VERSION, Arrays, Library, ShardedArrays
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,10 @@ class Adapter:
     @property
     def device_kind(self) -> str:
         return self.arrays.device_kind
+
+    def sharded_arrays(self) -> ShardedArrays | None:
+        """The arrays, where they can split a cache over several devices."""
+        return self.arrays if isinstance(self.arrays, ShardedArrays) else None
 
     def skip_reason(self) -> str | None:
         """Every reason this IUT cannot run here (library and arrays), or None."""

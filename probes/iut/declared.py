@@ -23,6 +23,11 @@ NO_TORCH_PLANS = ("plan_binding", "tpu-sync-torch has no way to read a registere
 NO_TORCH_ALLOCATOR = tuple((case, "tpu-sync-torch has no d2h_auto_allocate or unlock_blocks")
                            for case in ("host_chunks", "inflight_step", "release_order/save_in_flight",
                                         "release_order/exit_in_flight"))
+# The torch arrays make each cache on one device.
+NO_TORCH_MESH = tuple((probe, "these torch arrays make every cache on one device, never split over a mesh")
+                      for probe in ("sharded_roundtrip", "block_sharded"))
+# JAX CPU workers get enough devices for the sharded probes' meshes.
+JAX_CPU_MESH = ("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 LANDS_AT_ONCE = ("host_transferred_construction",
                  "a TPU lands a host->device copy of a few MiB in about a millisecond, before it can be "
                  "seen in flight")
@@ -30,11 +35,12 @@ LANDS_AT_ONCE = ("host_transferred_construction",
 KVREF_SIM = IUT("kvref-sim", SimArrays, KvrefLibrary, targets=kvref.GENERATIONS, any_tpu_type=True,
                 not_applicable=(NO_SIM_VIEWS,))
 KVREF_JAX = IUT("kvref-jax", JaxCpuArrays, KvrefLibrary, targets=("cpu",), preload=("jax",),
-                not_applicable=(NO_JAX_VIEWS,))
+                environment=(JAX_CPU_MESH,), not_applicable=(NO_JAX_VIEWS,))
 TPU_SYNC_JAX = IUT("tpu-sync-jax", JaxCpuArrays, TpuSyncJaxLibrary, targets=("cpu",), interpreter="jax",
-                   preload=("jax",), loopback_only=True, not_applicable=(NO_JAX_VIEWS, NO_JAX_PLANS))
+                   preload=("jax",), environment=(JAX_CPU_MESH,), loopback_only=True,
+                   not_applicable=(NO_JAX_VIEWS, NO_JAX_PLANS))
 KVREF_TORCH_XLA = IUT("kvref-torch-xla", TorchXlaArrays, KvrefLibrary, targets=("cpu",), interpreter="xla",
-                      preload=("torch_xla",), environment=(("PJRT_DEVICE", "CPU"),))
+                      preload=("torch_xla",), environment=(("PJRT_DEVICE", "CPU"),), not_applicable=NO_TORCH_MESH)
 TPU_SYNC_JAX_TPU = IUT("tpu-sync-jax-tpu", JaxTpuArrays, TpuSyncJaxLibrary, targets=kvref.GENERATIONS,
                        interpreter="jax", jax_platforms=None, owns_device=True, startup_seconds=300.0,
                        any_tpu_type=True, loopback_only=True,
@@ -42,4 +48,5 @@ TPU_SYNC_JAX_TPU = IUT("tpu-sync-jax-tpu", JaxTpuArrays, TpuSyncJaxLibrary, targ
 TPU_SYNC_TORCH_TPU = IUT("tpu-sync-torch-tpu", TorchTpuArrays, TpuSyncTorchLibrary,
                          targets=TORCH_TPU_GENERATIONS, interpreter="torch", jax_platforms=None,
                          owns_device=True, startup_seconds=300.0, any_tpu_type=True, loopback_only=True,
-                         not_applicable=(NO_TORCH_TPU_VIEWS, NO_TORCH_PLANS, *NO_TORCH_ALLOCATOR, LANDS_AT_ONCE))
+                         not_applicable=(NO_TORCH_TPU_VIEWS, NO_TORCH_PLANS, *NO_TORCH_ALLOCATOR, LANDS_AT_ONCE,
+                                         *NO_TORCH_MESH))

@@ -42,6 +42,31 @@ class JaxSteps:
     def read_by_step(self, cache):
         return read_by_step(cache)
 
+    def make_sharded_caches(self, key, sharding, seeds):
+        """One jax.Array per seed over a mesh of this platform's devices, as
+        tpu-inference allocates a layer (a NamedSharding)."""
+        import jax
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        devices = self.mesh_devices()
+        if len(devices) < sharding.devices:
+            raise RuntimeError(f"{sharding} needs {sharding.devices} {devices[0].platform} devices and this "
+                               f"process has {len(devices)} (JAX CPU devices: XLA_FLAGS="
+                               f"--xla_force_host_platform_device_count={sharding.devices})")
+        mesh = Mesh(np.array(devices[: sharding.devices]).reshape(sharding.axis_sizes), sharding.axis_names)
+        named = NamedSharding(mesh, PartitionSpec(*sharding.partition_spec()))
+        hosts = [random_host(key, seed) for seed in seeds]
+        # A copy, as in jax_caches: the CPU may take the host memory as the shards' buffers.
+        return [(jax.device_put(host.copy(), named), host) for host in hosts]
+
+    def fetch_shards(self, cache):
+        shards = sorted(cache.addressable_shards, key=lambda shard: shard.device.id)
+        return [(shard.index, self.fetch(shard.data)) for shard in shards]
+
+    def mesh_devices(self) -> list:
+        """The devices a sharded cache's mesh is made of."""
+        raise NotImplementedError
+
 
 class JaxCpuArrays(JaxSteps):
     """JAX CPU arrays, dense row-major; written in place through their buffer."""
@@ -75,6 +100,11 @@ class JaxCpuArrays(JaxSteps):
 
     def fetch(self, cache):
         return np.asarray(cache).copy()
+
+    def mesh_devices(self):
+        import jax
+
+        return jax.devices("cpu")
 
     def scramble(self, cache):
         cache.block_until_ready()
@@ -247,6 +277,11 @@ class JaxTpuArrays(JaxSteps):
             for cache in caches:
                 check_compiled_layout(cache, self.generation)
         return list(zip(caches, hosts))
+
+    def mesh_devices(self):
+        import jax
+
+        return jax.devices(standin_platform() or "tpu")
 
     def fetch(self, cache):
         """Read from the device every time: jax keeps the host copy of an

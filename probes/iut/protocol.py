@@ -96,6 +96,23 @@ class Arrays(Protocol):
 
 
 @runtime_checkable
+class ShardedArrays(Protocol):
+    """What Arrays that split caches over several devices also provide (the
+    sharded probes SKIP for arrays without it, naming this protocol)."""
+
+    def make_sharded_caches(self, key: kvref.ShapeKey, sharding: kvref.Sharding,
+                            seeds: Sequence[int]) -> list[tuple[Any, np.ndarray]]:
+        """(one cache split over a mesh of this backend's devices as `sharding`
+        says, its global logical host contents) per seed, as a serving stack
+        allocates a layer (on JAX: one jax.Array with a NamedSharding). Too
+        few devices is an error naming how many it needs."""
+
+    def fetch_shards(self, cache) -> list[tuple[tuple[slice, ...], np.ndarray]]:
+        """Every device's part of a sharded cache, replicas included, in device
+        order: (where it lies in the global array, its current contents)."""
+
+
+@runtime_checkable
 class Pending(Protocol):
     def wait(self) -> None:
         """Until the transfer has ended; raises the library's error if it failed."""

@@ -7,6 +7,7 @@ from importlib import metadata
 
 import kvref
 from kvref.oracle import device_kind, lookup
+from kvref.sim_mesh import SimMesh
 from probes.iut.host_data import random_host
 from probes.iut.protocol import NoViews
 
@@ -90,6 +91,7 @@ class SimArrays:
 
     def __init__(self, generation: str):
         self.device = kvref.SimDevice(generation)
+        self.mesh = None  # made for the first sharded cache
 
     layout_of = staticmethod(tpu_layout_of)
 
@@ -110,6 +112,17 @@ class SimArrays:
         delays = [self.PUT_DELAY_US if mode == "landing" and i == 0 else 0 for i in range(len(hosts))]
         return [(self.device.put(host, shape=layout, land_after_us=delay), host)
                 for host, delay in zip(hosts, delays)]
+
+    def make_sharded_caches(self, key, sharding, seeds):
+        """On a mesh of simulated chips of this generation, each shard laid out
+        as the compiler lays it out for the whole mesh."""
+        hosts = [random_host(key, seed) for seed in seeds]
+        if self.mesh is None or len(self.mesh.devices) < sharding.devices:
+            self.mesh = SimMesh(self.device.generation, sharding.devices)  # one mesh for all a case's caches
+        return [(self.mesh.put(host, sharding), host) for host in hosts]
+
+    def fetch_shards(self, cache):
+        return [(shard.index, shard.device.fetch(shard.data)) for shard in cache.addressable_shards]
 
     def views(self, key, seeds):
         raise NoViews("the simulated device has no views of one array into another")

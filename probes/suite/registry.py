@@ -10,7 +10,7 @@ from typing import Callable
 
 import kvref
 from probes.suite import (call_sequence, construction, host_budget, host_chunks, ordering, plan_binding,
-                          requests, robustness, roundtrip, serving_step, settings)
+                          requests, robustness, roundtrip, serving_step, settings, sharded)
 from probes.suite.ownership import row_byte_ranges
 from probes.suite.verdicts import PASS, REJECTED
 
@@ -94,6 +94,12 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     # parallelism and moving blocks exactly.
     Probe("settings", settings.settings, "robustness", always(REJECTED, PASS), subject=PLAN_SHAPE,
           kinds=settings.SETTING_KINDS, default=False),
+    # Caches over a device mesh. Split across heads (or replicated), they must
+    # move; split along blocks, refusing them at construction is right too.
+    Probe("sharded_roundtrip", sharded.sharded_roundtrip, "robustness", always(PASS), subject=sharded.SUBJECT,
+          kinds=sharded.HEAD_KINDS),
+    Probe("block_sharded", sharded.block_sharded, "robustness", always(PASS, REJECTED), subject=sharded.SUBJECT,
+          kinds=sharded.BLOCK_KINDS),
     Probe("call_sequence", call_sequence.call_sequence, "fuzz", always(PASS), default=False),
 )}
 

@@ -1,0 +1,105 @@
+"""Caches split over a device mesh, as serving stacks shard them: by kv heads
+(tensor parallelism), replicated along a mesh axis, by blocks (tpu-inference
+splits the block dimension over its data axis), and layers of different
+shardings in one manager. Block ids are global (kvref.sharding says what
+that means); every device's part is read back on its own."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import kvref
+from probes.iut.adapter import Adapter
+from probes.suite.cases import Case
+from probes.suite.refusals import first_line, refused
+from probes.suite.roundtrip import expected_after, has_equal_rows, moving_permutations, wrong_rows
+from probes.suite.verdicts import CORRUPT, ERROR, PASS, SKIP, Outcome
+
+SUBJECT = kvref.ShapeKey("bf16", (64, 16, 8, 128))  # addressable per shard on every generation
+SHARDINGS = {
+    "heads": "mesh(model=4) spec(None,None,model)",
+    "replicated": "mesh(model=2,replica=2) spec(None,None,model)",
+    "blocks": "mesh(data=4) spec(data)",
+    "blocks_and_heads": "mesh(data=2,model=2) spec(data,None,model)",
+}
+HEAD_KINDS = ("heads", "replicated")
+BLOCK_KINDS = ("blocks", "blocks_and_heads", "mixed_layers")
+# One layer split across heads, one along blocks, on the same four devices,
+# with blocks of one size on every device.
+MIXED_LAYERS = (("heads", SUBJECT), ("blocks", kvref.ShapeKey("bf16", (64, 16, 2, 128))))
+
+
+def sharded_roundtrip(case: Case, iut: Adapter) -> Outcome:
+    """A cache split across its heads (or replicated too): every block d2h in
+    one permutation and h2d back in another, then one host block into one
+    device block; every device's part, replicas included, must hold exactly
+    its part of the expected contents after each."""
+    return _round_trips(case, iut, [(SHARDINGS[case.kind], case.shape)])
+
+
+def block_sharded(case: Case, iut: Adapter) -> Outcome:
+    """A cache split along its blocks (and its heads), or two layers sharded
+    differently: refusing it when the manager is built is right; a manager
+    that takes it must move global blocks, each only on the devices that
+    hold it, as sharded_roundtrip checks."""
+    layers = MIXED_LAYERS if case.kind == "mixed_layers" else ((case.kind, case.shape),)
+    return _round_trips(case, iut, [(SHARDINGS[kind], key) for kind, key in layers])
+
+
+def _round_trips(case: Case, iut: Adapter, layers: list[tuple[str, kvref.ShapeKey]]) -> Outcome:
+    """Each layer (sharding text, shape) made, then moved as one manager."""
+    arrays = iut.sharded_arrays()
+    if arrays is None:
+        return Outcome(SKIP, f"{iut.name}'s arrays make no sharded caches (no probes.iut.protocol.ShardedArrays)")
+    shardings = [text for text, _ in layers]
+    pairs = [arrays.make_sharded_caches(key, kvref.Sharding.parse(text), [case.seed + i])[0]
+             for i, (text, key) in enumerate(layers)]
+    caches, hosts = [c for c, _ in pairs], [h for _, h in pairs]
+    blocks = case.shape.dims[0]
+    if any(has_equal_rows(h) for h in hosts):
+        return Outcome(ERROR, "two blocks hold the same bytes, so a block that did not move could pass")
+    try:
+        manager = iut.manager(caches, blocks)
+    except Exception as e:  # a clean refusal, or the worker's ERROR
+        return refused(iut, e, f"{'; '.join(shardings)}: ")
+    perm_a, perm_b = moving_permutations(blocks, case.seed + 1)
+    target = 1  # then host block `source` into device block 1, which held another block
+    source = (int(np.flatnonzero(perm_b == target)[0]) + 1) % blocks
+    expected = [expected_after(h, perm_a, perm_b) for h in hosts]
+    steps = [("a permuted round trip of every block", lambda: _round_trip(iut, manager, blocks, perm_a, perm_b)),
+             (f"host block {source} into device block {target}",
+              lambda: iut.h2d(manager, [source], [target]))]
+    for i, (what, run) in enumerate(steps):
+        try:
+            run()
+        except Exception as e:  # the manager took the cache: every global block id is its to move
+            return Outcome(ERROR, f"the manager took {'; '.join(shardings)}, then failed {what}: {first_line(e)}")
+        if i == 1:
+            for want, host in zip(expected, hosts):
+                want[target] = host[perm_a[source]]
+        wrong = _first_wrong_part(arrays, caches, expected)
+        if wrong:
+            return Outcome(CORRUPT, f"after {what}: {wrong}")
+    return Outcome(PASS, f"{blocks} global blocks round-tripped and one moved alone, every device's part "
+                   f"exact, over {'; '.join(shardings)}")
+
+
+def _round_trip(iut: Adapter, manager, blocks: int, perm_a, perm_b) -> None:
+    iut.d2h(manager, perm_a, np.arange(blocks))
+    iut.h2d(manager, np.arange(blocks), perm_b)
+
+
+def _first_wrong_part(arrays, caches, expected) -> str | None:
+    """Where a device's part differs from its part of the expected contents."""
+    for layer, (cache, want) in enumerate(zip(caches, expected)):
+        for device, (index, got) in enumerate(arrays.fetch_shards(cache)):
+            wrong = wrong_rows(np.ascontiguousarray(got), np.ascontiguousarray(want[index]))
+            if wrong.any():
+                first = int(np.argmax(wrong)) + (index[0].start or 0)
+                return (f"layer {layer} device {device} (holding {_index_text(index)}): {int(wrong.sum())} "
+                        f"of its {len(wrong)} blocks differ (first: global block {first})")
+    return None
+
+
+def _index_text(index: tuple[slice, ...]) -> str:
+    return "[" + ",".join(f"{s.start or 0}:{s.stop}" if s.stop is not None else ":" for s in index) + "]"

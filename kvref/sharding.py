@@ -122,7 +122,7 @@ class Sharding:
 
     @property
     def splits_blocks(self) -> bool:
-        return bool(self.spec and self.spec[0])
+        return self.parts(0) > 1
 
     def placements(self, dims) -> list["ShardPlacement"]:
         """Per device, which blocks it holds and which part of a host block they fill."""

@@ -15,7 +15,8 @@ from probes.suite.construction import deferred_construction, host_transferred_co
 from probes.suite.host_budget import host_budget
 from probes.suite.plan_binding import plan_binding
 from probes.suite.registry import PLAN_SHAPE, PROBES
-from probes.suite.roundtrip import moving_permutations, roundtrip
+from probes.suite.permutations import moving_permutations
+from probes.suite.roundtrip import roundtrip
 
 SHAPE = kvref.ShapeKey("bf16", (64, 8, 128))
 

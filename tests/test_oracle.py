@@ -7,8 +7,8 @@ import random
 import pytest
 
 import kvref
-from kvref.oracle import compiler, lookup, table
-from kvref.oracle.matrix import table_shapes
+from kvref.oracle import compiler, lookup, table, table_key
+from kvref.oracle.matrix import sharded_table_shapes, table_shapes
 from tests.facts import fact_cases
 
 HAVE_LIBTPU = all(importlib.util.find_spec(m) for m in ("jax", "libtpu"))
@@ -46,11 +46,21 @@ def test_sample_of_table_recompiles_identically():
             assert data["generations"][gen]["layouts"][key] == [str(answer.shape), answer.output_bytes]
 
 
+def test_the_tables_shards_are_the_compilers_over_their_mesh():
+    data = table.load()
+    for gen in ("v5e", "tpu7x"):
+        for dtype, dims, sharding in sharded_table_shapes()[:4]:
+            answer = compiler.compile_layout(dtype, dims, gen, sharding)
+            key = table_key(kvref.ShapeKey(dtype, dims), sharding)
+            assert data["generations"][gen]["layouts"][key] == [str(answer.shape), answer.output_bytes]
+
+
 def test_table_covers_every_generation_and_agrees_with_model():
     data = table.load()
     assert set(data["generations"]) == set(kvref.GENERATIONS)
     assert {"jax", "libtpu"} <= set(data["versions"])
     keys = {str(kvref.ShapeKey(d, dims)) for d, dims in table_shapes()}
+    keys |= {table_key(kvref.ShapeKey(d, dims), s) for d, dims, s in sharded_table_shapes()}
     for gen, entry in data["generations"].items():
         assert set(entry["layouts"]) == keys, gen
         assert len(keys) >= 300

@@ -9,13 +9,13 @@ import kvref
 from probes.report import results
 from probes.run import cli, rows
 from probes.run.runner import run_cases
-from probes.suite.matrix import build_cases, load_matrix
+from probes.suite.matrix import DEFAULT_MATRIX, build_cases, load_matrix
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 
 
 def fresh_run(generations) -> pd.DataFrame:
-    cases = build_cases(generations, load_matrix("default"))
+    cases = build_cases(generations, load_matrix(DEFAULT_MATRIX))
     return rows.to_frame(run_cases(cases), "test")
 
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvref.sharding import Sharding
 
 TABLE_DTYPES = ("bf16", "f32", "s8", "f8e4m3fn", "f8e5m2", "s4")
 
@@ -39,3 +43,11 @@ def table_shapes() -> list[tuple[str, tuple[int, ...]]]:
     shapes = list(SEED_SHAPES)
     shapes += [(dtype, dims) for dtype in TABLE_DTYPES for dims in kv_dims()]
     return list(dict.fromkeys(shapes))
+
+
+def sharded_table_shapes() -> list[tuple[str, tuple[int, ...], "Sharding"]]:
+    """The serving caches (kvref.serving) that are split over a mesh: the
+    table holds one device's shard of each, compiled over its mesh."""
+    from kvref.serving import serving_caches
+
+    return [(c.key.dtype, c.key.dims, c.sharding) for _, c in serving_caches() if c.sharding is not None]

@@ -13,8 +13,9 @@ import sys
 import time
 
 from kvref.generations import GENERATIONS
-from kvref.oracle import compiler, table
-from kvref.oracle.matrix import table_shapes
+from kvref.oracle import compiler, table, table_key
+from kvref.oracle.matrix import sharded_table_shapes, table_shapes
+from kvref.shape_key import ShapeKey
 
 
 def refresh(generations=GENERATIONS, out=table.TABLE_PATH) -> dict:
@@ -27,12 +28,12 @@ def refresh(generations=GENERATIONS, out=table.TABLE_PATH) -> dict:
     for gen in generations:
         start = time.perf_counter()
         layouts, kind = {}, ""
-        for dtype, dims in shapes:
-            answer = compiler.compile_layout(dtype, dims, gen)
+        for dtype, dims, sharding in [(d, s, None) for d, s in shapes] + sharded_table_shapes():
+            answer = compiler.compile_layout(dtype, dims, gen, sharding)
             if answer.shape.physical_size_bytes != answer.output_bytes:
                 raise SystemExit(f"{gen}: model size {answer.shape.physical_size_bytes} != compiler "
                                  f"size {answer.output_bytes} for {answer.shape}")
-            layouts[str(answer.shape.key)] = [str(answer.shape), answer.output_bytes]
+            layouts[table_key(ShapeKey(dtype, dims), sharding)] = [str(answer.shape), answer.output_bytes]
             kind = answer.device_kind
         data["generations"][gen] = {"device_kind": kind, "layouts": layouts}
         print(f"{gen}: {len(layouts)} shapes in {time.perf_counter() - start:.1f}s", file=sys.stderr)

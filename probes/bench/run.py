@@ -16,7 +16,7 @@ import time
 import kvref
 from probes.run.probe_case import run_case_here
 from probes.run.runner import run_case, run_cases
-from probes.suite.matrix import build_cases, load_matrix
+from probes.suite.matrix import DEFAULT_MATRIX, build_cases, load_matrix
 
 TARGET_SECONDS = 30.0
 OVERHEAD_TARGET_MS = 50.0
@@ -51,7 +51,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count())
     args = parser.parse_args(argv)
-    cases = build_cases(kvref.GENERATIONS, load_matrix("default"))
+    cases = build_cases(kvref.GENERATIONS, load_matrix(DEFAULT_MATRIX))
     start = time.perf_counter()
     found = run_cases(cases, args.jobs)
     seconds = time.perf_counter() - start

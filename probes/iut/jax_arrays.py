@@ -81,6 +81,10 @@ class JaxCpuArrays(JaxSteps):
     def layout_of(generation, key):
         return kvref.Shape(key.dtype, key.dims), "dense (JAX CPU)"
 
+    @staticmethod
+    def sharded_layout_of(generation, key, sharding):
+        return kvref.Shape(key.dtype, sharding.shard_dims(key.dims)), "dense (JAX CPU)"
+
     @property
     def device_kind(self) -> str:
         return "cpu"
@@ -250,6 +254,12 @@ class JaxTpuArrays(JaxSteps):
         if standin_platform():
             return JaxCpuArrays.layout_of(generation, key)
         return tpu_layout_of(generation, key)
+
+    @staticmethod
+    def sharded_layout_of(generation, key, sharding):
+        if standin_platform():
+            return JaxCpuArrays.sharded_layout_of(generation, key, sharding)
+        return tpu_layout_of(generation, key, sharding)
 
     @property
     def device_kind(self) -> str:

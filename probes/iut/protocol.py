@@ -100,6 +100,12 @@ class ShardedArrays(Protocol):
     """What Arrays that split caches over several devices also provide (the
     sharded probes SKIP for arrays without it, naming this protocol)."""
 
+    @staticmethod
+    def sharded_layout_of(generation: str, key: kvref.ShapeKey,
+                          sharding: kvref.Sharding) -> tuple[kvref.Shape, str]:
+        """The layout this device gives one device's shard of an array of
+        `key` split by `sharding`, and where that answer came from."""
+
     def make_sharded_caches(self, key: kvref.ShapeKey, sharding: kvref.Sharding,
                             seeds: Sequence[int]) -> list[tuple[Any, np.ndarray]]:
         """(one cache split over a mesh of this backend's devices as `sharding`

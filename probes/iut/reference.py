@@ -12,9 +12,11 @@ from probes.iut.host_data import random_host
 from probes.iut.protocol import NoViews
 
 
-def tpu_layout_of(generation: str, key: kvref.ShapeKey) -> tuple[kvref.Shape, str]:
-    """The generation's compiler layout, and where the answer came from."""
-    answer = lookup(key.dtype, key.dims, generation)
+def tpu_layout_of(generation: str, key: kvref.ShapeKey,
+                  sharding: kvref.Sharding | None = None) -> tuple[kvref.Shape, str]:
+    """The generation's compiler layout (of one device's shard, with a
+    sharding), and where the answer came from."""
+    answer = lookup(key.dtype, key.dims, generation, sharding=sharding)
     return answer.shape, f"{answer.source} ({answer.versions})"
 
 
@@ -94,6 +96,7 @@ class SimArrays:
         self.mesh = None  # made for the first sharded cache
 
     layout_of = staticmethod(tpu_layout_of)
+    sharded_layout_of = staticmethod(tpu_layout_of)
 
     @property
     def device_kind(self) -> str:

@@ -11,13 +11,13 @@ from kvref.generations import report_name
 from probes.suite.verdicts import SKIP, agrees
 
 COLUMNS = ["run_id", "time", "generation", "device_kind", "iut", "iut_version", "iut_options",
-           "backend", "layout_source", "probe", "case_id", "dtype", "shape", "layout",
+           "backend", "layout_source", "probe", "case_id", "dtype", "shape", "sharding", "layout",
            "physical_bytes", "slice_bytes", "legacy_slice_bytes", "predicted", "verdict", "detail",
            "pending_at_construction", "host_bytes", "bytes_moved", "seconds", "gbps", "faults",
            "host", "host_generation"]
 # Columns a rerun of the same cases reproduces exactly (the committed baseline).
 DETERMINISTIC = ["generation", "device_kind", "iut", "iut_options", "backend", "probe", "case_id",
-                 "dtype", "shape", "layout", "physical_bytes", "slice_bytes", "legacy_slice_bytes",
+                 "dtype", "shape", "sharding", "layout", "physical_bytes", "slice_bytes", "legacy_slice_bytes",
                  "predicted", "verdict", "pending_at_construction", "host_bytes", "bytes_moved",
                  "faults"]
 
@@ -40,7 +40,7 @@ def generation_dir(generation: str) -> str:
 
 def read_run(path) -> pd.DataFrame:
     """A run CSV (or a baseline, which has only the deterministic columns)."""
-    frame = pd.read_csv(path, dtype={"faults": str, "detail": str, "iut_options": str,
+    frame = pd.read_csv(path, dtype={"faults": str, "detail": str, "iut_options": str, "sharding": str,
                                      "pending_at_construction": "boolean"}, keep_default_na=False,
                         na_values={"slice_bytes": [""], "host_bytes": [""], "bytes_moved": [""],
                                    "seconds": [""], "gbps": [""], "pending_at_construction": [""]})
@@ -48,7 +48,11 @@ def read_run(path) -> pd.DataFrame:
 
 
 def typed(frame: pd.DataFrame) -> pd.DataFrame:
-    """The nullable columns in the types a written and a read table share."""
+    """The nullable columns in the types a written and a read table share (a
+    table written before caches could be sharded has every case on one device)."""
+    if "sharding" not in frame.columns:
+        frame.insert(frame.columns.get_loc("shape") + 1 if "shape" in frame.columns else len(frame.columns),
+                     "sharding", "")
     for col in ("slice_bytes", "host_bytes", "bytes_moved"):
         frame[col] = frame[col].astype("Int64")
     frame["pending_at_construction"] = frame["pending_at_construction"].astype("boolean")

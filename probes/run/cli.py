@@ -12,6 +12,7 @@ from kvref import GENERATIONS
 from kvref.generations import CHIP_NAMES, check_generation
 from probes.iut.peer_env import PEER_ENVS
 from probes.report.paths import file_safe
+from probes.suite.matrix import DEFAULT_MATRIX
 from probes.suite.registry import DEFAULT_PROBES, PROBES
 
 
@@ -69,8 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="implementation(s) under test, comma-separated (several give a side-by-side "
                      "report): a name `kvprobe iuts` lists, or package.module:ATTR; either ==VERSION "
                      "for another build of its library")
-    run.add_argument("--matrix", default="default",
-                     help="shape matrix: 'default', 'seed', 'cpu' or a CSV file (name,shape,probes)")
+    run.add_argument("--matrix", default=DEFAULT_MATRIX,
+                     help=f"shape matrices, comma-separated (default {DEFAULT_MATRIX}): 'default', 'serving' "
+                     "(the caches tpu-inference allocates for a few models, sharded), 'seed', 'cpu', or a CSV "
+                     "file (name,shape[,probes][,sharding])")
     run.add_argument("--probe", type=_probes, default=None,
                      help=f"comma-separated probes, or 'all' (default: {', '.join(DEFAULT_PROBES)}; 'all' "
                      f"adds {', '.join(p for p in PROBES if p not in DEFAULT_PROBES)})")
@@ -126,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     qual.add_argument("new", type=_tpu_type, metavar="NEW", help="the new TPU type: v2:2x2, v2, local")
     qual.add_argument("--against", type=_tpu_type, required=True, metavar="OLD",
                       help="a TPU type to compare with, e.g. v3")
-    qual.add_argument("--matrix", default="default")
+    qual.add_argument("--matrix", default=DEFAULT_MATRIX)
     qual.add_argument("--jobs", "-j", type=_positive, default=None)
     qual.add_argument("--timeout", type=_positive_number(float), default=30.0)
     qual.add_argument("--out", type=Path, default=Path("reports"))
@@ -152,6 +155,23 @@ def build_parser() -> argparse.ArgumentParser:
                           "is declared, and why any cannot run here")
     iuts.add_argument("names", nargs="*", metavar="IUT", help="also these (package.module:ATTR)")
     iuts.set_defaults(run=_list_iuts)
+
+    mod = sub.add_parser("model", help="will this model, at this TP degree and block size, offload on "
+                         "this TPU: its caches as tpu-inference allocates them, per-shard layouts, host pool, "
+                         "and the round trip on them")
+    mod.add_argument("model", help="a preset (llama-3.1-8b, llama-3.1-70b, qwen2.5-7b, gemma-2-9b, "
+                     "deepseek-v3) or a Hugging Face config.json file")
+    mod.add_argument("--dtype", default="bf16", help="cache type: bf16, f8e4m3fn (fp8), f32, ... (default bf16)")
+    mod.add_argument("--block-size", type=_positive, default=16, help="tokens per block (default 16)")
+    mod.add_argument("--tp", type=_positive, default=1, help="tensor-parallel degree: the model axis")
+    mod.add_argument("--dp", type=_positive, default=1, help="data-parallel degree: splits the blocks")
+    mod.add_argument("--generation", "-g", type=_generations, default=["v6e"],
+                     help="one, several (comma-separated) or 'all' (default v6e)")
+    mod.add_argument("--host-blocks", type=_positive, default=4096,
+                     help="host blocks per layer for the host pool (default 4096)")
+    mod.add_argument("--iut", default="kvref-sim", help="the implementation the round trip runs on")
+    mod.add_argument("--no-probe", action="store_true", help="layouts and host pool only")
+    mod.set_defaults(run=_model)
 
     diff = sub.add_parser("diff", help="what changed between two run CSVs")
     diff.add_argument("a", type=Path)
@@ -324,6 +344,22 @@ def _diff(args) -> int:
         return 0
     print(changes.to_markdown(index=False))
     return 1
+
+
+def _model(args) -> int:
+    from rich.console import Console
+
+    from probes.iut.registry import iut
+    from probes.run import model_command
+
+    cache = model_command.model_cache(args.model, args.dtype, args.block_size, args.tp, args.dp)
+    for gen in args.generation:
+        iut(args.iut).check_target(gen)
+    facts = [model_command.shard_facts(cache, gen, args.iut) for gen in args.generation]
+    results = [] if args.no_probe else model_command.probe_caches(
+        cache, f"{cache.model.name}-bs{args.block_size}-tp{args.tp}-dp{args.dp}", args.generation, args.iut)
+    Console().print(model_command.render(cache, facts, results, args.host_blocks))
+    return 0 if model_command.all_agree(results) else 1
 
 
 def _explain(args) -> int:

@@ -34,8 +34,8 @@ def pytest_addoption(parser):
     group.addoption("--kvprobe-generation", default=None, metavar="G",
                     help="TPU generation(s) as for `kvprobe run -g` ('local': this TPU); default: the "
                     "IUT's targets, or this TPU for an IUT on real hardware")
-    group.addoption("--kvprobe-matrix", default="default", metavar="M",
-                    help="shape matrix: 'default', 'seed', 'cpu' or a CSV file")
+    group.addoption("--kvprobe-matrix", default=None, metavar="M",
+                    help="shape matrices as for `kvprobe run --matrix` (default: the same)")
     group.addoption("--kvprobe-probe", default=None, metavar="P,...",
                     help="comma-separated probes, or 'all' (default: the default probes)")
     group.addoption("--kvprobe-timeout", type=float, default=30.0, help="seconds per case")
@@ -61,6 +61,7 @@ class KvprobeRun:
 
     def cases(self) -> list:
         from probes.run import cli, command
+        from probes.suite.matrix import DEFAULT_MATRIX
 
         option = self.config.getoption
         iuts = [name for name in option("kvprobe_iut").split(",") if name]
@@ -70,8 +71,9 @@ class KvprobeRun:
                 probes = cli._probes(option("kvprobe_probe"))
             out = Path(option("kvprobe_out")) if option("kvprobe_out") else None
             return [case for name in iuts
-                    for case in command.prepare(self._generations(name), [name], option("kvprobe_matrix"),
-                                                probes, option("kvprobe_timeout"), [], out)]
+                    for case in command.prepare(self._generations(name), [name],
+                                                option("kvprobe_matrix") or DEFAULT_MATRIX, probes,
+                                                option("kvprobe_timeout"), [], out)]
         except (ValueError, argparse.ArgumentTypeError) as e:
             raise pytest.UsageError(f"kvprobe: {e}") from None
 

@@ -23,6 +23,7 @@ class Case:
     kind: str = ""  # robustness probes: which kind of input
     iut_options: tuple[tuple[str, object], ...] = ()  # how the IUT's manager is built; () = its defaults
     calls: dict | None = None  # a call sequence (probes.fuzz.sequences), for call_sequence
+    sharding: str = ""  # a matrix row's cache over a device mesh (kvref.Sharding's text); "": one device
 
     @property
     def options_text(self) -> str:
@@ -40,7 +41,7 @@ class Case:
             "faults": list(self.faults.names), "timeout": self.timeout,
             "startup_timeout": self.startup_timeout, "seed": self.seed,
             "kind": self.kind, "iut_options": [list(o) for o in self.iut_options],
-            "calls": self.calls})
+            "calls": self.calls, "sharding": self.sharding})
 
     @classmethod
     def from_json(cls, text: str) -> "Case":

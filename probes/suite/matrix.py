@@ -7,12 +7,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import kvref
+import kvref.serving
 from probes.iut.registry import iut as declared_iut
 from probes.suite.cases import Case
 from probes.suite.registry import DEFAULT_PROBES, PROBES, SHAPE_PROBES
 
 MATRIX_DIR = Path(__file__).with_name("matrices")
-COLUMNS = "name,shape[,probes]"
+COLUMNS = "name,shape[,probes][,sharding]"
+# The shape probes that make a row's cache over a mesh when the row has a sharding.
+SHARDED_SHAPE_PROBES = ("roundtrip",)
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,23 @@ class MatrixRow:
     name: str
     shape: kvref.ShapeKey
     probes: tuple[str, ...] = ("roundtrip",)
+    sharding: kvref.Sharding | None = None  # the cache split over a device mesh; None: one device
+
+
+def serving_rows() -> list[MatrixRow]:
+    """The `serving` matrix: each layer cache kvref.serving.SERVING_CONFIGS
+    describes, as tpu-inference allocates and shards it."""
+    return [MatrixRow(name, cache.key, SHARDED_SHAPE_PROBES, cache.sharding)
+            for name, cache in kvref.serving.serving_caches()]
+
+
+# Matrices made from what kvref knows rather than read from a file.
+BUILT_MATRICES = {"serving": serving_rows}
+DEFAULT_MATRIX = "default,serving"  # what `kvprobe run` probes unless told otherwise
+
+
+def matrix_names() -> list[str]:
+    return sorted([p.stem for p in MATRIX_DIR.glob("*.csv")] + list(BUILT_MATRICES))
 
 
 def matrix_path(name_or_path: str) -> Path:
@@ -27,12 +47,24 @@ def matrix_path(name_or_path: str) -> Path:
     candidate = MATRIX_DIR / f"{name_or_path}.csv"
     path = candidate if candidate.exists() else Path(name_or_path)
     if not path.is_file():
-        known = sorted(p.stem for p in MATRIX_DIR.glob("*.csv"))
-        raise ValueError(f"no shape matrix {name_or_path!r}: expected one of {known} or a CSV file")
+        raise ValueError(f"no shape matrix {name_or_path!r}: expected one of {matrix_names()}, several "
+                         "joined by commas, or a CSV file")
     return path
 
 
-def load_matrix(name_or_path: str) -> list[MatrixRow]:
+def load_matrix(names: str) -> list[MatrixRow]:
+    """One matrix, or several joined by commas (`default,serving`)."""
+    rows: list[MatrixRow] = []
+    for name in [n.strip() for n in names.split(",") if n.strip()] or [names]:
+        more = BUILT_MATRICES[name]() if name in BUILT_MATRICES else _load_one(name)
+        clash = sorted({r.name for r in rows} & {r.name for r in more})
+        if clash:
+            raise ValueError(f"matrices {names!r} both name row(s) {clash}; each row needs its own name")
+        rows += more
+    return rows
+
+
+def _load_one(name_or_path: str) -> list[MatrixRow]:
     path = matrix_path(name_or_path)
     try:
         return _read_matrix(path)
@@ -59,11 +91,22 @@ def _read_matrix(path: Path) -> list[MatrixRow]:
             if unknown:
                 raise ValueError(f"{path}:{line}: unknown probe(s) {unknown}; expected any of "
                                  f"{list(SHAPE_PROBES)}")
+            sharding = None
+            if (row.get("sharding") or "").strip():
+                try:
+                    sharding = kvref.Sharding.parse(row["sharding"])
+                    sharding.check(shape.dims)
+                except ValueError as e:
+                    raise ValueError(f"{path}:{line}: {e}") from None
+                unsharded = sorted(set(probes) - set(SHARDED_SHAPE_PROBES))
+                if unsharded:
+                    raise ValueError(f"{path}:{line}: probe(s) {unsharded} make caches on one device; a row "
+                                     f"with a sharding takes only {list(SHARDED_SHAPE_PROBES)}")
             if row["name"] in lines:  # a case id is the generation, probe and row name
                 raise ValueError(f"{path}:{line}: row name {row['name']!r} is also the name of line "
                                  f"{lines[row['name']]}; each row needs its own name")
             lines[row["name"]] = line
-            rows.append(MatrixRow(row["name"], shape, probes))
+            rows.append(MatrixRow(row["name"], shape, probes, sharding))
     return rows
 
 
@@ -90,7 +133,7 @@ def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut
             common = dict(faults=faults, timeout=timeout, startup_timeout=declared.startup_seconds,
                           iut_options=tuple(sorted(options.items())))
             for row in matrix:
-                cases += [Case(p, gen, iut, row.name, row.shape, **common)
+                cases += [Case(p, gen, iut, row.name, row.shape, sharding=str(row.sharding or ""), **common)
                           for p in row.probes if p in probes]
             for name, p in PROBES.items():
                 if name not in probes or p.scope in ("shape", "fuzz"):

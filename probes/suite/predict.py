@@ -3,23 +3,35 @@
 from __future__ import annotations
 
 import kvref
+from probes.iut.protocol import ShardedArrays
 from probes.iut.registry import iut
 from probes.suite.cases import Case
 from probes.suite.ownership import row_byte_ranges
 from probes.suite.registry import probe
+from probes.suite.verdicts import REJECTED
 
 
 def describe(case: Case) -> dict:
     """Layout columns and the predicted verdicts for one case: the verdicts a
-    correct manager may earn, `|`-separated, the reference's first."""
-    shape, source = iut(case.iut).layout_of(case.generation, case.shape)
+    correct manager may earn, `|`-separated, the reference's first. A cache
+    over a mesh is described by one device's shard, whose layout decides."""
+    declared = iut(case.iut)
+    if case.sharding and isinstance(declared.arrays, type) and issubclass(declared.arrays, ShardedArrays):
+        shape, source = declared.arrays.sharded_layout_of(case.generation, case.shape,
+                                                          kvref.Sharding.parse(case.sharding))
+    else:
+        shape, source = declared.layout_of(case.generation, case.shape)
+    predicted = probe(case.probe).predict(shape)
+    if case.sharding and kvref.Sharding.parse(case.sharding).splits_blocks:
+        predicted += tuple(v for v in (REJECTED,) if v not in predicted)  # see probes.suite.sharded
     return {
         "layout_source": source,
         "dtype": shape.dtype,
         "shape": str(case.shape),
+        "sharding": case.sharding,
         "layout": str(shape),
         "physical_bytes": shape.physical_size_bytes,
         "slice_bytes": row_byte_ranges(str(shape)).slice_bytes,
         "legacy_slice_bytes": kvref.legacy_major_slice_byte_size(shape),
-        "predicted": "|".join(probe(case.probe).predict(shape)),
+        "predicted": "|".join(predicted),
     }

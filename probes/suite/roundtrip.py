@@ -10,6 +10,8 @@ import numpy as np
 import kvref
 from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
+from probes.suite import sharded
+from probes.suite.permutations import expected_after, has_equal_rows, moving_permutations, wrong_rows
 from probes.suite.refusals import refused
 from probes.suite.verdicts import CORRUPT, ERROR, PASS, Outcome
 
@@ -19,7 +21,11 @@ MIXED_SECOND_LAYER = kvref.ShapeKey("bf16", (512, 16, 2048))
 
 def roundtrip(case: Case, iut: Adapter) -> Outcome:
     """Distinct pattern per block, d2h in one permutation, scramble the
-    device, h2d back in another, compare byte-exact."""
+    device, h2d back in another, compare byte-exact. A matrix row's cache
+    with a sharding is made over a mesh and read back device by device
+    (probes.suite.sharded)."""
+    if case.sharding:
+        return sharded.round_trips(case, iut, [(case.sharding, case.shape)])
     cache, host = iut.make_cache(case.shape, case.seed)
     try:
         manager = iut.manager([cache], case.shape.dims[0])
@@ -72,47 +78,3 @@ def permuted_round_trip(iut: Adapter, manager, caches, hosts, seed: int, fetch=N
         " (device not scrambled in place: every block moved, none came back to its place)"
     return Outcome(PASS, f"{rows} blocks round-tripped byte-exact{how}", host_bytes=manager.host_bytes,
                    bytes_moved=bytes_moved, seconds=moved)
-
-
-def moving_permutations(rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(perm_a, perm_b), random, with perm_b[j] != perm_a[j] for every j when
-    rows > 1: device block perm_a[j] goes out to host j and back into
-    perm_b[j], so every block lands somewhere else."""
-    rng = np.random.default_rng(seed)
-    perm_a = rng.permutation(rows)
-    cycle = rng.permutation(rows)  # one cycle through every j: a derangement
-    shift = np.empty(rows, dtype=np.int64)
-    shift[cycle] = np.roll(cycle, -1)
-    return perm_a, perm_a[shift]
-
-
-def has_equal_rows(host: np.ndarray) -> bool:
-    """Whether two dim-0 rows hold the same bytes: rows are sorted by a
-    checksum, and only rows whose checksums are equal are compared in full."""
-    rows = _byte_rows(host)
-    if len(rows) < 2:
-        return False
-    words = rows if rows.shape[1] % 8 else rows.view(np.uint64)
-    sums = words.sum(axis=1, dtype=np.uint64)  # wraps mod 2**64: a checksum
-    order = np.argsort(sums, kind="stable")
-    for a, b in zip(order[:-1], order[1:]):
-        if sums[a] == sums[b] and np.array_equal(rows[a], rows[b]):
-            return True
-    return False
-
-
-def expected_after(host: np.ndarray, perm_a, perm_b) -> np.ndarray:
-    """What the device holds after d2h in perm_a and h2d into perm_b."""
-    out = np.empty_like(host)
-    _byte_rows(out)[perm_b] = _byte_rows(host)[perm_a]  # bytes: fast whatever the dtype
-    return out
-
-
-def _byte_rows(array: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(array).reshape(len(array), -1).view(np.uint8)
-
-
-def wrong_rows(got: np.ndarray, expected: np.ndarray) -> np.ndarray:
-    """Per dim-0 row, whether its bytes differ."""
-    rows = expected.shape[0]
-    return (got.view(np.uint8).reshape(rows, -1) != expected.view(np.uint8).reshape(rows, -1)).any(1)

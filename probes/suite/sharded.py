@@ -12,7 +12,7 @@ import kvref
 from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
 from probes.suite.refusals import first_line, refused
-from probes.suite.roundtrip import expected_after, has_equal_rows, moving_permutations, wrong_rows
+from probes.suite.permutations import expected_after, has_equal_rows, moving_permutations, wrong_rows
 from probes.suite.verdicts import CORRUPT, ERROR, PASS, SKIP, Outcome
 
 SUBJECT = kvref.ShapeKey("bf16", (64, 16, 8, 128))  # addressable per shard on every generation
@@ -34,7 +34,7 @@ def sharded_roundtrip(case: Case, iut: Adapter) -> Outcome:
     one permutation and h2d back in another, then one host block into one
     device block; every device's part, replicas included, must hold exactly
     its part of the expected contents after each."""
-    return _round_trips(case, iut, [(SHARDINGS[case.kind], case.shape)])
+    return round_trips(case, iut, [(SHARDINGS[case.kind], case.shape)])
 
 
 def block_sharded(case: Case, iut: Adapter) -> Outcome:
@@ -43,10 +43,10 @@ def block_sharded(case: Case, iut: Adapter) -> Outcome:
     that takes it must move global blocks, each only on the devices that
     hold it, as sharded_roundtrip checks."""
     layers = MIXED_LAYERS if case.kind == "mixed_layers" else ((case.kind, case.shape),)
-    return _round_trips(case, iut, [(SHARDINGS[kind], key) for kind, key in layers])
+    return round_trips(case, iut, [(SHARDINGS[kind], key) for kind, key in layers])
 
 
-def _round_trips(case: Case, iut: Adapter, layers: list[tuple[str, kvref.ShapeKey]]) -> Outcome:
+def round_trips(case: Case, iut: Adapter, layers: list[tuple[str, kvref.ShapeKey]]) -> Outcome:
     """Each layer (sharding text, shape) made, then moved as one manager."""
     arrays = iut.sharded_arrays()
     if arrays is None:

@@ -1,0 +1,104 @@
+"""`kvprobe model`: will this model, at this TP degree and block size, offload
+on this TPU? Each layer's cache as tpu-inference allocates it
+(kvref.serving), one device's shard as the compiler lays it out, whether its
+blocks are byte ranges, the host pool it needs, and then the round trip on
+those caches, run by the same runner as `kvprobe run`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import kvref
+from kvref.serving import ServingCache, model_figures, serving_cache
+from probes.iut.protocol import ShardedArrays
+from probes.iut.registry import iut as declared_iut
+from probes.run.runner import CaseResult, run_cases
+from probes.suite.matrix import MatrixRow, build_cases
+from probes.suite.ownership import row_byte_ranges
+from probes.suite.predict import describe
+from probes.suite.verdicts import agrees
+
+
+@dataclass(frozen=True)
+class ShardFacts:
+    generation: str
+    shard: kvref.Shape  # one device's part, as laid out
+    source: str
+    slice_bytes: int | None  # bytes per block per device; None: blocks are not byte ranges
+    reason: str  # why not, or ""
+    host_slots: int  # the parts a host block holds
+
+    def host_pool_bytes(self, cache: ServingCache, host_blocks: int) -> int | None:
+        """One host's pool for `host_blocks` blocks of every layer."""
+        if self.slice_bytes is None:
+            return None
+        return host_blocks * cache.layers * self.host_slots * self.slice_bytes
+
+
+def shard_facts(cache: ServingCache, generation: str, iut: str) -> ShardFacts:
+    arrays = declared_iut(iut).arrays
+    if cache.sharding is None:
+        shard, source = declared_iut(iut).layout_of(generation, cache.key)
+    elif issubclass(arrays, ShardedArrays):
+        shard, source = arrays.sharded_layout_of(generation, cache.key, cache.sharding)
+    else:
+        raise ValueError(f"{iut}'s arrays make no sharded caches, and {cache.sharding} needs them")
+    rows = row_byte_ranges(str(shard))  # by packing row numbers, not by asking kvref.major_slice
+    slots = 1 if cache.sharding is None else len({start[1:] for start in cache.sharding.shard_starts(cache.key.dims)})
+    why = "" if rows.contiguous else kvref.major_slice(shard).reason
+    return ShardFacts(generation, shard, source, rows.slice_bytes if rows.contiguous else None, why, slots)
+
+
+def probe_caches(cache: ServingCache, name: str, generations: list[str], iut: str,
+                 jobs: int | None = None) -> list[CaseResult]:
+    """The round trip of this cache (over its mesh) on each generation."""
+    row = MatrixRow(name, cache.key, ("roundtrip",), cache.sharding)
+    return run_cases(build_cases(generations, [row], ("roundtrip",), iut), jobs)
+
+
+def all_agree(results: list[CaseResult]) -> bool:
+    """Whether every round trip earned a verdict the reference predicts."""
+    return all(agrees(r.outcome.verdict, describe(r.case)["predicted"]) for r in results)
+
+
+def model_cache(model: str, dtype: str, block_size: int, tp: int, dp: int) -> ServingCache:
+    return serving_cache(model_figures(model), kvref.element_type(dtype).name, block_size, tp, dp)
+
+
+def describe_model(cache: ServingCache) -> str:
+    m = cache.model
+    what = (f"MLA latent {m.mla_latent} + rope {m.mla_rope}" if m.is_mla
+            else f"{m.kv_heads} kv heads x head dim {m.head_dim}")
+    return f"{m.name}: {m.layers} layers, {what}; TP {cache.tp}, DP {cache.dp}"
+
+
+def render(cache: ServingCache, facts: list[ShardFacts], results: list[CaseResult], host_blocks: int):
+    """A rich table: per generation, one device's shard as laid out, whether
+    its blocks are byte ranges, the host pool, and the round trip's verdict
+    (with the prediction where they disagree)."""
+    from rich.table import Table
+
+    over = f"over {cache.sharding}" if cache.sharding else "on one device"
+    sources = sorted({f.source for f in facts})
+    table = Table(title=f"{describe_model(cache)}\neach layer {cache.key} {over}",
+                  caption=f"layouts: {'; '.join(sources)}")
+    table.add_column("TPU", no_wrap=True)
+    table.add_column("one device's shard", overflow="fold")
+    table.add_column("bytes/block", no_wrap=True)
+    table.add_column(f"host pool ({host_blocks} blocks)", justify="right", no_wrap=True)
+    table.add_column("round trip", min_width=8)
+    verdicts = {r.case.generation: r for r in results}
+    for f in facts:
+        pool = f.host_pool_bytes(cache, host_blocks)
+        found = verdicts.get(f.generation)
+        if found is None:
+            verdict = "not run"
+        else:
+            predicted = describe(found.case)["predicted"]
+            verdict = found.outcome.verdict if agrees(found.outcome.verdict, predicted) else \
+                f"[bold red]{found.outcome.verdict}[/] (predicted {predicted}): {found.outcome.detail[:120]}"
+        blocks = (f"{f.slice_bytes:,} x {f.host_slots}" if f.host_slots > 1 else f"{f.slice_bytes:,}") \
+            if f.slice_bytes else f"not byte ranges: {f.reason}"
+        table.add_row(f.generation, str(f.shard), blocks, f"{pool / 2**30:,.2f} GiB" if pool is not None else "-",
+                      verdict)
+    return table

@@ -131,3 +131,30 @@ def test_the_fault_models_misaddress_a_sharded_cache():
     assert not np.array_equal(parts[1], expected[cache.addressable_shards[1].index])
     with pytest.raises(ValueError, match=r"device block range \[16, 17\) .* exceeds layer 0 \(16 blocks"):
         _round_trip("mesh(data=4) spec(data)", faults=["block_ids_on_every_shard"])
+
+
+def test_explain_gives_one_devices_shard(capsys):
+    from probes.run import cli
+
+    assert cli.main(["explain", "bf16[512,16,8,128]", "-g", "v6e", "--sharding",
+                     "mesh(model=4) spec(None,None,model)"]) == 0
+    out = capsys.readouterr().out
+    assert "bf16[512,16,2,128]{3,2,1,0:T(2,128)(2,1)}" in out and "one device's shard" in out
+    assert cli.main(["explain", "bf16[512,6]", "-g", "v6e", "--sharding", "mesh(m=4) spec(None,m)"]) == 2
+    assert "splits dimension 1 (6) into 4 parts" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sharding, probes, message", [
+    ("mesh(model=4) spec(None,nope)", "roundtrip", r":3: spec of .* names axis nope, not in the mesh"),
+    ("mesh(model=3) spec(None,model)", "roundtrip", r":3: sharding .* splits dimension 1 \(8\) into 3 parts"),
+    ("mesh(model=2) spec(None,None,None,model)", "roundtrip", r":3: sharding .* splits 4 dimensions of a rank-3"),
+    ("mesh(model=2) spec(None,model)", "deferred_construction",
+     r":3: probe\(s\) \['deferred_construction'\] make caches on one device"),
+])
+def test_a_matrix_row_with_a_bad_sharding_names_its_line(tmp_path, sharding, probes, message):
+    from probes.suite.matrix import load_matrix
+
+    path = tmp_path / "m.csv"
+    path.write_text(f'name,shape,probes,sharding\nok,"bf16[64,8,128]",roundtrip,\nbad,"bf16[64,8,128]",{probes},"{sharding}"\n')
+    with pytest.raises(ValueError, match=message):
+        load_matrix(str(path))

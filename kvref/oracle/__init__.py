@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from kvref.generations import GENERATIONS, check_generation, is_shipped
 from kvref.oracle import cache, table
 from kvref.oracle.compiler import OracleUnavailable
-from kvref.shape import Shape
+from kvref.shape import Layout, Shape
 from kvref.shape_key import ShapeKey
 from kvref.sharding import Sharding
 
@@ -25,27 +25,31 @@ class LayoutAnswer:
     compiler_bytes: int  # the compiler's size for the buffer
 
 
-def lookup(dtype, dims, generation: str, *, live: bool = True, sharding: Sharding | None = None) -> LayoutAnswer:
+def lookup(dtype, dims, generation: str, *, live: bool = True, sharding: Sharding | None = None,
+           requested: Layout | None = None) -> LayoutAnswer:
     """The compiler's layout for a new array of `dims`; with a sharding, of
-    one device's shard, as the compiler lays it out for the whole mesh."""
+    one device's shard, as the compiler lays it out for the whole mesh; with
+    `requested`, what the compiler gives when that layout is asked for."""
     check_generation(generation)
     shape_key = ShapeKey(dtype, dims)
     name, dims = shape_key.dtype, shape_key.dims
     if sharding is not None:
         sharding.check(dims)
-    key = table_key(shape_key, sharding)
+    key = table_key(shape_key, sharding, requested)
     hit = table.lookup(generation, key)
     if hit:
         return LayoutAnswer(Shape.parse(hit[0]), generation, "table",
                             _version_text(table.load()["versions"]), hit[1])
     if not live:
         raise OracleUnavailable(f"{key} on {generation} is not in the shipped layout table")
-    return _from_compiler(name, dims, generation, key, sharding)
+    return _from_compiler(name, dims, generation, key, sharding, requested)
 
 
-def table_key(shape_key: ShapeKey, sharding: Sharding | None = None) -> str:
-    """How the table and the disk cache name an answer: the shape, then its sharding."""
-    return str(shape_key) if sharding is None else f"{shape_key} {sharding}"
+def table_key(shape_key: ShapeKey, sharding: Sharding | None = None, requested: Layout | None = None) -> str:
+    """How the table and the disk cache name an answer: the shape, then its
+    sharding, then the layout asked for."""
+    parts = [str(shape_key)] + ([str(sharding)] if sharding else []) + ([f"requested{{{requested}}}"] if requested else [])
+    return " ".join(parts)
 
 
 def tpu_layout(dtype, dims, generation: str, sharding: Sharding | None = None) -> Shape:
@@ -78,7 +82,7 @@ def generation_of_device_kind(kind: str) -> str | None:
 
 
 def _from_compiler(name: str, dims: tuple[int, ...], generation: str, key: str,
-                   sharding: Sharding | None) -> LayoutAnswer:
+                   sharding: Sharding | None, requested: Layout | None = None) -> LayoutAnswer:
     from kvref.oracle import compiler
 
     try:
@@ -88,7 +92,7 @@ def _from_compiler(name: str, dims: tuple[int, ...], generation: str, key: str,
     path = cache.cache_path(versions)
     entry = cache.get(path, generation, key)
     if entry is None:
-        answer = compiler.compile_layout(name, dims, generation, sharding)
+        answer = compiler.compile_layout(name, dims, generation, sharding, requested)
         entry = (str(answer.shape), answer.output_bytes, answer.device_kind)
         cache.put(path, generation, key, entry)
     return LayoutAnswer(Shape.parse(entry[0]), generation, "compiler", _version_text(versions), entry[1])

@@ -21,6 +21,10 @@ class OracleUnavailable(RuntimeError):
     """Neither the shipped table nor a working compiler can answer."""
 
 
+class LayoutRefused(ValueError):
+    """The compiler would not lay an array out as requested."""
+
+
 @dataclass(frozen=True)
 class CompiledLayout:
     shape: Shape
@@ -147,10 +151,13 @@ def accepts(generation: str) -> str | None:
     return None
 
 
-def compile_layout(dtype, dims, generation: str, sharding: Sharding | None = None) -> CompiledLayout:
+def compile_layout(dtype, dims, generation: str, sharding: Sharding | None = None,
+                   requested: Layout | None = None) -> CompiledLayout:
     """The layout the TPU compiler of `generation` picks for a new array; with
     a sharding, for one device's shard of it (compiled over the whole mesh),
-    and the size is one device's."""
+    and the size is one device's. `requested`: the layout asked for through
+    JAX's layout API (its tiles, if none, the compiler's to choose); what the
+    compiler gives may differ, so the answer is what it gave."""
     check_generation(generation)
     element = element_type(dtype)
     dims = tuple(int(d) for d in dims)
@@ -168,9 +175,22 @@ def compile_layout(dtype, dims, generation: str, sharding: Sharding | None = Non
         device = devices[0]
         mesh = Mesh(np.array(devices, dtype=object).reshape(sharding.axis_sizes), sharding.axis_names)
         out = NamedSharding(mesh, PartitionSpec(*sharding.partition_spec()))
+    if requested is not None:
+        from jax.experimental.layout import Format
+        from jax.experimental.layout import Layout as JaxLayout
+
+        out = Format(JaxLayout(major_to_minor=tuple(reversed(requested.minor_to_major)),
+                               tiling=requested.tiles or None), out)
     fn = jax.jit(lambda: jnp.zeros(dims, element.numpy), out_shardings=out)
-    with _libtpu_quiet():
-        compiled = fn.lower().compile()
+    try:
+        with _libtpu_quiet():
+            compiled = fn.lower().compile()
+    except Exception as e:  # jax raises several kinds; only a requested layout is the caller's to answer for
+        if requested is None:
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise LayoutRefused(f"the {generation} compiler refused layout {{{requested}}} for "
+                            f"{ShapeKey(element.name, dims)}: {first[:300]}") from None
     out_dtype = element_type(compiled.out_info.dtype).name
     if out_dtype != element.name:
         raise OracleUnavailable(f"the compiler made {ShapeKey(element.name, dims)} into {out_dtype} "

@@ -35,10 +35,28 @@ def refresh(generations=GENERATIONS, out=table.TABLE_PATH) -> dict:
                                  f"size {answer.output_bytes} for {answer.shape}")
             layouts[table_key(ShapeKey(dtype, dims), sharding)] = [str(answer.shape), answer.output_bytes]
             kind = answer.device_kind
-        data["generations"][gen] = {"device_kind": kind, "layouts": layouts}
+        data["generations"][gen] = {"device_kind": kind, "layouts": layouts,
+                                    "remedies": _remedies(shapes, layouts, gen)}
         print(f"{gen}: {len(layouts)} shapes in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     table.save(data, out)
     return data
+
+
+def _remedies(shapes, layouts: dict, generation: str) -> dict:
+    """The cheapest remedy of every table shape whose blocks interleave, each
+    candidate asked of the compiler."""
+    from kvref import remedies
+    from kvref.shape import Shape
+    from kvref.slices import major_slice
+
+    found = {}
+    for dtype, dims in shapes:
+        key = ShapeKey(dtype, dims)
+        original = Shape.parse(layouts[str(key)][0])
+        if not major_slice(original).addressable:
+            best = remedies.remedies(key, generation, original)
+            found[str(key)] = remedies.shipped_entry(best[0] if best else None)
+    return found
 
 
 def main(argv=None) -> None:

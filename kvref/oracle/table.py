@@ -13,7 +13,8 @@ TABLE_PATH = Path(__file__).with_name("data") / "tpu_layouts.json"
 @functools.cache
 def load(path: Path = TABLE_PATH) -> dict:
     """{"versions": {...}, "generations": {gen: {"device_kind": str,
-    "layouts": {key: [layout_text, output_bytes]}}}}; empty when absent."""
+    "layouts": {key: [layout_text, output_bytes]}, "remedies": {key: [change, how,
+    layout_text, keeps_tiling] or []}}}}; empty when absent."""
     if not path.exists():
         return {"versions": {}, "generations": {}}
     return json.loads(path.read_text())
@@ -22,6 +23,13 @@ def load(path: Path = TABLE_PATH) -> dict:
 def lookup(generation: str, key: str) -> tuple[str, int] | None:
     entry = load().get("generations", {}).get(generation, {}).get("layouts", {}).get(key)
     return (entry[0], entry[1]) if entry else None
+
+
+def remedy(generation: str, key: str) -> list | None:
+    """The cheapest remedy shipped for a refused shape ([change, how, layout
+    text, keeps the compiler's tiles]; [] when the compiler agreed to none), or
+    None when none was shipped."""
+    return load().get("generations", {}).get(generation, {}).get("remedies", {}).get(key)
 
 
 def save(table: dict, path: Path = TABLE_PATH) -> None:

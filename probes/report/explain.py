@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import kvref
-from kvref.oracle import LayoutAnswer, lookup
+from kvref import remedies
+from kvref.oracle import LayoutAnswer, OracleUnavailable, lookup
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,8 @@ class Explanation:
     legacy_slice_bytes: int
     host_blocks: int
     layers: int
+    remedy: remedies.Remedy | None = None  # the cheapest change the compiler agreed makes blocks byte ranges
+    remedy_note: str = ""  # why there is none
 
     @property
     def logical_bytes(self) -> int:
@@ -33,10 +36,12 @@ class Explanation:
         return self.host_blocks * self.legacy_slice_bytes * self.layers
 
 
-def resolve(text: str, generation: str | None) -> tuple[kvref.Shape, str]:
+def resolve(text: str, generation: str | None, sharding: kvref.Sharding | None = None) -> tuple[kvref.Shape, str]:
     """A full layout text stands as given; `dtype[dims]` asks the generation's
-    compiler (table first)."""
+    compiler (table first), for one device's shard where a sharding is given."""
     if "{" in text:
+        if sharding is not None:
+            raise ValueError(f"{text!r} is a layout already; --sharding takes a shape such as 'bf16[512,8,2048]'")
         return kvref.Shape.parse(text), "given"
     try:
         key = kvref.ShapeKey.parse(text.replace(" ", ""))
@@ -45,17 +50,37 @@ def resolve(text: str, generation: str | None) -> tuple[kvref.Shape, str]:
                          f"such as 'bf16[512,3,2048]{{2,0,1:T(8,128)(2,1)}}', got {text!r}") from None
     if generation is None:
         raise ValueError(f"{text!r} has no layout; pass --generation to ask that TPU's compiler")
-    answer: LayoutAnswer = lookup(key.dtype, key.dims, generation)
-    return answer.shape, f"{answer.source}: {answer.versions}"
+    answer: LayoutAnswer = lookup(key.dtype, key.dims, generation, sharding=sharding)
+    over = f", one device's shard of {key} over {sharding}" if sharding else ""
+    return answer.shape, f"{answer.source}: {answer.versions}{over}"
 
 
 def explain(text: str, generation: str | None, host_blocks: int | None = None,
-            layers: int = 1) -> Explanation:
-    shape, source = resolve(text, generation)
+            layers: int = 1, sharding: kvref.Sharding | None = None) -> Explanation:
+    shape, source = resolve(text, generation, sharding)
     rows = shape.dims[0] if shape.rank else 0
-    return Explanation(shape, source, generation, kvref.major_slice(shape),
-                       kvref.legacy_major_slice_byte_size(shape),
-                       rows if host_blocks is None else host_blocks, layers)
+    slices = kvref.major_slice(shape)
+    remedy, note = (None, "") if slices.addressable or not shape.rank else remedy_for(shape, generation)
+    return Explanation(shape, source, generation, slices, kvref.legacy_major_slice_byte_size(shape),
+                       rows if host_blocks is None else host_blocks, layers, remedy, note)
+
+
+def remedy_for(shape: kvref.Shape, generation: str | None) -> tuple[remedies.Remedy | None, str]:
+    """The cheapest remedy on `generation`, or None and why there is none."""
+    if generation is None:
+        return None, "a remedy needs a generation whose compiler checks it (--generation)"
+    try:
+        found = remedies.cheapest(shape.key, generation, shape)
+    except (OracleUnavailable, ValueError) as e:
+        return None, f"not checked: {str(e).splitlines()[0]}"
+    return found, "" if found else "none of the changes tried makes blocks byte ranges on this compiler"
+
+
+def remedy_text(remedy: remedies.Remedy | None, note: str) -> str:
+    if remedy is None:
+        return note
+    return (f"{remedy.change}: {remedy.how} gives {remedy.shape} "
+            f"({remedy.cost:.2f}x the memory)")
 
 
 def render(e: Explanation) -> str:
@@ -78,6 +103,8 @@ def render(e: Explanation) -> str:
                          f"({_bytes(s.group_bytes)})")
         else:
             lines.append("                  no group of rows smaller than the whole buffer is contiguous")
+    if not s.addressable:
+        lines.append(f"  remedy          {remedy_text(e.remedy, e.remedy_note)}")
     fixed = _bytes(s.slice_bytes) if s.addressable else "refused"
     lines.append(f"  slice bytes     fixed: {fixed}   legacy formula: {_bytes(e.legacy_slice_bytes)}")
     pool = f"  host pool       {e.host_blocks} host blocks x {e.layers} layer(s): "

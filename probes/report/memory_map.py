@@ -1,5 +1,7 @@
-"""A picture of a buffer's physical bytes, each coloured by the dim-0 row that
-owns it, so rows interleaving inside tiles are visible at a glance."""
+"""A picture of where two blocks' bytes lie in a buffer: block 0 in blue,
+block 1 in orange, everything else grey, padding white; beside it the same
+for a remedy's layout. Interleaved blocks show as stripes spread through the
+buffer, addressable ones as two solid runs."""
 
 from __future__ import annotations
 
@@ -8,42 +10,73 @@ import numpy as np
 import kvref
 from probes.suite.ownership import PADDING, physical_owners
 
+COLOURS = ("#d9d9d9", "#1f77b4", "#ff7f0e", "#9467bd", "#ffffff")  # other, block a, block b, both, padding
+OTHER, FIRST, SECOND, BOTH, PAD = range(5)
 
-def draw(shape: kvref.Shape, path, *, title: str = "", width: int = 256, detail_rows: int = 64) -> None:
-    """Two panels: the first `detail_rows` x `width` elements element by element,
-    and the whole buffer with each pixel a run of elements (coloured by the row
-    owning its first element)."""
+
+def draw(shape: kvref.Shape, path, *, title: str = "", remedy: tuple[str, kvref.Shape] | None = None,
+         blocks: tuple[int, int] = (0, 1), width: int = 256, lines: int = 128) -> None:
+    """One column per layout (the shape's, then the remedy's): above, the whole
+    buffer in `lines` lines of `width` pixels, each pixel a run of elements
+    coloured by which of the two blocks own any of it; below, the same for the
+    span from the two blocks' first element to their last."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
 
     if shape.rank == 0 or shape.logical_elements == 0:
         raise ValueError(f"{shape} has no dim-0 rows to draw")
-    owners = physical_owners(shape)
-    detail = _grid(owners[: width * detail_rows], width)
-    step = max(1, -(-owners.size // (width * 256)))
-    overview = _grid(owners[::step], width)
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 6), constrained_layout=True)
-    cmap = plt.get_cmap("tab20").with_extremes(bad="#dddddd")
-    for ax, grid, label in (
-        (axes[0], detail, f"first {detail.size:,} elements, one pixel each"),
-        (axes[1], overview, f"whole buffer, one pixel per {step:,} elements"),
-    ):
-        masked = np.ma.masked_less(grid, 0)
-        ax.imshow(masked % 20, cmap=cmap, vmin=0, vmax=19, aspect="auto", interpolation="nearest")
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel(f"element within a line of {width}")
-        ax.set_ylabel("line")
-    fig.suptitle((title + "\n" if title else "") + f"{shape}: colour = owning dim-0 row "
-                 "(mod 20), grey = padding", fontsize=10)
+    if not (0 <= min(blocks) and max(blocks) < shape.dims[0]):
+        raise ValueError(f"blocks {blocks} are not both among the {shape.dims[0]} blocks of {shape}")
+    panels = [("as laid out", shape)] + ([remedy] if remedy else [])
+    fig, axes = plt.subplots(2, len(panels), figsize=(6 * len(panels), 9), constrained_layout=True,
+                             squeeze=False, height_ratios=(2, 1))
+    for column, (label, layout) in enumerate(panels):
+        owners = physical_owners(layout)
+        held = np.flatnonzero(np.isin(owners, blocks))
+        span = (int(held[0]), int(held[-1]) + 1)
+        for row, (part, where) in enumerate(((None, "whole buffer"),
+                                             (span, f"elements {span[0]:,} to {span[1]:,}, where they lie"))):
+            ax = axes[row][column]
+            grid, step = block_grid(layout, blocks, width, lines if part is None else lines // 2, part, owners)
+            ax.imshow(grid, cmap=ListedColormap(COLOURS), vmin=-0.5, vmax=len(COLOURS) - 0.5, aspect="auto",
+                      interpolation="nearest")
+            ax.set_xlabel(f"{where}: one pixel = {step:,} element(s), {width} per line", fontsize=8)
+            ax.set_ylabel("line")
+        reason = kvref.major_slice(layout).reason
+        axes[0][column].set_title(f"{label}: {layout}\n"
+                                  + ("blocks interleave" if reason else "each block one byte range"), fontsize=9)
+    axes[0][0].legend(handles=[Patch(color=COLOURS[FIRST], label=f"block {blocks[0]}"),
+                               Patch(color=COLOURS[SECOND], label=f"block {blocks[1]}"),
+                               Patch(color=COLOURS[BOTH], label="both"),
+                               Patch(color=COLOURS[OTHER], label="other blocks"),
+                               Patch(facecolor=COLOURS[PAD], edgecolor="#999999", label="padding")],
+                      loc="lower right", fontsize=8)
+    fig.suptitle(title or f"{shape.key}: where blocks {blocks[0]} and {blocks[1]} lie", fontsize=10)
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def _grid(values: np.ndarray, width: int) -> np.ndarray:
-    rows = -(-values.size // width)
-    grid = np.full(rows * width, PADDING - 1, dtype=np.int64)  # beyond the buffer
-    grid[: values.size] = values
-    return grid.reshape(rows, width)
+def block_grid(shape: kvref.Shape, blocks: tuple[int, int], width: int, lines: int,
+               span: tuple[int, int] | None = None, owners: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """(lines x width codes, elements per pixel): which of the two blocks own
+    any element of each pixel's run, else other data or padding; over the
+    physical elements [span) (default: all)."""
+    owners = physical_owners(shape) if owners is None else owners
+    if span is not None:
+        owners = owners[span[0]: span[1]]
+    step = max(1, -(-owners.size // (width * lines)))
+    runs = np.full(-(-owners.size // step) * step, PADDING, dtype=owners.dtype)
+    runs[: owners.size] = owners
+    runs = runs.reshape(-1, step)
+    first, second = (runs == blocks[0]).any(1), (runs == blocks[1]).any(1)
+    codes = np.where((runs == PADDING).all(1), PAD, OTHER)
+    codes = np.where(first, FIRST, codes)
+    codes = np.where(second, SECOND, codes)
+    codes = np.where(first & second, BOTH, codes)
+    grid = np.full(-(-codes.size // width) * width, PAD)
+    grid[: codes.size] = codes
+    return grid.reshape(-1, width), step

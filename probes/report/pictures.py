@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 import kvref
+from probes.report.explain import remedy_for
 from probes.report import memory_map
 from probes.report.paths import file_safe
 from probes.report.results import implementation
@@ -55,7 +56,9 @@ def draw_heatmap(frame: pd.DataFrame, path: Path, title: str) -> None:
 
 
 def draw_refused_maps(frame: pd.DataFrame, gen_dir: Path) -> list[Path]:
-    """Memory maps of the smallest few refused layouts, one per reason kind."""
+    """Memory maps of the smallest few refused layouts, one per reason kind,
+    each beside its cheapest remedy's layout where the compiler agreed to one."""
+    generation = frame["generation"].iloc[0]
     refused = frame[(frame["verdict"] == "REJECTED") & (frame["probe"] == "roundtrip")]
     refused = refused.drop_duplicates("layout").sort_values("physical_bytes")
     paths, seen = [], set()
@@ -66,7 +69,9 @@ def draw_refused_maps(frame: pd.DataFrame, gen_dir: Path) -> list[Path]:
             continue
         seen.add(kind)
         path = gen_dir / f"memory-map-{file_safe(text)}.png"
-        memory_map.draw(shape, path, title=layout_reason(text))
+        remedy, _ = remedy_for(shape, None if generation == "cpu" else generation)
+        memory_map.draw(shape, path, title=layout_reason(text),
+                        remedy=(f"remedy: {remedy.change}", remedy.shape) if remedy else None)
         paths.append(path)
         if len(paths) == MAX_MEMORY_MAPS:
             break

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
+import kvref
+from probes.report.explain import remedy_for, remedy_text
 from probes.report.pictures import draw_heatmap, draw_refused_maps, layout_reason
 from probes.report.results import disagreements, implementation, skipped
 from probes.suite.verdicts import VERDICTS
@@ -63,16 +65,26 @@ def write_generation_report(frame: pd.DataFrame, gen_dir: Path) -> Path:
                   _table(reasons.rename(columns={"detail": "reason"})), ""]
     refused = frame[(frame["verdict"] == "REJECTED") & (frame["probe"] == "roundtrip")]
     lines += ["## Refused shapes", "",
-              "Shapes whose dim-0 blocks are not contiguous byte ranges on this generation.", ""]
+              "Shapes whose dim-0 blocks are not contiguous byte ranges on this generation, each with the "
+              "cheapest change this generation's compiler agreed makes them so (its memory against the "
+              "shape's; a sharded cache's is for one device's shard).", ""]
     if len(refused):
-        reasons = refused.assign(reason=[layout_reason(t) for t in refused["layout"]])
-        lines += [_table(reasons[["shape", "layout", "legacy_slice_bytes", "reason"]]), ""]
+        reasons = refused.drop_duplicates("layout").assign(
+            reason=[layout_reason(t) for t in refused.drop_duplicates("layout")["layout"]],
+            remedy=[remedy_cell(t, gen) for t in refused.drop_duplicates("layout")["layout"]])
+        lines += [_table(reasons[["shape", "layout", "reason", "remedy"]]), ""]
     lines += [f"![memory map]({p.name})" for p in maps] + [""]
     lines += not_applicable(frame["iut"].unique())
     lines += findings(gen_dir)
     path = gen_dir / "summary.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def remedy_cell(layout_text: str, generation: str) -> str:
+    if generation == "cpu":
+        return "-"
+    return remedy_text(*remedy_for(kvref.Shape.parse(layout_text), generation))
 
 
 def findings(gen_dir: Path) -> list[str]:

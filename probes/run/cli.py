@@ -29,6 +29,15 @@ def _generations(value: str) -> list[str]:
     return names
 
 
+def _sharding(value: str):
+    from kvref.sharding import Sharding
+
+    try:
+        return Sharding.parse(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _positive_number(cast):
     def parse(value: str):
         try:
@@ -59,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--host-blocks", type=_positive, default=None,
                     help="host blocks per layer for the host-pool estimate (default: dims[0])")
     ex.add_argument("--layers", type=_positive, default=1, help="layers for the host-pool estimate")
+    ex.add_argument("--sharding", type=_sharding, default=None, metavar="TEXT",
+                    help="one device's shard of the cache split this way: 'mesh(model=4) spec(None,None,model)'")
     ex.add_argument("--png", help="draw the physical memory map to this file "
                     "(one shape and generation; use {generation} in the name for several)")
     ex.set_defaults(run=_explain)
@@ -373,11 +384,12 @@ def _explain(args) -> int:
         raise ValueError("--png with several shapes or generations needs {generation} or {shape} "
                          "in the file name")
     for text, gen in jobs:
-        e = explain.explain(text, gen, args.host_blocks, args.layers)
+        e = explain.explain(text, gen, args.host_blocks, args.layers, args.sharding)
         print(explain.render(e) + "\n")
         if args.png:
             path = args.png.format(generation=gen or "given", shape=file_safe(str(e.shape)))
-            memory_map.draw(e.shape, path, title=e.slices.reason or "addressable")
+            memory_map.draw(e.shape, path, title=e.slices.reason or "addressable",
+                            remedy=(f"remedy: {e.remedy.change}", e.remedy.shape) if e.remedy else None)
             print(f"  memory map      {path}\n")
     return 0
 

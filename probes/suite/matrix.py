@@ -8,6 +8,7 @@ from pathlib import Path
 
 import kvref
 import kvref.serving
+from probes.iut.protocol import ShardedArrays
 from probes.iut.registry import iut as declared_iut
 from probes.suite.cases import Case
 from probes.suite.registry import DEFAULT_PROBES, PROBES, SHAPE_PROBES
@@ -119,7 +120,8 @@ def _names_a_case_kind(name: str) -> bool:
 def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut="kvref-sim",
                 faults: kvref.Faults = kvref.Faults(), timeout=30.0) -> list[Case]:
     """Per generation and per way the IUT's manager is built (its library's
-    option sets): each matrix row's shape probes, then each selected
+    option sets): each matrix row's shape probes (a row with a sharding only
+    for arrays that can split a cache over devices), then each selected
     generation probe once, then each robustness probe once per kind."""
     declared = declared_iut(iut)
     unknown = sorted(name for name in dict(declared.not_applicable) if not _names_a_case_kind(name))
@@ -127,12 +129,15 @@ def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut
         raise ValueError(f"{iut} declares unknown probe(s) {unknown} not applicable; probes are "
                          f"{', '.join(PROBES)}, a kind of one written probe/kind")
     probes = [p for p in probes if declared.applies(p)]
+    shards = issubclass(declared.arrays, ShardedArrays)
     cases = []
     for gen in generations:
         for options in declared.library.OPTION_SETS:
             common = dict(faults=faults, timeout=timeout, startup_timeout=declared.startup_seconds,
                           iut_options=tuple(sorted(options.items())))
             for row in matrix:
+                if row.sharding and not shards:
+                    continue  # arrays that make every cache on one device cannot take the row
                 cases += [Case(p, gen, iut, row.name, row.shape, sharding=str(row.sharding or ""), **common)
                           for p in row.probes if p in probes]
             for name, p in PROBES.items():

@@ -4,11 +4,11 @@ declared environment, since a hardware worker inherits no TPU variables."""
 
 import dataclasses
 
-from probes.iut.declared import KVREF_SIM, TPU_SYNC_JAX_TPU
+from probes.iut.declared import JAX_CPU_MESH, KVREF_SIM, TPU_SYNC_JAX_TPU
 from probes.iut.hardware import STANDIN_VARIABLE
 from probes.iut.reference import KvrefLibrary
 
-JAX_TPU_ON_CPU = dataclasses.replace(TPU_SYNC_JAX_TPU, environment=((STANDIN_VARIABLE, "cpu"),))
+JAX_TPU_ON_CPU = dataclasses.replace(TPU_SYNC_JAX_TPU, environment=((STANDIN_VARIABLE, "cpu"), JAX_CPU_MESH))
 
 
 class _RefusesNothing(KvrefLibrary):

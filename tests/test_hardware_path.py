@@ -344,3 +344,24 @@ def test_a_wheel_without_the_allocator_says_so_by_name():
         view.save([0])
     with pytest.raises(NotImplementedError, match="has no unlock_blocks"):
         view.unlock([0])
+
+
+@pytest.mark.parametrize("chips, devices, sharded", [
+    ({"0000:00:05.0": ("0x1ae0", "0x006f")}, 1, False),  # a single v6e chip: nothing to split a cache over
+    ({f"0000:00:0{i}.0": ("0x1ae0", "0x006f") for i in range(4, 8)}, 4, True),
+    ({"0000:00:05.0": ("0x1ae0", "0x0076"), "0000:00:06.0": ("0x1ae0", "0x0076")}, 4, True),  # 2 per tpu7x chip
+])
+def test_caches_over_more_devices_than_the_tpu_has_are_not_made(monkeypatch, tmp_path, chips, devices, sharded):
+    """On a TPU VM the sharded probes and sharded rows are made only where the
+    machine has the devices their meshes need: a SKIP there would be a failure."""
+    from probes.run import command
+
+    fake_bus(monkeypatch, tmp_path, chips)
+    assert hardware.tpu_devices() == devices and command.devices_of("tpu-sync-jax-tpu") == devices
+    assert command.devices_of("kvref-sim") is None  # it makes its own mesh
+    rows = load_matrix("serving")
+    made = build_cases(["v6e"], rows, tuple(PROBES), "tpu-sync-jax-tpu", devices=devices)
+    probes = {c.probe for c in made}
+    assert ("sharded_roundtrip" in probes) == sharded and ("block_sharded" in probes) == sharded
+    assert all(kvref.Sharding.parse(c.sharding).devices <= devices for c in made if c.sharding)
+    assert any(c.sharding for c in made) == (devices > 1)

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from kvref import Faults
-from probes.iut import peer_env
+from probes.iut import peer_env, registry
 from probes.run.runner import run_cases
 from probes.suite.matrix import build_cases, load_matrix
 from probes.suite.predict import describe
@@ -62,7 +62,8 @@ def landed_first(r) -> bool:
 @pytest.mark.timeout(AS_IT_IS_SECONDS)
 def test_every_probe_earns_its_prediction(as_it_is):
     ran = {r.case.probe for r in as_it_is}
-    assert ran >= {p for p, declared in PROBES.items() if declared.default} | {"pending_views"}
+    applies = registry.iut(IUT).applies
+    assert ran >= {p for p, declared in PROBES.items() if declared.default and applies(p)} | {"pending_views"}
     for r in as_it_is:
         if r.case.shape.dtype.startswith("f8"):  # kvref cannot hold an f8 XLA buffer (no DLPack type)
             assert r.outcome.verdict == "REJECTED" and "DLPack has no f8" in r.outcome.detail

@@ -23,7 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvref.generations import GENERATIONS, GOOGLE_PCI_VENDOR, chip_of_device_kind, chip_of_pci_device
+from kvref.generations import (DEVICES_PER_CHIP, GENERATIONS, GOOGLE_PCI_VENDOR, chip_of_device_kind,
+                               chip_of_pci_device)
 from kvref.oracle import generation_of_device_kind
 
 ASK_JAX = "import jax; print(jax.devices('tpu')[0].device_kind)"
@@ -72,6 +73,13 @@ def tpu_chips() -> list[str]:
 
 def tpu_visible() -> bool:
     return bool(tpu_chips())
+
+
+def tpu_devices() -> int | None:
+    """How many JAX devices this machine's TPU chips make (one per chip where
+    the table does not know the chip), or None without a TPU."""
+    chips = tpu_chips()
+    return sum(DEVICES_PER_CHIP.get(chip, 1) for chip in chips) if chips else None
 
 
 # Set on a host of a multi-host slice; JAX then waits for every host to join.

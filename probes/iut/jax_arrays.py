@@ -225,14 +225,15 @@ def _key(dtype: np.dtype):
     return jnp.asarray(0x5A, dtype={1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[dtype.itemsize])
 
 
-def check_compiled_layout(cache, generation: str) -> None:
-    """The reference predicts from the compiler's layout; a cache this TPU
-    laid out otherwise would make that prediction meaningless. A mismatch is
-    an error naming both layouts and the libtpu behind each."""
+def check_compiled_layout(cache, generation: str, sharding: kvref.Sharding | None = None) -> None:
+    """The reference predicts from the compiler's layout (of one device's
+    shard, with a sharding); a cache this TPU laid out otherwise would make
+    that prediction meaningless. A mismatch is an error naming both layouts
+    and the libtpu behind each."""
     from importlib import metadata
 
     key = kvref.ShapeKey(kvref.element_type(cache.dtype).name, tuple(cache.shape))
-    expected, source = tpu_layout_of(generation, key)
+    expected, source = tpu_layout_of(generation, key, sharding)
     found = kvref.Layout.from_jax(cache.format.layout)
     if (found.minor_to_major, found.tiles) != (expected.layout.minor_to_major, expected.layout.tiles):
         raise RuntimeError(f"this TPU laid out a {key} cache as {found} (libtpu {metadata.version('libtpu')} "
@@ -292,6 +293,13 @@ class JaxTpuArrays(JaxSteps):
         import jax
 
         return jax.devices(standin_platform() or "tpu")
+
+    def make_sharded_caches(self, key, sharding, seeds):
+        pairs = super().make_sharded_caches(key, sharding, seeds)
+        if not standin_platform():
+            for cache, _ in pairs:
+                check_compiled_layout(cache, self.generation, sharding)
+        return pairs
 
     def fetch(self, cache):
         """Read from the device every time: jax keeps the host copy of an

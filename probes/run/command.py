@@ -71,13 +71,26 @@ def prepare(generations, iuts, matrix, probes, timeout, faults, out: Path | None
         check_out(out)
     check_layouts(matrix, matrix_rows, generations, iuts)
     cases = [c for name in iuts
-             for c in build_cases(generations, matrix_rows, probes or DEFAULT_PROBES, name, faults, timeout)]
+             for c in build_cases(generations, matrix_rows, probes or DEFAULT_PROBES, name, faults, timeout,
+                                  devices_of(name))]
     if not cases:
         raise ValueError("no cases: the matrix and --probe select nothing")
     for case in cases:  # a new TPU type's layouts: compiled once here, cached for the workers
         if not is_shipped(case.generation) and case.generation != "cpu":
             describe(case)
     return cases
+
+
+def devices_of(name: str) -> int | None:
+    """How many devices an IUT's cases may split a cache over: this machine's
+    TPU devices for an IUT that owns one (the parent does not open the TPU:
+    it counts chips on the PCI bus); unbounded for the others, which make
+    their own (a mesh of simulated chips, JAX CPU devices)."""
+    from probes.iut.hardware import standin_platform, tpu_devices
+
+    if not iut(name).owns_device or standin_platform():
+        return None
+    return tpu_devices()
 
 
 def record(found, run_id: str, out: Path) -> pd.DataFrame:

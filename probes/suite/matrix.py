@@ -118,11 +118,13 @@ def _names_a_case_kind(name: str) -> bool:
 
 
 def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut="kvref-sim",
-                faults: kvref.Faults = kvref.Faults(), timeout=30.0) -> list[Case]:
+                faults: kvref.Faults = kvref.Faults(), timeout=30.0, devices: int | None = None) -> list[Case]:
     """Per generation and per way the IUT's manager is built (its library's
     option sets): each matrix row's shape probes (a row with a sharding only
     for arrays that can split a cache over devices), then each selected
-    generation probe once, then each robustness probe once per kind."""
+    generation probe once, then each robustness probe once per kind.
+    `devices`: how many the IUT's device has (None: as many as asked), so no
+    case is made whose caches need more."""
     declared = declared_iut(iut)
     unknown = sorted(name for name in dict(declared.not_applicable) if not _names_a_case_kind(name))
     if unknown:
@@ -136,12 +138,12 @@ def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut
             common = dict(faults=faults, timeout=timeout, startup_timeout=declared.startup_seconds,
                           iut_options=tuple(sorted(options.items())))
             for row in matrix:
-                if row.sharding and not shards:
-                    continue  # arrays that make every cache on one device cannot take the row
+                if row.sharding and (not shards or (devices is not None and row.sharding.devices > devices)):
+                    continue  # arrays that make every cache on one device, or too few devices
                 cases += [Case(p, gen, iut, row.name, row.shape, sharding=str(row.sharding or ""), **common)
                           for p in row.probes if p in probes]
             for name, p in PROBES.items():
-                if name not in probes or p.scope in ("shape", "fuzz"):
+                if name not in probes or p.scope in ("shape", "fuzz") or (devices is not None and p.devices > devices):
                     continue
                 for kind in p.kinds or ("",):
                     if not declared.applies(name, kind):

@@ -43,6 +43,7 @@ class Probe:
     kinds: tuple[str, ...] = ()  # robustness probes: the kinds of input, one case each
     default: bool = True  # in `kvprobe run` without --probe
     address_space_headroom: int | None = None  # bytes the worker's address space may grow by
+    devices: int = 1  # devices its caches are split over: not made where fewer exist
 
     @property
     def doc(self) -> str:
@@ -97,9 +98,9 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     # Caches over a device mesh. Split across heads (or replicated), they must
     # move; split along blocks, refusing them at construction is right too.
     Probe("sharded_roundtrip", sharded.sharded_roundtrip, "robustness", always(PASS), subject=sharded.SUBJECT,
-          kinds=sharded.HEAD_KINDS),
+          kinds=sharded.HEAD_KINDS, devices=sharded.MESH_DEVICES),
     Probe("block_sharded", sharded.block_sharded, "robustness", always(PASS, REJECTED), subject=sharded.SUBJECT,
-          kinds=sharded.BLOCK_KINDS),
+          kinds=sharded.BLOCK_KINDS, devices=sharded.MESH_DEVICES),
     Probe("call_sequence", call_sequence.call_sequence, "fuzz", always(PASS), default=False),
 )}
 

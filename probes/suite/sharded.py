@@ -22,6 +22,7 @@ SHARDINGS = {
     "blocks": "mesh(data=4) spec(data)",
     "blocks_and_heads": "mesh(data=2,model=2) spec(data,None,model)",
 }
+MESH_DEVICES = max(kvref.Sharding.parse(text).devices for text in SHARDINGS.values())
 HEAD_KINDS = ("heads", "replicated")
 BLOCK_KINDS = ("blocks", "blocks_and_heads", "mixed_layers")
 # One layer split across heads, one along blocks, on the same four devices,

@@ -61,6 +61,9 @@ class Faults:
     block_ids_on_every_shard: bool = _fault(
         "a block id is applied to every shard of a cache split along its blocks, as if each "
         "held them all: global block b moves local block b of every device")
+    unchecked_shard_shapes: bool = _fault(
+        "the shards of one layer are not checked to be equal parts: every shard is addressed "
+        "with shard 0's block size (a split that does not divide, the remainder on the last)")
 
     @classmethod
     def known(cls) -> tuple[str, ...]:

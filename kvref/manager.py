@@ -47,7 +47,7 @@ class KVCacheManager:
         host_blocks = integer(host_blocks, "host_blocks", 1)
         layers, placements = _layers(kv_caches)
         views = [[unpack_buffer(a, self.faults) for a in layer] for layer in layers]
-        _check_devices(views)
+        _check_devices(views, self.faults)
         plan = plan_host(views, int(host_blocks), slice_policy, self.faults, placements)
         budget = default_host_budget() if host_budget_bytes is None else integer(host_budget_bytes,
                                                                                  "host_budget_bytes", 0)
@@ -232,16 +232,19 @@ def _layers(kv_caches) -> tuple[list[list], list]:
     return layers, placements
 
 
-def _check_devices(views: list[list[DeviceBufferView]]) -> None:
+def _check_devices(views: list[list[DeviceBufferView]], faults: Faults) -> None:
     """Shard s of every layer must live on one device, the same as layer 0's
-    shard s; within a layer, shards must agree in shape."""
+    shard s; within a layer, shards must agree in shape (equal parts: a split
+    that does not divide a dimension is refused, not addressed as shard 0)."""
     for i, layer in enumerate(views):
         for s, view in enumerate(layer):
             if view.device is not views[0][s].device:
                 raise ValueError(f"layer {i} shard {s} is on {view.device!r} but layer 0 shard {s} "
                                  f"is on {views[0][s].device!r}; arrays from two devices")
-            if view.shape != layer[0].shape:
-                raise ValueError(f"layer {i} shard {s} is {view.shape} but shard 0 is {layer[0].shape}")
+            if view.shape != layer[0].shape and not faults.unchecked_shard_shapes:
+                raise ValueError(f"layer {i} shard {s} is {view.shape} but shard 0 is {layer[0].shape}; the "
+                                 "shards of a layer must be equal parts (is it split where the count does not "
+                                 "divide?)")
         if len({id(v.device) for v in layer}) != len(layer):
             raise ValueError(f"layer {i} has two shards on one device")
 

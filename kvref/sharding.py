@@ -183,3 +183,13 @@ def _spec_entry(item: str, text: str) -> tuple[str, ...]:
         if not _AXIS.fullmatch(axis) or axis == "None":
             raise ValueError(f"spec entry {item!r} in {text!r} is not None, an axis or (axis,axis,...)")
     return axes
+
+
+def uneven_parts(size: int, parts: int) -> list[slice]:
+    """`size` split into `parts` pieces where `parts` does not divide it: equal
+    ones, the remainder on the last (as tpu-sync's shard arithmetic splits)."""
+    if parts < 1 or size < parts:
+        raise ValueError(f"cannot split {size} into {parts} parts")
+    base = size // parts
+    bounds = [i * base for i in range(parts)] + [size]
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]

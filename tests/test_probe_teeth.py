@@ -41,6 +41,7 @@ TEETH = [
     ("block_sharded/blocks", "", (), ["block_ids_on_every_shard"], "ERROR"),
     ("block_sharded/blocks_and_heads", "", (), ["first_shard_only"], "CORRUPT"),
     ("block_sharded/mixed_layers", "", (), ["block_ids_on_every_shard"], "ERROR"),
+    ("uneven_shards", "", (), ["unchecked_shard_shapes"], "CORRUPT|ERROR"),
 ]
 
 
@@ -88,10 +89,13 @@ def test_reference_on_jax_cpu_arrays():
 
 
 @pytest.mark.parametrize("probe", ["sharded_roundtrip/heads", "sharded_roundtrip/replicated", "block_sharded/blocks",
-                                   "block_sharded/blocks_and_heads", "block_sharded/mixed_layers"])
+                                   "block_sharded/blocks_and_heads", "block_sharded/mixed_layers", "uneven_shards"])
 def test_reference_moves_sharded_jax_arrays(probe):
     """One jax.Array per layer over a mesh of JAX CPU devices, as tpu-inference allocates it."""
     name, _, kind = probe.partition("/")
-    c = Case(name, "cpu", "kvref-jax", f"{name}-{kind}", declared(name).subject, kind=kind)
+    c = Case(name, "cpu", "kvref-jax", f"{name}-{kind}" if kind else name, declared(name).subject, kind=kind)
     result = run_case(c)
-    assert result.outcome.verdict == "PASS", result.outcome.detail
+    # The reference refuses parts of unequal size, by name; every other split it moves.
+    expected = "REJECTED" if name == "uneven_shards" else "PASS"
+    assert result.outcome.verdict == expected, result.outcome.detail
+    assert name != "uneven_shards" or "must be equal parts" in result.outcome.detail

@@ -25,7 +25,7 @@ NO_TORCH_ALLOCATOR = tuple((case, "tpu-sync-torch has no d2h_auto_allocate or un
                                         "release_order/exit_in_flight"))
 # The torch arrays make each cache on one device.
 NO_TORCH_MESH = tuple((probe, "these torch arrays make every cache on one device, never split over a mesh")
-                      for probe in ("sharded_roundtrip", "block_sharded"))
+                      for probe in ("sharded_roundtrip", "block_sharded", "uneven_shards"))
 # JAX CPU workers get enough devices for the sharded probes' meshes.
 JAX_CPU_MESH = ("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 LANDS_AT_ONCE = ("host_transferred_construction",

@@ -14,6 +14,7 @@ import functools
 import numpy as np
 
 import kvref
+from kvref.sharding import uneven_parts
 from probes.iut.hardware import NO_TPU, local_tpu_generation, standin_platform, tpu_device
 from probes.iut.host_data import random_host
 from probes.iut.reference import tpu_layout_of
@@ -62,6 +63,18 @@ class JaxSteps:
     def fetch_shards(self, cache):
         shards = sorted(cache.addressable_shards, key=lambda shard: shard.device.id)
         return [(shard.index, self.fetch(shard.data)) for shard in shards]
+
+    def make_uneven_shards(self, key, dim, parts, seed):
+        import jax
+
+        devices = self.mesh_devices()
+        if len(devices) < parts:
+            raise RuntimeError(f"{parts} uneven shards need {parts} {devices[0].platform} devices and this "
+                               f"process has {len(devices)}")
+        host = random_host(key, seed)
+        index = [tuple(part if d == dim else slice(None) for d in range(len(key.dims)))
+                 for part in uneven_parts(key.dims[dim], parts)]
+        return [jax.device_put(host[where].copy(), device) for device, where in zip(devices, index)], host, index
 
     def mesh_devices(self) -> list:
         """The devices a sharded cache's mesh is made of."""

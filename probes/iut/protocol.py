@@ -117,6 +117,12 @@ class ShardedArrays(Protocol):
         """Every device's part of a sharded cache, replicas included, in device
         order: (where it lies in the global array, its current contents)."""
 
+    def make_uneven_shards(self, key: kvref.ShapeKey, dim: int, parts: int,
+                           seed: int) -> tuple[list, np.ndarray, list[tuple[slice, ...]]]:
+        """`key`'s array split along `dim` into `parts` unequal pieces, one per
+        device, the remainder on the last (as tpu-sync's own shard arithmetic
+        splits): (the per-device caches, the global host contents, where each lies)."""
+
 
 @runtime_checkable
 class Pending(Protocol):

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from importlib import metadata
 
+import numpy as np
+
 import kvref
 from kvref.oracle import device_kind, lookup
+from kvref.sharding import uneven_parts
 from kvref.sim_mesh import SimMesh
 from probes.iut.host_data import random_host
 from probes.iut.protocol import NoViews
@@ -126,6 +129,15 @@ class SimArrays:
 
     def fetch_shards(self, cache):
         return [(shard.index, shard.device.fetch(shard.data)) for shard in cache.addressable_shards]
+
+    def make_uneven_shards(self, key, dim, parts, seed):
+        host = random_host(key, seed)
+        index = [tuple(part if d == dim else slice(None) for d in range(len(key.dims)))
+                 for part in uneven_parts(key.dims[dim], parts)]
+        if self.mesh is None or len(self.mesh.devices) < parts:
+            self.mesh = SimMesh(self.device.generation, parts)
+        return ([device.put(np.ascontiguousarray(host[where])) for device, where in zip(self.mesh.devices, index)],
+                host, index)
 
     def views(self, key, seeds):
         raise NoViews("the simulated device has no views of one array into another")

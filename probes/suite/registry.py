@@ -101,6 +101,9 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           kinds=sharded.HEAD_KINDS, devices=sharded.MESH_DEVICES),
     Probe("block_sharded", sharded.block_sharded, "robustness", always(PASS, REJECTED), subject=sharded.SUBJECT,
           kinds=sharded.BLOCK_KINDS, devices=sharded.MESH_DEVICES),
+    # Refusing parts of unequal size is right; so is moving each exactly.
+    Probe("uneven_shards", sharded.uneven_shards, "generation", always(REJECTED, PASS), subject=sharded.SUBJECT,
+          devices=sharded.UNEVEN[1]),
     Probe("call_sequence", call_sequence.call_sequence, "fuzz", always(PASS), default=False),
 )}
 

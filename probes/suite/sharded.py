@@ -47,6 +47,39 @@ def block_sharded(case: Case, iut: Adapter) -> Outcome:
     return round_trips(case, iut, [(SHARDINGS[kind], key) for kind, key in layers])
 
 
+UNEVEN = (2, 3)  # the kv heads (dimension 2) of the subject over three devices: 2, 2 and 4
+
+
+def uneven_shards(case: Case, iut: Adapter) -> Outcome:
+    """A layer handed over as one array per device whose parts differ in size
+    (8 kv heads over 3 devices: 2, 2 and 4). Refusing it is right; a manager
+    that takes it must move every device's part of every block exactly."""
+    arrays = iut.sharded_arrays()
+    if arrays is None:
+        return Outcome(SKIP, f"{iut.name}'s arrays make no sharded caches (no probes.iut.protocol.ShardedArrays)")
+    dim, parts = UNEVEN
+    shards, host, index = arrays.make_uneven_shards(case.shape, dim, parts, case.seed)
+    blocks = case.shape.dims[0]
+    sizes = [host[where].shape[dim] for where in index]
+    try:
+        manager = iut.manager([shards], blocks)
+    except Exception as e:  # a clean refusal, or the worker's ERROR
+        return refused(iut, e, f"parts of {sizes} along dimension {dim}: ")
+    perm_a, perm_b = moving_permutations(blocks, case.seed + 1)
+    expected = expected_after(host, perm_a, perm_b)
+    try:
+        iut.d2h(manager, perm_a, np.arange(blocks))
+        iut.h2d(manager, np.arange(blocks), perm_b)
+    except Exception as e:  # it took the parts: moving every block is its to do
+        return Outcome(ERROR, f"the manager took parts of {sizes}, then failed a round trip: {first_line(e)}")
+    for device, (cache, where) in enumerate(zip(shards, index)):
+        wrong = wrong_rows(np.ascontiguousarray(arrays.fetch(cache)), np.ascontiguousarray(expected[where]))
+        if wrong.any():
+            return Outcome(CORRUPT, f"device {device} (holding {_index_text(where)}, parts {sizes}): "
+                           f"{int(wrong.sum())} of {blocks} blocks differ after a permuted round trip")
+    return Outcome(PASS, f"{blocks} blocks round-tripped over parts of {sizes}, every device's part exact")
+
+
 def round_trips(case: Case, iut: Adapter, layers: list[tuple[str, kvref.ShapeKey]]) -> Outcome:
     """Each layer (sharding text, shape) made, then moved as one manager."""
     arrays = iut.sharded_arrays()

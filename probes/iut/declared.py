@@ -26,8 +26,8 @@ NO_TORCH_ALLOCATOR = tuple((case, "tpu-sync-torch has no d2h_auto_allocate or un
 # The torch arrays make each cache on one device.
 NO_TORCH_MESH = tuple((probe, "these torch arrays make every cache on one device, never split over a mesh")
                       for probe in ("sharded_roundtrip", "block_sharded", "uneven_shards"))
-# JAX CPU workers get enough devices for the sharded probes' meshes.
-JAX_CPU_MESH = ("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+# JAX CPU workers get enough devices for the sharded probes and the serving matrix (TP 8).
+JAX_CPU_MESH = ("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 LANDS_AT_ONCE = ("host_transferred_construction",
                  "a TPU lands a host->device copy of a few MiB in about a millisecond, before it can be "
                  "seen in flight")

@@ -124,10 +124,6 @@ class Sharding:
     def splits_blocks(self) -> bool:
         return self.parts(0) > 1
 
-    def placements(self, dims) -> list["ShardPlacement"]:
-        """Per device, which blocks it holds and which part of a host block they fill."""
-        return placements_of(self.shard_starts(dims))
-
 
 @dataclass(frozen=True)
 class ShardPlacement:

@@ -63,22 +63,6 @@ class SimMesh:
                                                              land_after_us=land_after_us)))
         return ShardedArray(self, sharding, key, shards)
 
-    def fetch(self, array: ShardedArray) -> np.ndarray:
-        """The global logical array, each part read from its first holder."""
-        if not isinstance(array, ShardedArray) or array.mesh is not self:
-            raise ValueError(f"{array!r} is not an array of this mesh")
-        out, read = None, set()
-        for shard in array.addressable_shards:
-            where = tuple((s.start, s.stop) for s in shard.index)
-            if where in read:
-                continue
-            read.add(where)
-            part = shard.device.fetch(shard.data)
-            if out is None:
-                out = np.empty(array.dims, part.dtype)
-            out[shard.index] = part
-        return out
-
     def fetch_shards(self, array: ShardedArray) -> list[np.ndarray]:
         """Every device's part, replicas included, in device order."""
         return [shard.device.fetch(shard.data) for shard in array.addressable_shards]

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import kvref
 from kvref.serving import ServingCache, model_figures, serving_cache
+from kvref.sharding import placements_of
 from probes.iut.protocol import ShardedArrays
 from probes.iut.registry import iut as declared_iut
 from probes.run.runner import CaseResult, run_cases
@@ -44,7 +45,7 @@ def shard_facts(cache: ServingCache, generation: str, iut: str) -> ShardFacts:
     else:
         raise ValueError(f"{iut}'s arrays make no sharded caches, and {cache.sharding} needs them")
     rows = row_byte_ranges(str(shard))  # by packing row numbers, not by asking kvref.major_slice
-    slots = 1 if cache.sharding is None else len({start[1:] for start in cache.sharding.shard_starts(cache.key.dims)})
+    slots = 1 if cache.sharding is None else placements_of(cache.sharding.shard_starts(cache.key.dims))[0].host_slots
     why = "" if rows.contiguous else kvref.major_slice(shard).reason
     return ShardFacts(generation, shard, source, rows.slice_bytes if rows.contiguous else None, why, slots)
 

@@ -42,6 +42,7 @@ TEETH = [
     ("block_sharded/blocks_and_heads", "", (), ["first_shard_only"], "CORRUPT"),
     ("block_sharded/mixed_layers", "", (), ["block_ids_on_every_shard"], "ERROR"),
     ("uneven_shards", "", (), ["unchecked_shard_shapes"], "CORRUPT|ERROR"),
+    ("block_sharded/blocks", "", (), ["runs_as_single_blocks"], "CORRUPT"),  # a run across shard boundaries
 ]
 
 

@@ -33,8 +33,9 @@ MIXED_LAYERS = (("heads", SUBJECT), ("blocks", kvref.ShapeKey("bf16", (64, 16, 2
 def sharded_roundtrip(case: Case, iut: Adapter) -> Outcome:
     """A cache split across its heads (or replicated too): every block d2h in
     one permutation and h2d back in another, then one host block into one
-    device block; every device's part, replicas included, must hold exactly
-    its part of the expected contents after each."""
+    device block, then a run of blocks out and back as one run each; every
+    device's part, replicas included, must hold exactly its part of the
+    expected contents after each."""
     return round_trips(case, iut, [(SHARDINGS[case.kind], case.shape)])
 
 
@@ -42,11 +43,12 @@ def block_sharded(case: Case, iut: Adapter) -> Outcome:
     """A cache split along its blocks (and its heads), or two layers sharded
     differently: refusing it when the manager is built is right; a manager
     that takes it must move global blocks, each only on the devices that
-    hold it, as sharded_roundtrip checks."""
+    hold it, as sharded_roundtrip checks (its runs cross the shards' boundaries)."""
     layers = MIXED_LAYERS if case.kind == "mixed_layers" else ((case.kind, case.shape),)
     return round_trips(case, iut, [(SHARDINGS[kind], key) for kind, key in layers])
 
 
+RUN = 8  # blocks moved as one run (copy_sizes) in the last step
 UNEVEN = (2, 3)  # the kv heads (dimension 2) of the subject over three devices: 2, 2 and 4
 
 
@@ -100,22 +102,29 @@ def round_trips(case: Case, iut: Adapter, layers: list[tuple[str, kvref.ShapeKey
     target = 1  # then host block `source` into device block 1, which held another block
     source = (int(np.flatnonzero(perm_b == target)[0]) + 1) % blocks
     expected = [expected_after(h, perm_a, perm_b) for h in hosts]
+    # Last, one run of RUN blocks across the middle out, and back as one run
+    # across the three-quarter mark: each crosses where a split puts a shard boundary.
+    run_from, run_to = blocks // 2 - RUN // 2, 3 * blocks // 4 - RUN // 2
     steps = [("a permuted round trip of every block", lambda: _round_trip(iut, manager, blocks, perm_a, perm_b)),
              (f"host block {source} into device block {target}",
-              lambda: iut.h2d(manager, [source], [target]))]
+              lambda: iut.h2d(manager, [source], [target])),
+             (f"blocks [{run_from}, {run_from + RUN}) out as one run and back into [{run_to}, {run_to + RUN})",
+              lambda: (iut.d2h(manager, [run_from], [0], [RUN]), iut.h2d(manager, [0], [run_to], [RUN])))]
     for i, (what, run) in enumerate(steps):
         try:
             run()
         except Exception as e:  # the manager took the cache: every global block id is its to move
             return Outcome(ERROR, f"the manager took {'; '.join(shardings)}, then failed {what}: {first_line(e)}")
-        if i == 1:
-            for want, host in zip(expected, hosts):
+        for want, host in zip(expected, hosts):
+            if i == 1:
                 want[target] = host[perm_a[source]]
+            if i == 2:
+                want[run_to: run_to + RUN] = want[run_from: run_from + RUN]
         wrong = _first_wrong_part(arrays, caches, expected)
         if wrong:
             return Outcome(CORRUPT, f"after {what}: {wrong}")
-    return Outcome(PASS, f"{blocks} global blocks round-tripped and one moved alone, every device's part "
-                   f"exact, over {'; '.join(shardings)}")
+    return Outcome(PASS, f"{blocks} global blocks round-tripped, one moved alone and a run of {RUN} across shard "
+                   f"boundaries, every device's part exact, over {'; '.join(shardings)}")
 
 
 def _round_trip(iut: Adapter, manager, blocks: int, perm_a, perm_b) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from kvref.dtypes import element_type
 from kvref.shape_key import ShapeKey
 from kvref.sharding import Sharding
+from kvref.values import integer
 
 MLA_PACKING = 32
 LANES = 128
@@ -78,9 +79,7 @@ def from_config(config: dict, name: str = "model") -> ModelFigures:
         if value is None:
             missing.append(key)
             return 0
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"config field {key} is {value!r}; expected a positive integer")
-        return value
+        return integer(value, f"config field {key}", 1)
 
     missing: list[str] = []
     layers = field("num_hidden_layers", missing)
@@ -88,9 +87,12 @@ def from_config(config: dict, name: str = "model") -> ModelFigures:
         latent, rope = field("kv_lora_rank", missing), field("qk_rope_head_dim", missing)
         _check_missing(missing, name)
         return ModelFigures(name, layers, mla_latent=latent, mla_rope=rope)
-    heads = config.get("num_key_value_heads") or config.get("num_attention_heads")
-    if heads is None:
+    heads_key = "num_key_value_heads" if config.get("num_key_value_heads") is not None else "num_attention_heads"
+    if config.get(heads_key) is None:
+        heads = 0
         missing.append("num_key_value_heads (or num_attention_heads)")
+    else:
+        heads = field(heads_key, missing)
     if config.get("head_dim"):
         head_dim = field("head_dim", missing)
     elif config.get("hidden_size") and config.get("num_attention_heads"):
@@ -99,7 +101,7 @@ def from_config(config: dict, name: str = "model") -> ModelFigures:
         head_dim = 0
         missing.append("head_dim (or hidden_size and num_attention_heads)")
     _check_missing(missing, name)
-    return ModelFigures(name, layers, kv_heads=int(heads), head_dim=head_dim)
+    return ModelFigures(name, layers, kv_heads=heads, head_dim=head_dim)
 
 
 def _check_missing(missing: list[str], name: str) -> None:
@@ -127,8 +129,7 @@ def serving_cache(model: ModelFigures, dtype: str, block_size: int, tp: int = 1,
                   blocks_per_shard: int = 32) -> ServingCache:
     """The per-layer cache of `model` at this TP and DP degree (blocks split over DP)."""
     for name, value in (("block_size", block_size), ("tp", tp), ("dp", dp), ("blocks_per_shard", blocks_per_shard)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        integer(value, name, 1)
     element = element_type(dtype)
     blocks = blocks_per_shard * dp
     if model.is_mla:

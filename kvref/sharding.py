@@ -111,13 +111,12 @@ class Sharding:
 
     def shard_starts(self, dims) -> list[tuple[int, ...]]:
         """Per device (row-major over the mesh), where its part starts in each dimension."""
-        shard = self.shard_dims(dims)
-        names = [name for name, _ in self.mesh]
+        shard, sizes = self.shard_dims(dims), dict(self.mesh)
         starts = []
-        for coords in itertools.product(*(range(size) for _, size in self.mesh)):
-            at = dict(zip(names, coords))
-            starts.append(tuple(_part_index(self.spec[d] if d < len(self.spec) else (), at, dict(self.mesh))
-                                * shard[d] for d in range(len(shard))))
+        for coords in itertools.product(*map(range, self.axis_sizes)):
+            at = dict(zip(self.axis_names, coords))
+            starts.append(tuple(_part_index(self.spec[d] if d < len(self.spec) else (), at, sizes) * shard[d]
+                                for d in range(len(shard))))
         return starts
 
     @property
@@ -181,11 +180,14 @@ def _spec_entry(item: str, text: str) -> tuple[str, ...]:
     return axes
 
 
-def uneven_parts(size: int, parts: int) -> list[slice]:
-    """`size` split into `parts` pieces where `parts` does not divide it: equal
-    ones, the remainder on the last (as tpu-sync's shard arithmetic splits)."""
+def uneven_parts(dims, dim: int, parts: int) -> list[tuple[slice, ...]]:
+    """Where each of `parts` pieces of an array of `dims` lies when dimension
+    `dim` is split where `parts` does not divide it: equal pieces, the
+    remainder on the last (as tpu-sync's shard arithmetic splits)."""
+    size = dims[dim]
     if parts < 1 or size < parts:
-        raise ValueError(f"cannot split {size} into {parts} parts")
+        raise ValueError(f"cannot split dimension {dim} ({size}) into {parts} parts")
     base = size // parts
     bounds = [i * base for i in range(parts)] + [size]
-    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    return [tuple(slice(a, b) if d == dim else slice(None) for d in range(len(dims)))
+            for a, b in zip(bounds[:-1], bounds[1:])]

@@ -69,3 +69,10 @@ def test_a_preset_runs_end_to_end_and_its_round_trip_earns_the_prediction(argv, 
 def test_a_model_that_is_neither_preset_nor_file_is_an_error(capsys):
     assert cli.main(["model", "no-such-model", "-g", "v6e", "--no-probe"]) == 2
     assert "no model preset or config file 'no-such-model'; presets: llama-3.1-8b" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field, value", [("num_key_value_heads", "8"), ("num_hidden_layers", 0), ("head_dim", True)])
+def test_a_config_field_that_is_not_a_positive_integer_is_named(field, value):
+    config = {"num_hidden_layers": 32, "num_key_value_heads": 8, "head_dim": 128, field: value}
+    with pytest.raises(ValueError, match=f"config field {field} must be a positive integer, got {value!r}"):
+        from_config(config, "m")

@@ -132,9 +132,14 @@ def _describe(name: str):
         with _libtpu_quiet():
             return topologies.get_topology_desc(topology_name=name, platform="tpu")
     except Exception as e:  # libtpu raises many kinds of errors here
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise OracleUnavailable(f"libtpu could not describe topology {name!r}: {first} "
+        raise OracleUnavailable(f"libtpu could not describe topology {name!r}: {_first_line(e)} "
                                 f"(libtpu's messages: {libtpu_log()})") from e
+
+
+def _first_line(e: BaseException) -> str:
+    """The first line of libtpu's or jax's message (they run to pages), or the error's type."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def device_kind(generation: str) -> str:
@@ -188,9 +193,8 @@ def compile_layout(dtype, dims, generation: str, sharding: Sharding | None = Non
     except Exception as e:  # jax raises several kinds; only a requested layout is the caller's to answer for
         if requested is None:
             raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise LayoutRefused(f"the {generation} compiler refused layout {{{requested}}} for "
-                            f"{ShapeKey(element.name, dims)}: {first[:300]}") from None
+                            f"{ShapeKey(element.name, dims)}: {_first_line(e)[:300]}") from None
     out_dtype = element_type(compiled.out_info.dtype).name
     if out_dtype != element.name:
         raise OracleUnavailable(f"the compiler made {ShapeKey(element.name, dims)} into {out_dtype} "

@@ -38,8 +38,21 @@ class IUT:
         declared = dict(self.not_applicable)
         return probe not in declared and f"{probe}/{kind}" not in declared
 
-    def layout_of(self, generation: str, key: kvref.ShapeKey) -> tuple[kvref.Shape, str]:
-        return self.arrays.layout_of(generation, key)
+    @property
+    def shards(self) -> bool:
+        """Whether its arrays can split a cache over several devices."""
+        return issubclass(self.arrays, ShardedArrays)
+
+    def layout_of(self, generation: str, key: kvref.ShapeKey,
+                  sharding: kvref.Sharding | None = None) -> tuple[kvref.Shape, str]:
+        """The layout its device gives an array of `key` (with a sharding, one
+        device's shard of it), and where that answer came from."""
+        if sharding is None:
+            return self.arrays.layout_of(generation, key)
+        if not self.shards:
+            raise ValueError(f"{self.name}'s arrays make every cache on one device; {sharding} needs "
+                             "arrays that provide probes.iut.protocol.ShardedArrays")
+        return self.arrays.sharded_layout_of(generation, key, sharding)
 
     def check_target(self, generation: str) -> None:
         if generation in self.targets:
@@ -91,7 +104,7 @@ class Adapter:
 
     def sharded_arrays(self) -> ShardedArrays | None:
         """The arrays, where they can split a cache over several devices."""
-        return self.arrays if isinstance(self.arrays, ShardedArrays) else None
+        return self.arrays if self.iut.shards else None
 
     def skip_reason(self) -> str | None:
         """Every reason this IUT cannot run here (library and arrays), or None."""

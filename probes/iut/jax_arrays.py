@@ -72,8 +72,7 @@ class JaxSteps:
             raise RuntimeError(f"{parts} uneven shards need {parts} {devices[0].platform} devices and this "
                                f"process has {len(devices)}")
         host = random_host(key, seed)
-        index = [tuple(part if d == dim else slice(None) for d in range(len(key.dims)))
-                 for part in uneven_parts(key.dims[dim], parts)]
+        index = uneven_parts(key.dims, dim, parts)
         return [jax.device_put(host[where].copy(), device) for device, where in zip(devices, index)], host, index
 
     def mesh_devices(self) -> list:

@@ -132,8 +132,7 @@ class SimArrays:
 
     def make_uneven_shards(self, key, dim, parts, seed):
         host = random_host(key, seed)
-        index = [tuple(part if d == dim else slice(None) for d in range(len(key.dims)))
-                 for part in uneven_parts(key.dims[dim], parts)]
+        index = uneven_parts(key.dims, dim, parts)
         if self.mesh is None or len(self.mesh.devices) < parts:
             self.mesh = SimMesh(self.device.generation, parts)
         return ([device.put(np.ascontiguousarray(host[where])) for device, where in zip(self.mesh.devices, index)],

@@ -69,9 +69,9 @@ def write_generation_report(frame: pd.DataFrame, gen_dir: Path) -> Path:
               "cheapest change this generation's compiler agreed makes them so (its memory against the "
               "shape's; a sharded cache's is for one device's shard).", ""]
     if len(refused):
-        reasons = refused.drop_duplicates("layout").assign(
-            reason=[layout_reason(t) for t in refused.drop_duplicates("layout")["layout"]],
-            remedy=[remedy_cell(t, gen) for t in refused.drop_duplicates("layout")["layout"]])
+        layouts = refused.drop_duplicates("layout")
+        reasons = layouts.assign(reason=[layout_reason(t) for t in layouts["layout"]],
+                                 remedy=[remedy_cell(t, gen) for t in layouts["layout"]])
         lines += [_table(reasons[["shape", "layout", "reason", "remedy"]]), ""]
     lines += [f"![memory map]({p.name})" for p in maps] + [""]
     lines += not_applicable(frame["iut"].unique())

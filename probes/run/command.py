@@ -17,7 +17,6 @@ from probes.report.results import disagreements
 from probes.run import rows
 from probes.run.ray_runner import run_cases_on_ray
 from probes.run.runner import Interrupted, run_cases
-from probes.iut.protocol import ShardedArrays
 from probes.suite.matrix import build_cases, load_matrix
 from probes.suite.predict import describe
 from probes.suite.registry import DEFAULT_PROBES
@@ -109,12 +108,12 @@ def check_layouts(matrix: str, matrix_rows, generations, iuts) -> None:
     refuses names its matrix and row."""
     for name in iuts:
         for gen in generations:
-            arrays = iut(name).arrays
+            declared = iut(name)
             for row in matrix_rows:
                 try:
-                    iut(name).layout_of(gen, row.shape)
-                    if row.sharding and issubclass(arrays, ShardedArrays):
-                        arrays.sharded_layout_of(gen, row.shape, row.sharding)
+                    declared.layout_of(gen, row.shape)
+                    if row.sharding and declared.shards:  # (rows the arrays cannot split are not made)
+                        declared.layout_of(gen, row.shape, row.sharding)
                 except Exception as e:  # the compiler's refusal, named
                     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                     raise ValueError(f"matrix {matrix}, row {row.name!r} ({row.shape}) on {gen}: {first}") from None

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import kvref
 from kvref.serving import ServingCache, model_figures, serving_cache
 from kvref.sharding import placements_of
-from probes.iut.protocol import ShardedArrays
 from probes.iut.registry import iut as declared_iut
 from probes.run.runner import CaseResult, run_cases
 from probes.suite.matrix import MatrixRow, build_cases
@@ -37,13 +36,7 @@ class ShardFacts:
 
 
 def shard_facts(cache: ServingCache, generation: str, iut: str) -> ShardFacts:
-    arrays = declared_iut(iut).arrays
-    if cache.sharding is None:
-        shard, source = declared_iut(iut).layout_of(generation, cache.key)
-    elif issubclass(arrays, ShardedArrays):
-        shard, source = arrays.sharded_layout_of(generation, cache.key, cache.sharding)
-    else:
-        raise ValueError(f"{iut}'s arrays make no sharded caches, and {cache.sharding} needs them")
+    shard, source = declared_iut(iut).layout_of(generation, cache.key, cache.sharding)
     rows = row_byte_ranges(str(shard))  # by packing row numbers, not by asking kvref.major_slice
     slots = 1 if cache.sharding is None else placements_of(cache.sharding.shard_starts(cache.key.dims))[0].host_slots
     why = "" if rows.contiguous else kvref.major_slice(shard).reason

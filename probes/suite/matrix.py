@@ -8,7 +8,6 @@ from pathlib import Path
 
 import kvref
 import kvref.serving
-from probes.iut.protocol import ShardedArrays
 from probes.iut.registry import iut as declared_iut
 from probes.suite.cases import Case
 from probes.suite.registry import DEFAULT_PROBES, PROBES, SHAPE_PROBES
@@ -131,14 +130,13 @@ def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut
         raise ValueError(f"{iut} declares unknown probe(s) {unknown} not applicable; probes are "
                          f"{', '.join(PROBES)}, a kind of one written probe/kind")
     probes = [p for p in probes if declared.applies(p)]
-    shards = issubclass(declared.arrays, ShardedArrays)
     cases = []
     for gen in generations:
         for options in declared.library.OPTION_SETS:
             common = dict(faults=faults, timeout=timeout, startup_timeout=declared.startup_seconds,
                           iut_options=tuple(sorted(options.items())))
             for row in matrix:
-                if row.sharding and (not shards or (devices is not None and row.sharding.devices > devices)):
+                if row.sharding and (not declared.shards or (devices is not None and row.sharding.devices > devices)):
                     continue  # arrays that make every cache on one device, or too few devices
                 cases += [Case(p, gen, iut, row.name, row.shape, sharding=str(row.sharding or ""), **common)
                           for p in row.probes if p in probes]

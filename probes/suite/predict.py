@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import kvref
-from probes.iut.protocol import ShardedArrays
 from probes.iut.registry import iut
 from probes.suite.cases import Case
 from probes.suite.ownership import row_byte_ranges
@@ -15,15 +14,11 @@ def describe(case: Case) -> dict:
     """Layout columns and the predicted verdicts for one case: the verdicts a
     correct manager may earn, `|`-separated, the reference's first. A cache
     over a mesh is described by one device's shard, whose layout decides."""
-    declared = iut(case.iut)
-    if case.sharding and isinstance(declared.arrays, type) and issubclass(declared.arrays, ShardedArrays):
-        shape, source = declared.arrays.sharded_layout_of(case.generation, case.shape,
-                                                          kvref.Sharding.parse(case.sharding))
-    else:
-        shape, source = declared.layout_of(case.generation, case.shape)
+    sharding = kvref.Sharding.parse(case.sharding) if case.sharding else None
+    shape, source = iut(case.iut).layout_of(case.generation, case.shape, sharding)
     predicted = probe(case.probe).predict(shape)
-    if case.sharding and kvref.Sharding.parse(case.sharding).splits_blocks:
-        predicted += tuple(v for v in (REJECTED,) if v not in predicted)  # see probes.suite.sharded
+    if sharding and sharding.splits_blocks and REJECTED not in predicted:
+        predicted += (REJECTED,)  # refusing a cache split along blocks is right too (probes.suite.sharded)
     return {
         "layout_source": source,
         "dtype": shape.dtype,

@@ -48,8 +48,13 @@ def block_sharded(case: Case, iut: Adapter) -> Outcome:
     return round_trips(case, iut, [(SHARDINGS[kind], key) for kind, key in layers])
 
 
+SAME_BLOCKS = "two blocks hold the same bytes, so a block that did not move could pass"
 RUN = 8  # blocks moved as one run (copy_sizes) in the last step
 UNEVEN = (2, 3)  # the kv heads (dimension 2) of the subject over three devices: 2, 2 and 4
+
+
+def _no_mesh(iut: Adapter) -> Outcome:
+    return Outcome(SKIP, f"{iut.name}'s arrays make no sharded caches (no probes.iut.protocol.ShardedArrays)")
 
 
 def uneven_shards(case: Case, iut: Adapter) -> Outcome:
@@ -58,11 +63,13 @@ def uneven_shards(case: Case, iut: Adapter) -> Outcome:
     that takes it must move every device's part of every block exactly."""
     arrays = iut.sharded_arrays()
     if arrays is None:
-        return Outcome(SKIP, f"{iut.name}'s arrays make no sharded caches (no probes.iut.protocol.ShardedArrays)")
+        return _no_mesh(iut)
     dim, parts = UNEVEN
     shards, host, index = arrays.make_uneven_shards(case.shape, dim, parts, case.seed)
     blocks = case.shape.dims[0]
     sizes = [host[where].shape[dim] for where in index]
+    if has_equal_rows(host):
+        return Outcome(ERROR, SAME_BLOCKS)
     try:
         manager = iut.manager([shards], blocks)
     except Exception as e:  # a clean refusal, or the worker's ERROR
@@ -86,14 +93,14 @@ def round_trips(case: Case, iut: Adapter, layers: list[tuple[str, kvref.ShapeKey
     """Each layer (sharding text, shape) made, then moved as one manager."""
     arrays = iut.sharded_arrays()
     if arrays is None:
-        return Outcome(SKIP, f"{iut.name}'s arrays make no sharded caches (no probes.iut.protocol.ShardedArrays)")
+        return _no_mesh(iut)
     shardings = [text for text, _ in layers]
     pairs = [arrays.make_sharded_caches(key, kvref.Sharding.parse(text), [case.seed + i])[0]
              for i, (text, key) in enumerate(layers)]
     caches, hosts = [c for c, _ in pairs], [h for _, h in pairs]
     blocks = case.shape.dims[0]
     if any(has_equal_rows(h) for h in hosts):
-        return Outcome(ERROR, "two blocks hold the same bytes, so a block that did not move could pass")
+        return Outcome(ERROR, SAME_BLOCKS)
     try:
         manager = iut.manager(caches, blocks)
     except Exception as e:  # a clean refusal, or the worker's ERROR

@@ -21,7 +21,7 @@ system-deps:
 	  { $(SUDO) apt-get install -y -q $(SYSTEM_PACKAGES) || \
 	    { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q $(SYSTEM_PACKAGES); }; }
 
-$(STAMP): pyproject.toml CMakeLists.txt $(wildcard csrc/*) kvref/proto/transfer.proto | system-deps
+$(STAMP): pyproject.toml CMakeLists.txt $(wildcard csrc/*) $(wildcard kvref/proto/*.proto) | system-deps
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" "torch==2.13.0"

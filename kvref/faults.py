@@ -64,6 +64,27 @@ class Faults:
     unchecked_shard_shapes: bool = _fault(
         "the shards of one layer are not checked to be equal parts: every shard is addressed "
         "with shard 0's block size (a split that does not divide, the remainder on the last)")
+    # Pulls between managers (kvref.pulls).
+    pull_never_reports: bool = _fault(
+        "a pull settles but poll_stats never reports it: the consumer waits for it forever")
+    late_refusal: bool = _fault(
+        "start_read accepts a request it cannot carry out and reports it failed only when "
+        "timeout_s has passed")
+    offload_only_listens: bool = _fault(
+        "a manager built without a listen address opens a listening socket anyway")
+    pull_pairs_sorted: bool = _fault(
+        "a pull pairs the remote blocks with the local block ids sorted, not in the order given")
+    lost_pull_unsettled: bool = _fault(
+        "a pull whose producer goes away (connection refused or dropped) is never settled")
+    registrations_keyed_by_blocks: bool = _fault(
+        "the producer keys registrations by their block ids: a request registering the same "
+        "blocks as another replaces it, and the other's pull finds nothing")
+    settled_uuid_served_stale: bool = _fault(
+        "the producer remembers a uuid's first blocks: a later registration under a reused "
+        "uuid serves the blocks of the first")
+    duplicate_reports: bool = _fault(
+        "poll_stats does not forget what it reported: each settled request is reported on "
+        "every poll")
 
     @classmethod
     def known(cls) -> tuple[str, ...]:

@@ -13,6 +13,9 @@ transfer has landed when the call returns."""
 
 from __future__ import annotations
 
+import threading
+import weakref
+
 import numpy as np
 
 from kvref import _core
@@ -25,19 +28,31 @@ from kvref.futures import TransferFuture
 from kvref.offsets import block_list, transfer_lists
 from kvref.settings import check_parallelism, check_timeout
 from kvref.plans import request_bytes
+from kvref.pulls import PullService
+from kvref.staging import Staging
 from kvref.values import flag, integer
 
 BUDGET_SHARE = 0.5  # default budget: this share of the memory available now
+PULL_TIMEOUT_S = 120.0  # how long a pull may take when timeout_s is not given
 _LEAKED_POOLS: list = []  # the leaked_pool fault model's pools, never freed
 
 
 class KVCacheManager:
     def __init__(self, kv_caches, host_blocks: int, *, host_budget_bytes: int | None = None,
                  slice_policy: str = "uniform", parallelism: int | None = None,
-                 timeout_s: float | None = None, faults=()):
+                 timeout_s: float | None = None, listen: str | None = None, pull_slots: int = 4,
+                 pull_slot_blocks: int = 64, sub_managers: int = 1, faults=()):
         """`parallelism`: the most parts one transfer is split into (default:
         the copy pool's threads); `timeout_s`: the longest a future's result()
-        waits by default (None: until done)."""
+        waits by default (None: until done), and a pull between managers
+        (None: PULL_TIMEOUT_S).
+
+        Pulls between managers (kvref.pulls): `listen` 'host:port' (port 0:
+        any free one) to serve pulls of what this manager registers (None: it
+        opens no listening socket); `pull_slots` slots of `pull_slot_blocks`
+        blocks that pulls pass through (kvref.staging; allocated at the first
+        pull); `sub_managers` listeners on consecutive ports, each serving its
+        share of the parts of a block, as a manager split by NUMA node."""
         self.faults = Faults.parse(faults)
         if not self.faults.unchecked_settings:
             parallelism, timeout_s = check_parallelism(parallelism), check_timeout(timeout_s)
@@ -75,6 +90,17 @@ class KVCacheManager:
         self.host_bytes = plan.host_bytes
         self.layer_bytes_per_block = plan.slice_bytes
         self.slice_policy = slice_policy
+        self._placements = placements
+        self._up_to_date_lock = threading.RLock()
+        self._staging_mover = None
+        self._staging_blocks = integer(pull_slots, "pull_slots", 1, 1024) * integer(pull_slot_blocks,
+                                                                                    "pull_slot_blocks", 1)
+        staging = Staging(_weak(self._pull_mover), _weak(self._bring_up_to_date), int(pull_slots),
+                          int(pull_slot_blocks), tuple(plan.host_slots))
+        self._pulls = PullService(staging, tuple(plan.slice_bytes), min(a.device_blocks for a in plan.layers),
+                                  PULL_TIMEOUT_S if timeout_s is None else timeout_s, listen,
+                                  integer(sub_managers, "sub_managers", 1), self.faults)
+        weakref.finalize(self, self._pulls.close)
 
     @property
     def num_layers(self) -> int:
@@ -167,6 +193,42 @@ class KVCacheManager:
     def active_plan(self, uuid: str) -> dict:
         return self._plans.get(uuid)
 
+    # Pulls between managers (kvref.pulls has what each guarantees).
+    def register_read(self, req_id: str, uuid: int, block_ids) -> bool:
+        """Producer: `block_ids` are request `req_id`'s, for a consumer to pull under `uuid`."""
+        return self._pulls.register_read(req_id, uuid, block_ids)
+
+    def start_read(self, req_id: str, uuid: int, remote_endpoint, remote_block_ids, local_block_ids,
+                   parallelism: int = 1) -> None:
+        """Consumer: pull the producer's `remote_block_ids` into `local_block_ids`, pairwise."""
+        self._pulls.start_read(req_id, uuid, remote_endpoint, remote_block_ids, local_block_ids, parallelism)
+
+    def poll_stats(self) -> tuple[list[str], list[str], list[str]]:
+        """(done_sending, done_recving, failed_recving) request ids since the last poll."""
+        return self._pulls.poll_stats()
+
+    def get_local_endpoints(self) -> list[dict]:
+        """[{"endpoint": 'host:port', "shards": [parts]}] per listener; [] when not listening."""
+        return self._pulls.local_endpoints()
+
+    def failure_reason(self, req_id: str) -> str:
+        """Why a pull reported in failed_recving failed; KeyError for one that did not."""
+        return self._pulls.failures[req_id]
+
+    def close(self) -> None:
+        """Fail the pulls in flight and stop listening (also done when the manager is dropped)."""
+        self._pulls.close()
+
+    def _pull_mover(self):
+        """The pull slots' mover, made at the first pull."""
+        with self._up_to_date_lock:
+            if self._staging_mover is None:
+                plan = plan_host(self._views, self._staging_blocks, self.slice_policy, self.faults,
+                                 self._placements)
+                check_allocation(plan.allocate_bytes, "the pull slots")
+                self._staging_mover = _core.BlockMover(plan.layers, self._staging_blocks, plan.allocate_bytes)
+            return self._staging_mover
+
     def _indices(self, layer, shard, block) -> tuple[int, int, int]:
         """Host block coordinates as ints, each checked against its range."""
         integer(layer, "layer", 0, self.num_layers - 1, expected=f"an integer in [0, {self.num_layers})",
@@ -195,15 +257,31 @@ class KVCacheManager:
 
     def _bring_up_to_date(self) -> None:
         """Every view holds its array's current storage (check_live)."""
-        for i, layer in enumerate(self._views):
-            for s, view in enumerate(layer):
-                try:
-                    live = check_live(view, self.faults)
-                except ValueError as e:
-                    raise ValueError(f"layer {i} shard {s}: {e}") from None
-                if live is not view and s < self._addressed_shards:  # its storage moved: address the new one
-                    self._mover = self._mover.with_shard(i, s, live.region)
-                    layer[s] = live
+        with self._up_to_date_lock:  # pulls' threads call this too
+            for i, layer in enumerate(self._views):
+                for s, view in enumerate(layer):
+                    try:
+                        live = check_live(view, self.faults)
+                    except ValueError as e:
+                        raise ValueError(f"layer {i} shard {s}: {e}") from None
+                    if live is not view and s < self._addressed_shards:  # its storage moved: address the new one
+                        self._mover = self._mover.with_shard(i, s, live.region)
+                        if self._staging_mover is not None:
+                            self._staging_mover = self._staging_mover.with_shard(i, s, live.region)
+                        layer[s] = live
+
+
+def _weak(method):
+    """A call of `method` that does not keep its manager alive (a pull's
+    threads and listener hold it); a dropped manager's is an error."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args):
+        bound = ref()
+        if bound is None:
+            raise ValueError("the manager was dropped")
+        return bound(*args)
+    return call
 
 
 def default_host_budget() -> int:

@@ -88,8 +88,10 @@ def test_the_connector_pattern_on_jax_cpu_arrays():
 def test_the_constructor_refuses_what_the_facade_does_not_do():
     dev = kvref.SimDevice("v6e")
     caches, _ = caches_on(dev)
-    with pytest.raises(NotImplementedError, match="local_control_port=5000"):
-        tpu_sync.KVCacheManager(caches, 5000, host_blocks_to_allocate=4)
+    with pytest.raises(NotImplementedError, match="raiden_worker_port=5000"):
+        tpu_sync.KVCacheManager(caches, 0, host_blocks_to_allocate=4, raiden_worker_port=5000)
+    with pytest.raises(ValueError, match="local_control_port must be"):
+        tpu_sync.KVCacheManager(caches, 70000, host_blocks_to_allocate=4)
     with pytest.raises(ValueError, match="Must specify either"):
         tpu_sync.KVCacheManager(caches, 0)
     with pytest.raises(ValueError, match="parallelism must be an integer in"):

@@ -265,3 +265,14 @@ def test_every_committed_reproducer_enters_the_namespace_before_the_library():
             continue
         entered = text.find("netns.enter()")
         assert 0 <= entered < min(loads), f"{script.name} imports the library outside a namespace"
+
+
+def test_both_workers_of_a_two_process_case_share_one_loopback_only_namespace(monkeypatch, tmp_path):
+    """A pull probe's producer and consumer see only lo, and reach each other there."""
+    needs_namespace()
+    standin(monkeypatch, tmp_path, loopback_only=True)
+    case = Case("pull_blocks", "tpu7x", "kvref-sim", "pull_blocks-subset", ShapeKey("bf16", (256, 8, 1024)),
+                timeout=30.0, kind="subset")
+    outcome = run_case(case).outcome
+    assert outcome.verdict == "PASS", outcome.detail
+    assert outcome.detail.count("SEEN[") == outcome.detail.count(ONLY_LO) == 2, outcome.detail

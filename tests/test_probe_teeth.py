@@ -43,6 +43,17 @@ TEETH = [
     ("block_sharded/mixed_layers", "", (), ["block_ids_on_every_shard"], "ERROR"),
     ("uneven_shards", "", (), ["unchecked_shard_shapes"], "CORRUPT|ERROR"),
     ("block_sharded/blocks", "", (), ["runs_as_single_blocks"], "CORRUPT"),  # a run across shard boundaries
+    # Pulls between two managers, each case a producer and a consumer worker.
+    ("pull_blocks/permuted", "", (), ["pull_pairs_sorted"], "CORRUPT"),
+    ("pull_blocks/subset", "", (), ["pull_never_reports"], "ERROR"),
+    ("pull_blocks/mixed_block_sizes", "", (), ["duplicate_reports"], "ERROR"),
+    ("pull_reuse", "", (), ["settled_uuid_served_stale"], "CORRUPT|ERROR"),
+    ("pull_concurrent", "", (), ["registrations_keyed_by_blocks"], "ERROR"),
+    ("pull_refusals/lengths", "", (), ["late_refusal"], "ERROR"),
+    ("pull_refusals/local_out_of_range", "", (), ["late_refusal"], "ERROR"),
+    ("pull_failures/connection_refused", "", (), ["lost_pull_unsettled"], "ERROR"),
+    ("pull_failures/producer_killed", "", (), ["lost_pull_unsettled"], "ERROR"),
+    ("pull_sockets", "", (), ["offload_only_listens"], "ERROR"),
 ]
 
 

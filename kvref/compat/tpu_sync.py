@@ -8,10 +8,14 @@ simulated device.
     from kvref.compat import tpu_sync
     tpu_sync.install("tpu_raiden")   # `from tpu_raiden.api.jax.kv_cache_manager import KVCacheManager`
 
-Only the block-offload API is here: a manager that would listen for other
-managers (a control port, a worker port, a controller) is refused by name.
-`unsafe_skip_buffer_lock` is taken and changes nothing: the reference always
-orders transfers (kvref.manager)."""
+Pulls between managers too (`register_read`, `start_read`, `poll_stats`,
+`get_local_endpoints`; kvref.pulls): a manager built with `max_blocks` and
+`num_slots` serves pulls on 127.0.0.1 at `local_control_port` (0: any free
+port), as the disaggregated connector builds it; one built with
+`host_blocks_to_allocate` and no control port only offloads and pulls, and
+listens nowhere. A worker port, a controller, shared memory and storage
+backends are refused by name. `unsafe_skip_buffer_lock` is taken and changes
+nothing: the reference always orders transfers (kvref.manager)."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import sys
 import types
 
 import kvref
+from kvref.endpoints import LOOPBACK
 from kvref.values import flag, integer
 
 
@@ -44,20 +49,24 @@ class KVCacheManager:
                  parallelism: int = 4, node_id: int = 0, raiden_worker_port: int = 0,
                  raiden_controller_address: str | None = None, worker_id: str | None = None,
                  enable_shm: bool = False, backend_configs=None):
-        for name, value, quiet in (("local_control_port", local_control_port, 0),
-                                   ("raiden_worker_port", raiden_worker_port, 0),
+        for name, value, quiet in (("raiden_worker_port", raiden_worker_port, 0),
                                    ("raiden_controller_address", raiden_controller_address, None),
                                    ("enable_shm", enable_shm, False), ("backend_configs", backend_configs, None)):
             if value not in (quiet, [], ()):
                 raise NotImplementedError(f"{name}={value!r}: the reference facade moves blocks within "
                                           "one host only; pass the default")
+        port = integer(local_control_port, "local_control_port", 0, 65535)
+        pulls = {}
         if host_blocks_to_allocate is None:
             if max_blocks is None or num_slots is None:
                 raise ValueError("Must specify either (max_blocks, num_slots) or host_blocks_to_allocate.")
-            host_blocks_to_allocate = integer(max_blocks, "max_blocks", 1) * integer(num_slots, "num_slots", 1)
+            pulls = {"pull_slots": integer(num_slots, "num_slots", 1), "pull_slot_blocks": integer(max_blocks,
+                                                                                                 "max_blocks", 1)}
+            host_blocks_to_allocate = pulls["pull_slots"] * pulls["pull_slot_blocks"]
+        listen = f"{LOOPBACK}:{port}" if pulls or port else None
         flag(unsafe_skip_buffer_lock, "unsafe_skip_buffer_lock")
         self._manager = kvref.KVCacheManager(kv_caches, host_blocks_to_allocate, parallelism=parallelism,
-                                             timeout_s=timeout_s)
+                                             timeout_s=timeout_s, listen=listen, **pulls)
 
     def d2h(self, src_offsets, dst_offsets, copy_sizes=None) -> TransferFuture:
         return TransferFuture(self._manager.d2h(src_offsets, dst_offsets, copy_sizes))
@@ -71,6 +80,26 @@ class KVCacheManager:
 
     def unlock_blocks(self, block_ids) -> None:
         self._manager.unlock_blocks(block_ids)
+
+    def get_local_endpoints(self) -> list[dict]:
+        return self._manager.get_local_endpoints()
+
+    def get_raiden_worker_port(self) -> int:
+        return 0  # no worker service
+
+    @property
+    def is_listener_active(self) -> bool:
+        return self.get_raiden_worker_port() > 0
+
+    def register_read(self, req_id: str, uuid: int, block_ids) -> bool:
+        return self._manager.register_read(req_id, uuid, block_ids)
+
+    def start_read(self, req_id: str, uuid: int, remote_endpoint, remote_block_ids, local_block_ids,
+                   parallelism: int = 1) -> None:
+        self._manager.start_read(req_id, uuid, remote_endpoint, remote_block_ids, local_block_ids, parallelism)
+
+    def poll_stats(self) -> tuple[list[str], list[str], list[str]]:
+        return self._manager.poll_stats()
 
     @property
     def reference(self) -> kvref.KVCacheManager:

@@ -186,6 +186,47 @@ class Library(Protocol):
         """What the manager's active_plan must read back for this request."""
 
 
+# How a pulling manager is built: "slots" (max_blocks, num_slots and a
+# control port, as a serving stack's disaggregated connector builds it) or
+# "pool" (host_blocks_to_allocate, as its offload connector does).
+PULL_FORMS = ("slots", "pool")
+
+
+@runtime_checkable
+class PullManager(Protocol):
+    """A manager that pulls blocks from another one, with tpu-sync-jax's calls."""
+
+    def register_read(self, req_id: str, uuid: int, block_ids) -> bool: ...
+
+    def start_read(self, req_id: str, uuid: int, remote_endpoint, remote_block_ids, local_block_ids,
+                   parallelism: int = 1) -> None: ...
+
+    def poll_stats(self) -> tuple[list[str], list[str], list[str]]:
+        """(done_sending, done_recving, failed_recving) request ids."""
+
+    def get_local_endpoints(self) -> list[dict]:
+        """[{"endpoint": 'host:port', "shards": [...]}] to pull from."""
+
+
+@runtime_checkable
+class PullLibrary(Protocol):
+    """What a Library whose managers pull blocks from one another also
+    provides (the pull probes SKIP for one without it, naming this protocol)."""
+
+    def pull_manager(self, caches, form: str, listen: bool, timeout_s: float,
+                     max_blocks: int) -> PullManager:
+        """A manager over `caches` built the PULL_FORMS way `form`; `listen`:
+        it serves pulls on loopback (False: an offload-only manager, which
+        must open no listening socket); `max_blocks`: the most blocks one
+        pull moves."""
+
+    def close_manager(self, manager: PullManager) -> None:
+        """Stop it: its pulls, listener and threads end here."""
+
+    def pull_failure(self, manager: PullManager, req_id: str) -> str:
+        """Why a failed pull failed, as far as the library says ("" if it does not)."""
+
+
 def missing_members(cls: type, proto: type) -> list[str]:
     """The members of `proto` that the class `cls` does not define (checked on
     the class, so no property runs and nothing is imported)."""

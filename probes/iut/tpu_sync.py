@@ -4,6 +4,7 @@ caches: the release-order probes rely on that."""
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import re
@@ -182,6 +183,8 @@ class TorchSyncManager(SyncManagerView):
         raise NotImplementedError("tpu-sync-torch offers no way to read a registered plan back")
 
 
+PULL_SLOTS = 4  # num_slots of a pulling manager: pulls in flight at once
+
 # Set by the runner for a build other than the pinned one: its directory,
 # from which the library must then import.
 BUILD_VARIABLE = "KVPROBE_BUILD_DIR"
@@ -262,6 +265,26 @@ class TpuSyncJaxLibrary(SyncLibrary):
 
     def plan_fields(self, request, is_sender: bool) -> dict:
         raise NotImplementedError("tpu-sync-jax offers no active plans")
+
+    def pull_manager(self, caches, form, listen, timeout_s, max_blocks):
+        """The wrapper itself, as a serving stack's disaggregated connector
+        builds it ("slots": max_blocks, num_slots and a control port the
+        library picks) or its offload connector does ("pool"). `listen` is
+        not the wheel's to take: it listens as it does."""
+        from tpu_sync.api.jax.kv_cache_manager import KVCacheManager
+
+        settings = {k: v for k, v in self.options.items() if k == "unsafe_skip_buffer_lock"}
+        if form == "pool":
+            return KVCacheManager(caches, 0, host_blocks_to_allocate=max_blocks, **settings)
+        return KVCacheManager(caches, 0, max_blocks=max_blocks, num_slots=PULL_SLOTS, timeout_s=timeout_s, **settings)
+
+    def close_manager(self, manager) -> None:
+        """The wrapper has no close: its native manager goes when the last reference does."""
+        manager.__dict__.pop("_impl", None)
+        gc.collect()
+
+    def pull_failure(self, manager, req_id) -> str:
+        return ""  # poll_stats names a failed request, never why (the reason is only logged)
 
 
 class TpuSyncTorchLibrary(SyncLibrary):

@@ -165,6 +165,24 @@ def kill_live() -> int:
     return len(pids)
 
 
+def run_watched(command: list[str], text: str, limit: float, env: dict | None = None) -> tuple[int, str, str, bool]:
+    """`command` in a process group of its own, `text` on its stdin:
+    (returncode, stdout, stderr, killed). Killed, with its group, after
+    `limit` seconds; nothing it started outlives it."""
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, env=env)
+    with live(proc.pid):
+        try:
+            out, err = proc.communicate(text, timeout=limit)
+            killed = False
+        except subprocess.TimeoutExpired:
+            kill_group(proc.pid)
+            out, err = proc.communicate()
+            killed = True
+    kill_group(proc.pid)
+    return proc.returncode, out, err, killed
+
+
 def kill_group(pid: int) -> None:
     """SIGKILL to the process group `pid` leads (a worker and all it started)."""
     try:

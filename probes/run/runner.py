@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
-import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,12 +21,18 @@ from probes.iut.tpu_sync import BUILD_VARIABLE
 from probes.iut.registry import iut
 from probes.run import netns
 from probes.run.hosts import this_host
-from probes.run.forked import ZygoteLost, ZygoteUnavailable, kill_group, kill_live, live, zygote_for
+from probes.run.forked import ZygoteLost, ZygoteUnavailable, kill_live, run_watched, zygote_for
+from probes.run.pair import PAIR_PREFIX
 from probes.run.worker import PHASE_PROBE, RESULT_PREFIX
 from probes.suite.cases import Case
-from probes.suite.verdicts import CRASH, ERROR, HANG, SKIP, Outcome
+from probes.suite.registry import probe
+from probes.suite.pull_failures import DIES
+from probes.suite.rendezvous import ROLES
+from probes.suite.verdicts import CRASH, ERROR, HANG, PASS, SKIP, Outcome, both_sides
 
 WORKER = "probes.run.worker"
+PAIR = "probes.run.pair"
+PAIR_GRACE_SECONDS = 5.0  # beyond the workers' limit, for their parent to report them
 
 GRACE_SECONDS = 1.0  # beyond the worker's own watchdog, before the parent kills it
 
@@ -62,6 +69,8 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
                                         "`kvprobe run` installs it first"), 0.0, "", *this_host())
     if declared.loopback_only and (reason := netns.unavailable()):
         return CaseResult(case, Outcome(SKIP, f"{case.iut}: {reason}"), 0.0, "", *this_host())
+    if probe(case.probe).two_process:
+        return _run_two(case, python)
     start = time.monotonic()
     env, text = _worker_env(case), case.to_json()
     limit = case.startup_timeout + case.timeout + GRACE_SECONDS
@@ -78,24 +87,43 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
     return CaseResult(case, outcome, time.monotonic() - start, err, *this_host())
 
 
+def _run_two(case: Case, python: str) -> CaseResult:
+    """A two-process case: its producer and consumer workers side by side
+    (probes.run.pair), in one loopback-only network namespace of their own
+    where one can be made (a loopback_only IUT's cases are SKIP where none
+    can), and one verdict from both."""
+    start = time.monotonic()
+    limit = case.startup_timeout + case.timeout + GRACE_SECONDS
+    folder = tempfile.mkdtemp(prefix="kvprobe-pair-")
+    try:
+        cases = [dataclasses.replace(case, role=role, rendezvous=folder).to_json() for role in ROLES]
+        isolated = netns.unavailable() is None
+        command = netns.python_command(python, PAIR) if isolated else [python, "-m", PAIR]
+        request = json.dumps({"cases": cases, "limit": limit})
+        returncode, out, err, _ = run_watched(command, request, limit + PAIR_GRACE_SECONDS, _worker_env(case))
+        dying = {role for role in ROLES if os.path.exists(os.path.join(folder, f"{role}.{DIES}.json"))}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    line = next((text for text in reversed(out.splitlines()) if text.startswith(PAIR_PREFIX)), None)
+    if line is None:
+        return CaseResult(case, Outcome(ERROR, f"the two workers' parent exited {returncode} without "
+                                        f"their results\n{err[-4000:]}"), time.monotonic() - start, err,
+                          *this_host())
+    ran = json.loads(line[len(PAIR_PREFIX):])
+    outcomes = [Outcome(PASS, "killed itself mid-pull, as the probe has it do") if role in dying and code == -signal.SIGKILL
+                else classify(code, o, e, killed, case.timeout, case.startup_timeout)
+                for role, (code, o, e, killed) in zip(ROLES, ran)]
+    stderr = "\n".join(f"--- {role} ---\n{e}" for role, (_, _, e, _) in zip(ROLES, ran))
+    return CaseResult(case, both_sides(dict(zip(ROLES, outcomes))), time.monotonic() - start, stderr,
+                      *this_host())
+
+
 def _run_fresh(python: str, text: str, env: dict, limit: float,
                loopback_only: bool = False) -> tuple[int, str, str, bool]:
     """`python -m probes.run.worker` with the case on stdin: (returncode, stdout, stderr, killed);
     `loopback_only`: in a network namespace of its own with only lo."""
     command = netns.python_command(python, WORKER) if loopback_only else [python, "-m", WORKER]
-    proc = subprocess.Popen(command, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env=env)
-    with live(proc.pid):
-        try:
-            out, err = proc.communicate(text, timeout=limit)
-            killed = False
-        except subprocess.TimeoutExpired:
-            kill_group(proc.pid)
-            out, err = proc.communicate()
-            killed = True
-    kill_group(proc.pid)  # nothing the worker started may outlive it
-    return proc.returncode, out, err, killed
+    return run_watched(command, text, limit, env)
 
 
 def classify(returncode: int, out: str, err: str, killed: bool, timeout: float,

@@ -24,6 +24,8 @@ class Case:
     iut_options: tuple[tuple[str, object], ...] = ()  # how the IUT's manager is built; () = its defaults
     calls: dict | None = None  # a call sequence (probes.fuzz.sequences), for call_sequence
     sharding: str = ""  # a matrix row's cache over a device mesh (kvref.Sharding's text); "": one device
+    role: str = ""  # a two-process probe's side (probes.suite.rendezvous.ROLES); "": one process
+    rendezvous: str = ""  # the folder a two-process case's workers post to each other in
 
     @property
     def options_text(self) -> str:
@@ -41,7 +43,8 @@ class Case:
             "faults": list(self.faults.names), "timeout": self.timeout,
             "startup_timeout": self.startup_timeout, "seed": self.seed,
             "kind": self.kind, "iut_options": [list(o) for o in self.iut_options],
-            "calls": self.calls, "sharding": self.sharding})
+            "calls": self.calls, "sharding": self.sharding, "role": self.role,
+            "rendezvous": self.rendezvous})
 
     @classmethod
     def from_json(cls, text: str) -> "Case":

@@ -10,7 +10,8 @@ from typing import Callable
 
 import kvref
 from probes.suite import (call_sequence, construction, host_budget, host_chunks, ordering, plan_binding,
-                          requests, robustness, roundtrip, serving_step, settings, sharded)
+                          pull_failures, pulls, requests, robustness, roundtrip, serving_step, settings, sharded)
+from probes.suite.pull_sides import SUBJECT as PULL_SUBJECT
 from probes.suite.ownership import row_byte_ranges
 from probes.suite.verdicts import PASS, REJECTED
 
@@ -44,6 +45,7 @@ class Probe:
     default: bool = True  # in `kvprobe run` without --probe
     address_space_headroom: int | None = None  # bytes the worker's address space may grow by
     devices: int = 1  # devices its caches are split over: not made where fewer exist
+    two_process: bool = False  # run as a producer and a consumer worker, each with its own manager
 
     @property
     def doc(self) -> str:
@@ -104,6 +106,20 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     # Refusing parts of unequal size is right; so is moving each exactly.
     Probe("uneven_shards", sharded.uneven_shards, "generation", always(REJECTED, PASS), subject=sharded.SUBJECT,
           devices=sharded.UNEVEN[1]),
+    # Pulls between two managers (disaggregated prefill and decode), each a
+    # producer and a consumer worker.
+    Probe("pull_blocks", pulls.pull_blocks, "robustness", always(PASS), subject=PULL_SUBJECT,
+          kinds=pulls.BLOCK_KINDS, default=False, two_process=True),
+    Probe("pull_reuse", pulls.pull_reuse, "generation", always(PASS), subject=PULL_SUBJECT, default=False,
+          two_process=True),
+    Probe("pull_concurrent", pulls.pull_concurrent, "generation", always(PASS), subject=PULL_SUBJECT,
+          default=False, two_process=True),
+    Probe("pull_refusals", pull_failures.pull_refusals, "robustness", always(PASS), subject=PULL_SUBJECT,
+          kinds=pull_failures.REFUSAL_KINDS, default=False, two_process=True),
+    Probe("pull_failures", pull_failures.pull_failures, "robustness", always(PASS), subject=PULL_SUBJECT,
+          kinds=pull_failures.FAILURE_KINDS, default=False, two_process=True),
+    Probe("pull_sockets", pull_failures.pull_sockets, "generation", always(PASS), subject=PULL_SUBJECT,
+          default=False, two_process=True),
     Probe("call_sequence", call_sequence.call_sequence, "fuzz", always(PASS), default=False),
 )}
 

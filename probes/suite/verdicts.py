@@ -39,3 +39,18 @@ class Outcome:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# The verdict of a two-process case is its worse side's: a crash first, a pass last.
+SEVERITY = (CRASH, HANG, CORRUPT, ERROR, REJECTED, SKIP, PASS)
+
+
+def both_sides(outcomes: dict[str, Outcome]) -> Outcome:
+    """One outcome from each role's (a two-process probe): the worse verdict,
+    every side's detail, and the measurements the consumer made."""
+    worst = min(outcomes.values(), key=lambda o: SEVERITY.index(o.verdict) if o.verdict in SEVERITY else 0)
+    last = list(outcomes.values())[-1]
+    detail = "; ".join(f"{role}: {o.verdict} {o.detail.strip()}" for role, o in outcomes.items())
+    return Outcome(worst.verdict, detail, host_bytes=last.host_bytes, bytes_moved=last.bytes_moved,
+                   seconds=last.seconds, iut_version=last.iut_version or worst.iut_version,
+                   backend=last.backend or worst.backend, device_kind=last.device_kind or worst.device_kind)

@@ -1,0 +1,426 @@
+"""Pulls between managers, as disaggregated serving moves a request's KV
+blocks from its prefill host to its decode host: the producer registers the
+request's blocks under a uuid (register_read), the consumer pulls them into
+blocks of its own (start_read), and both poll for what settled (poll_stats).
+The transport is gRPC (service kvref.BlockPull, messages in
+kvref/proto/pull.proto); a manager listens only at the address it was given,
+and one given none opens no listening socket.
+
+What holds (kvprobe's pull probes check each):
+- a pull moves exactly the named blocks of every layer and part of a block,
+  remote block i into local block i;
+- a request that cannot be carried out is refused at the call that receives
+  it, naming it: register_read (a block out of range, a uuid or request id
+  still in use) or start_read (lists of different lengths, an empty
+  endpoint, a local block out of range or named twice or still being
+  written, a uuid or request id still in use); a remote block the producer
+  has not registered under the uuid is refused by the producer and the pull
+  reported failed;
+- every accepted pull settles, done or failed, exactly once and within
+  timeout_s; a failed one keeps its reason (failure_reason) and leaves the
+  consumer's blocks as they were: nothing is written before every byte has
+  arrived;
+- a registration settles when the consumer reports its pull landed, or when
+  timeout_s passes without that (it is then reported done sending: its
+  blocks may be freed); a uuid or request id may be used again once settled;
+- close() (also when the manager is dropped) fails the pulls in flight on
+  both sides, and stops the listener and every thread it started."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import grpc
+
+from kvref.endpoints import Route, address, port_of, routes, with_port
+from kvref.faults import Faults
+from kvref.offsets import block_list
+from kvref.proto.pull_pb2 import BlockBytes, PullHeader, PullReply, PullRequest, PullSettled, PullSettledReply
+from kvref.settings import check_parallelism
+from kvref.staging import Staging
+from kvref.values import integer
+
+SERVICE = "kvref.BlockPull"
+UUID_MAX = 2**64 - 1
+SETTLE_NOTICE_SECONDS = 2.0  # the longest telling the producer a pull settled may take
+CLOSE_SECONDS = 5.0  # the longest close() waits for a pull's thread
+SERVER_THREADS = 4
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+                   ("grpc.enable_http_proxy", 0)]  # never through a proxy: the address given, only
+SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.max_send_message_length", -1),
+                  ("grpc.max_receive_message_length", -1)]
+
+
+class PullRefused(Exception):
+    """The producer refused a pull (the reason travels as the gRPC status's details)."""
+
+
+@dataclass
+class Registration:
+    req_id: str
+    uuid: int
+    block_ids: tuple[int, ...]
+    deadline: float
+    landed_parts: set = field(default_factory=set)
+
+
+@dataclass
+class Pull:
+    req_id: str
+    uuid: int
+    routes: list[Route]
+    remote: list[int]
+    local: list[int]
+    deadline: float
+    settled: bool = False
+    calls: list = field(default_factory=list)
+    thread: threading.Thread | None = None
+    refusal: str = ""  # late_refusal: the refusal it should have had
+
+
+class PullService:
+    """One manager's side of pulls, as producer and as consumer."""
+
+    def __init__(self, staging: Staging, layer_block_bytes: tuple[int, ...], device_blocks: int,
+                 timeout_s: float, listen: str | None, sub_managers: int, faults: Faults):
+        self._staging, self._faults = staging, faults
+        self.layer_block_bytes, self.layer_parts = layer_block_bytes, staging.layer_parts
+        self.device_blocks, self.timeout_s = device_blocks, timeout_s
+        self._lock = threading.Lock()
+        self._registrations: dict[int, Registration] = {}
+        self._served_before: dict[int, tuple[int, ...]] = {}  # settled_uuid_served_stale's memory
+        self._pulls: dict[str, Pull] = {}
+        self._done_sending: list[str] = []
+        self._done_recving: list[str] = []
+        self._failed_recving: list[str] = []
+        self.failures: dict[str, str] = {}
+        self._closed = False
+        self._servers: list[tuple[grpc.Server, str, tuple[int, ...]]] = []
+        if listen is None and faults.offload_only_listens:
+            listen = "127.0.0.1:0"
+        if listen is not None:
+            self._listen(address(listen, "listen"), sub_managers)
+
+    # -- the producer ------------------------------------------------------
+
+    def register_read(self, req_id, uuid, block_ids) -> bool:
+        """Announce `block_ids` as request `req_id`'s, to be pulled under
+        `uuid`; False (nothing registered) for an empty list."""
+        req_id, uuid = _req_id(req_id), _uuid(uuid)
+        blocks = self._block_ids(block_ids, "block_ids")
+        if not self._servers:
+            raise ValueError("this manager does not listen (it was built without listen=), so no consumer "
+                             "could pull what it registers")
+        if not blocks:
+            return False
+        with self._lock:
+            self._expire()
+            if uuid in self._registrations:
+                raise ValueError(f"uuid {uuid} is still registered by request "
+                                 f"{self._registrations[uuid].req_id!r}; it may be reused once that settles")
+            held = [r for r in self._registrations.values() if r.req_id == req_id]
+            if held:
+                raise ValueError(f"request {req_id!r} is still registered (uuid {held[0].uuid}); a request "
+                                 "id may be reused once its transfer settles")
+            if self._faults.registrations_keyed_by_blocks:
+                for other in [u for u, r in self._registrations.items() if r.block_ids == blocks]:
+                    del self._registrations[other]
+            if self._faults.settled_uuid_served_stale:
+                blocks = self._served_before.setdefault(uuid, blocks)
+            self._registrations[uuid] = Registration(req_id, uuid, blocks, time.monotonic() + self.timeout_s)
+        return True
+
+    def local_endpoints(self) -> list[dict]:
+        """Each listener's address and the parts of a block it serves."""
+        return [{"endpoint": where, "shards": list(parts)} for _, where, parts in self._servers]
+
+    def _listen(self, where: str, sub_managers: int) -> None:
+        parts = self.layer_parts[0]
+        if not 1 <= sub_managers <= parts:
+            raise ValueError(f"sub_managers must be in [1, {parts}] (the parts of a block), got {sub_managers}")
+        groups = [tuple(range(parts))[i::sub_managers] for i in range(sub_managers)]
+        base = port_of(where)
+        try:
+            for i, group in enumerate(groups):
+                server = grpc.server(ThreadPoolExecutor(SERVER_THREADS, thread_name_prefix="kvref-pull-serve"),
+                                     options=SERVER_OPTIONS)
+                server.add_generic_rpc_handlers([self._handlers(group)])
+                asked = with_port(where, base + i if base else 0)
+                try:
+                    port = server.add_insecure_port(asked)
+                except RuntimeError as e:
+                    raise OSError(f"cannot listen at {asked}: {e}") from None
+                if not port:
+                    raise OSError(f"cannot listen at {asked} (in use, or not this machine's address)")
+                server.start()
+                self._servers.append((server, with_port(where, port), group))
+        except BaseException:
+            self._stop_servers()
+            raise
+
+    def _handlers(self, parts: tuple[int, ...]):
+        return grpc.method_handlers_generic_handler(SERVICE, {
+            "Pull": grpc.unary_stream_rpc_method_handler(
+                lambda request, context: self._serve(request, context, parts),
+                request_deserializer=PullRequest.FromString, response_serializer=PullReply.SerializeToString),
+            "Settled": grpc.unary_unary_rpc_method_handler(
+                lambda request, context: self._settled_remotely(request, parts),
+                request_deserializer=PullSettled.FromString,
+                response_serializer=PullSettledReply.SerializeToString)})
+
+    def _serve(self, request: PullRequest, context, served: tuple[int, ...]):
+        with self._lock:
+            self._expire()
+            registration = self._registrations.get(request.uuid)
+        if registration is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no request is registered under uuid {request.uuid} "
+                          "(never registered, or settled or expired)")
+        unknown = sorted(set(request.block_ids) - set(registration.block_ids))
+        if unknown or not request.block_ids:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"blocks {unknown[:8]} are not registered under uuid {request.uuid} (request "
+                          f"{registration.req_id!r} registered {len(registration.block_ids)} blocks)"
+                          if unknown else "the pull names no block")
+        wanted = list(request.shards) or list(served)
+        if not set(wanted) <= set(served):
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"parts {sorted(set(wanted) - set(served))} of a block are not served at this "
+                          f"endpoint (it serves {list(served)}); pull each from the endpoint "
+                          "get_local_endpoints names for it")
+        yield PullReply(header=PullHeader(layer_block_bytes=self.layer_block_bytes,
+                                          layer_shards=self.layer_parts))
+        deadline = time.monotonic() + (context.time_remaining() or self.timeout_s)
+        for (layer, part, position), data in self._staging.read(list(request.block_ids), wanted, deadline):
+            yield PullReply(block=BlockBytes(layer=layer, shard=part, position=position, data=data))
+
+    def _settled_remotely(self, request: PullSettled, parts: tuple[int, ...]) -> PullSettledReply:
+        """The consumer's word that its pull (of `parts`) landed, or failed."""
+        with self._lock:
+            registration = self._registrations.get(request.uuid)
+            if registration is not None and request.landed:
+                registration.landed_parts |= set(parts)
+                if registration.landed_parts >= set(range(self.layer_parts[0])):
+                    self._settle_registration(registration)
+        return PullSettledReply()
+
+    def _settle_registration(self, registration: Registration) -> None:
+        del self._registrations[registration.uuid]
+        self._done_sending.append(registration.req_id)
+
+    def _expire(self) -> None:
+        """Registrations no pull landed for within timeout_s: done sending."""
+        now = time.monotonic()
+        for registration in [r for r in self._registrations.values() if r.deadline <= now]:
+            self._settle_registration(registration)
+
+    # -- the consumer ------------------------------------------------------
+
+    def start_read(self, req_id, uuid, remote_endpoint, remote_block_ids, local_block_ids,
+                   parallelism=1) -> None:
+        """Pull the producer's `remote_block_ids` (registered under `uuid`)
+        into `local_block_ids`, pairwise, in the background; poll_stats
+        reports it done or failed."""
+        pull = Pull(req_id, uuid, [], [], [], time.monotonic() + self.timeout_s)
+        try:
+            pull.req_id, pull.uuid = _req_id(req_id), _uuid(uuid)
+            pull.routes = self._routes(remote_endpoint)
+            pull.remote, pull.local = self._pairs(remote_block_ids, local_block_ids)
+            check_parallelism(parallelism)
+            with self._lock:
+                self._check_free(pull)
+        except (ValueError, TypeError) as e:
+            if not self._faults.late_refusal or not isinstance(pull.req_id, str) or pull.req_id in self._pulls:
+                raise
+            pull.refusal = str(e)
+        with self._lock:
+            if self._closed:
+                raise ValueError("this manager was closed")
+            self._pulls[pull.req_id] = pull
+        pull.thread = threading.Thread(target=self._run, args=(pull,), name=f"kvref-pull-{pull.req_id}",
+                                       daemon=True)
+        pull.thread.start()
+
+    def _routes(self, remote_endpoint) -> list[Route]:
+        found = routes(remote_endpoint)
+        parts = set(self.layer_parts)
+        if len(found) == 1 and found[0].shards is None:
+            # One endpoint: every local sub-manager pulls its own parts from it.
+            return [Route(found[0].address, group) for group in self._local_groups()]
+        if len(parts) != 1:
+            raise ValueError(f"layers have {sorted(parts)} parts per block; a pull by parts needs one count")
+        named = sorted(p for r in found for p in r.shards)
+        if named != list(range(self.layer_parts[0])):
+            raise ValueError(f"remote_endpoint's descriptors name parts {named}, but a block here has parts "
+                             f"0..{self.layer_parts[0] - 1}: each must come from exactly one endpoint")
+        return found
+
+    def _local_groups(self) -> list[tuple[int, ...] | None]:
+        """The parts each local sub-manager pulls ([None]: one, pulling every part)."""
+        return [parts for _, _, parts in self._servers] if len(self._servers) > 1 else [None]
+
+    def _pairs(self, remote_block_ids, local_block_ids) -> tuple[list[int], list[int]]:
+        remote = block_list(remote_block_ids, "remote_block_ids").tolist()
+        local = self._block_ids(local_block_ids, "local_block_ids")
+        if len(remote) != len(local):
+            raise ValueError(f"remote_block_ids has {len(remote)} blocks but local_block_ids has {len(local)}; "
+                             "they pair one to one")
+        if not local:
+            raise ValueError("the pull names no block (remote_block_ids and local_block_ids are empty)")
+        if any(b < 0 for b in remote):
+            raise ValueError(f"remote_block_ids must be non-negative, got {min(remote)}")
+        repeated = sorted({b for b in local if local.count(b) > 1})
+        if repeated:
+            raise ValueError(f"local_block_ids names blocks {repeated[:8]} more than once; each local block "
+                             "takes one remote block")
+        return remote, list(local)
+
+    def _check_free(self, pull: Pull) -> None:
+        for other in self._pulls.values():
+            if other.uuid == pull.uuid:
+                raise ValueError(f"uuid {pull.uuid} is still being pulled by request {other.req_id!r}")
+            if other.req_id == pull.req_id:
+                raise ValueError(f"request {pull.req_id!r} is still being pulled; a request id may be reused "
+                                 "once its pull settles")
+            busy = sorted(set(other.local) & set(pull.local))
+            if busy:
+                raise ValueError(f"local blocks {busy[:8]} are still being written by request {other.req_id!r}")
+
+    def _run(self, pull: Pull) -> None:
+        if pull.refusal:  # late_refusal: accepted, then failed when the deadline passes
+            time.sleep(max(0.0, pull.deadline - time.monotonic()))
+            return self._settle(pull, False, pull.refusal)
+        try:
+            received = {}
+            for route in pull.routes:
+                received.update(self._fetch(pull, route))
+            local = sorted(pull.local) if self._faults.pull_pairs_sorted else pull.local
+            self._staging.write(local, received, None, pull.deadline)
+        except grpc.RpcError as e:
+            if self._faults.lost_pull_unsettled and e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                return
+            reason = f"{e.code().name}: {e.details()}"
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                reason = f"no complete answer within timeout_s={self.timeout_s}s ({reason})"
+            return self._settle(pull, False, reason)
+        except Exception as e:  # the pull's own failure, reported as its reason
+            return self._settle(pull, False, f"{type(e).__name__}: {e}")
+        self._tell_producer(pull, True)
+        self._settle(pull, True)
+
+    def _fetch(self, pull: Pull, route: Route) -> dict:
+        """Every part of every block this route serves, checked for place and size."""
+        with grpc.insecure_channel(route.address, options=CHANNEL_OPTIONS) as channel:
+            call = channel.unary_stream(f"/{SERVICE}/Pull", request_serializer=PullRequest.SerializeToString,
+                                        response_deserializer=PullReply.FromString)(
+                PullRequest(uuid=pull.uuid, req_id=pull.req_id, block_ids=pull.remote, shards=route.shards or ()),
+                timeout=max(0.001, pull.deadline - time.monotonic()))
+            with self._lock:
+                pull.calls.append(call)
+                if self._closed:
+                    call.cancel()
+            replies = iter(call)
+            header = next(replies).header
+            self._check_header(header, route.address)
+            parts = route.shards or range(self.layer_parts[0])
+            expected = {(layer, part, i) for layer in range(len(self.layer_parts)) for part in parts
+                        for i in range(len(pull.remote))}
+            received = {}
+            for reply in replies:
+                block = reply.block
+                key = (block.layer, block.shard, block.position)
+                if key not in expected or key in received:
+                    raise ValueError(f"the producer sent layer {key[0]} part {key[1]} position {key[2]}, "
+                                     "which the pull did not ask for or had already")
+                if len(block.data) != self.layer_block_bytes[block.layer]:
+                    raise ValueError(f"layer {block.layer}: the producer sent {len(block.data)} bytes of a "
+                                     f"block, expected {self.layer_block_bytes[block.layer]}")
+                received[key] = block.data
+            if len(received) != len(expected):
+                raise ValueError(f"the producer's answer ended after {len(received)} of {len(expected)} block "
+                                 "parts")
+            return received
+
+    def _check_header(self, header: PullHeader, where: str) -> None:
+        theirs = (tuple(header.layer_block_bytes), tuple(header.layer_shards))
+        ours = (self.layer_block_bytes, self.layer_parts)
+        if theirs != ours:
+            raise ValueError(f"the producer at {where} has layers of {list(theirs[0])} bytes per block in "
+                             f"{list(theirs[1])} parts; this manager's are {list(ours[0])} in {list(ours[1])}")
+
+    def _tell_producer(self, pull: Pull, landed: bool) -> None:
+        """Best effort: a producer that does not hear it settles at its deadline."""
+        for route in pull.routes:
+            try:
+                with grpc.insecure_channel(route.address, options=CHANNEL_OPTIONS) as channel:
+                    channel.unary_unary(f"/{SERVICE}/Settled", request_serializer=PullSettled.SerializeToString,
+                                        response_deserializer=PullSettledReply.FromString)(
+                        PullSettled(uuid=pull.uuid, landed=landed), timeout=SETTLE_NOTICE_SECONDS)
+            except grpc.RpcError:
+                pass
+
+    def _settle(self, pull: Pull, done: bool, reason: str = "") -> None:
+        with self._lock:
+            if pull.settled:
+                return
+            pull.settled = True
+            if self._pulls.get(pull.req_id) is pull:
+                del self._pulls[pull.req_id]
+            if not done:
+                self.failures[pull.req_id] = reason
+            if not self._faults.pull_never_reports:
+                (self._done_recving if done else self._failed_recving).append(pull.req_id)
+
+    # -- both --------------------------------------------------------------
+
+    def poll_stats(self) -> tuple[list[str], list[str], list[str]]:
+        """(done_sending, done_recving, failed_recving) since the last poll,
+        each request once."""
+        with self._lock:
+            self._expire()
+            stats = (list(self._done_sending), list(self._done_recving), list(self._failed_recving))
+            if not self._faults.duplicate_reports:
+                for reported in (self._done_sending, self._done_recving, self._failed_recving):
+                    reported.clear()
+        return stats
+
+    def close(self) -> None:
+        """Fail every pull in flight, stop listening, and wait for the pulls' threads."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pulls = list(self._pulls.values())
+            for call in itertools.chain.from_iterable(p.calls for p in pulls):
+                call.cancel()
+        self._stop_servers()
+        for pull in pulls:
+            self._settle(pull, False, "the manager was closed while the pull was in flight")
+            if pull.thread is not None and pull.thread is not threading.current_thread():
+                pull.thread.join(CLOSE_SECONDS)
+
+    def _stop_servers(self) -> None:
+        for server, _, _ in self._servers:
+            server.stop(grace=0).wait(CLOSE_SECONDS)
+        self._servers = []
+
+    def _block_ids(self, values, name: str) -> tuple[int, ...]:
+        blocks = block_list(values, name).tolist()
+        bad = [b for b in blocks if not 0 <= b < self.device_blocks]
+        if bad:
+            raise ValueError(f"{name} must be in [0, {self.device_blocks}) (this manager's device blocks), "
+                             f"got {bad[0]}")
+        return tuple(blocks)
+
+
+def _req_id(value) -> str:
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"req_id must be a non-empty str, got {value!r}")
+    return value
+
+
+def _uuid(value) -> int:
+    return integer(value, "uuid", 0, UUID_MAX)

@@ -1,0 +1,85 @@
+"""The host slots a pull's blocks pass through on their way off or onto the
+device: `slots` slots of `slot_blocks` blocks each, in a host pool of their
+own beside the offload pool, so a pull never takes a chunk the offload
+connector counts on. A pull of more blocks than one slot holds goes through
+in pieces; each piece holds one slot while it is copied."""
+
+from __future__ import annotations
+
+import queue
+import time
+from typing import Callable
+
+import numpy as np
+
+from kvref.futures import TransferFuture
+
+Parts = dict[tuple[int, int, int], bytes]  # (layer, part, position in the pull) -> one part of one block
+
+
+class SlotWaitTimeout(TimeoutError):
+    """Every slot stayed busy until the pull's deadline."""
+
+
+class Staging:
+    def __init__(self, mover: Callable, bring_up_to_date: Callable, slots: int, slot_blocks: int,
+                 layer_parts: tuple[int, ...]):
+        """`mover()`: the staging BlockMover now (it is replaced when a cache's
+        storage moves); `bring_up_to_date()` re-addresses moved storage first.
+        Both are the manager's, held weakly by the caller (kvref.pulls), so
+        a manager dropped mid-pull can still be collected."""
+        self._mover, self._bring_up_to_date = mover, bring_up_to_date
+        self.slots, self.slot_blocks, self.layer_parts = slots, slot_blocks, layer_parts
+        self._free: queue.Queue[int] = queue.Queue()
+        for slot in range(slots):
+            self._free.put(slot)
+
+    def read(self, block_ids: list[int], parts: list[int] | None, deadline: float):
+        """Yield ((layer, part, position), bytes) for every layer, each part
+        in `parts` (None: all) and each device block in `block_ids`."""
+        for start, piece, base in self._pieces(block_ids, deadline):
+            try:
+                self._copy(True, piece, base, deadline)
+                mover = self._mover()
+                for layer, count in enumerate(self.layer_parts):
+                    for part in (range(count) if parts is None else parts):
+                        for j in range(len(piece)):
+                            yield (layer, part, start + j), mover.read_host_block(layer, part, base + j)
+            finally:
+                self._release(base)
+
+    def write(self, block_ids: list[int], received: Parts, parts: list[int] | None, deadline: float) -> None:
+        """Put `received` (keyed as `read` yields) into device blocks `block_ids`."""
+        for start, piece, base in self._pieces(block_ids, deadline):
+            try:
+                mover = self._mover()
+                for layer, count in enumerate(self.layer_parts):
+                    for part in (range(count) if parts is None else parts):
+                        for j in range(len(piece)):
+                            data = np.frombuffer(received[layer, part, start + j], np.uint8)
+                            mover.write_host_block(layer, part, base + j, data)
+                self._copy(False, piece, base, deadline)
+            finally:
+                self._release(base)
+
+    def _pieces(self, block_ids: list[int], deadline: float):
+        """(position of the piece's first block, its blocks, its slot's first host block), a slot held each."""
+        for start in range(0, len(block_ids), self.slot_blocks):
+            yield start, block_ids[start:start + self.slot_blocks], self._take(deadline) * self.slot_blocks
+
+    def _take(self, deadline: float) -> int:
+        try:
+            return self._free.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise SlotWaitTimeout(f"all {self.slots} pull slots stayed busy until the deadline") from None
+
+    def _release(self, base: int) -> None:
+        self._free.put(base // self.slot_blocks)
+
+    def _copy(self, d2h: bool, piece: list[int], base: int, deadline: float) -> None:
+        self._bring_up_to_date()
+        device = np.asarray(piece, dtype=np.int64)
+        host = np.arange(base, base + len(piece), dtype=np.int64)
+        src, dst = (device, host) if d2h else (host, device)
+        core = self._mover().copy(d2h, src, dst, np.ones_like(device))
+        TransferFuture(core).result(timeout=max(0.001, deadline - time.monotonic()))

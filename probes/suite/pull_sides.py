@@ -1,0 +1,153 @@
+"""What both sides of a pull probe do: build a manager over caches of their
+own, tell the other side what it needs (probes.suite.rendezvous), poll for
+what settled, and check the consumer's blocks against the producer's."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import kvref
+from probes.iut.adapter import Adapter
+from probes.iut.host_data import random_host
+from probes.iut.protocol import PullLibrary
+from probes.suite.cases import Case
+from probes.suite.rendezvous import PRODUCER, Rendezvous
+from probes.suite.verdicts import SKIP, Outcome
+
+SUBJECT = kvref.ShapeKey("bf16", (256, 8, 1024))  # 16 KiB blocks; contiguous rows on every generation
+LAYERS = 4
+PRODUCER_SEED, CONSUMER_SEED = 100, 200  # layer i's contents: random_host(key, seed + i)
+PULL_TIMEOUT_S = 10.0  # the managers' timeout_s where a pull is meant to land
+FAILING_TIMEOUT_S = 5.0  # where one is meant to fail, or to be waited past
+PROMPT_S = 2.0  # a failure the manager can see at once (a refusal, a lost peer) is reported within this
+SETTLE_GRACE_S = 3.0  # beyond timeout_s, before a pull that never settled is a finding
+REPEAT_POLLS = 5  # polls after everything settled, to see nothing is reported twice
+POLL_SECONDS = 0.01
+PEER_WAIT_S = 120.0  # for the other worker's start-up (imports, the device) and its calls
+
+
+def pull_library(iut: Adapter) -> PullLibrary | None:
+    return iut.library if isinstance(iut.library, PullLibrary) else None
+
+
+def no_pulls(iut: Adapter) -> Outcome:
+    return Outcome(SKIP, f"{iut.name}'s managers do not pull from one another (its library has no "
+                   "probes.iut.protocol.PullLibrary)")
+
+
+def uuid_of(case: Case, n: int = 0) -> int:
+    """A request's uuid: under 2**50, as a serving stack makes them."""
+    return (case.seed * 7919 + n * 104729 + 12345) % 2**50
+
+
+@dataclass
+class Side:
+    """One worker of a pull probe: its rendezvous, library, caches and manager."""
+
+    case: Case
+    iut: Adapter
+    lib: PullLibrary
+    key: kvref.ShapeKey = SUBJECT
+    keys: tuple[kvref.ShapeKey, ...] = ()  # per layer; () = LAYERS layers of `key`
+    caches: list = field(default_factory=list)
+    manager: object = None
+
+    @property
+    def rendezvous(self) -> Rendezvous:
+        return Rendezvous(self.case.rendezvous, self.case.role)
+
+    @property
+    def producer(self) -> bool:
+        return self.case.role == PRODUCER
+
+    @property
+    def layer_keys(self) -> tuple[kvref.ShapeKey, ...]:
+        return self.keys or (self.key,) * LAYERS
+
+    @property
+    def seed(self) -> int:
+        return PRODUCER_SEED if self.producer else CONSUMER_SEED
+
+    def build(self, listen: bool | None = None, timeout_s: float = PULL_TIMEOUT_S, form: str = "slots",
+              max_blocks: int | None = None):
+        """Caches (layer i: random_host(key, seed + i)) and a manager over them;
+        the producer listens, the consumer does not, unless `listen` says."""
+        self.caches = [self.iut.make_cache(k, self.seed + i)[0] for i, k in enumerate(self.layer_keys)]
+        listen = self.producer if listen is None else listen
+        blocks = max_blocks or self.layer_keys[0].dims[0]
+        self.manager = self.lib.pull_manager(self.caches, form, listen, timeout_s, blocks)
+        return self.manager
+
+    def close(self) -> None:
+        if self.manager is not None:
+            self.lib.close_manager(self.manager)
+            self.manager = None
+
+    def expected(self, layer: int, seed: int) -> np.ndarray:
+        return random_host(self.layer_keys[layer], seed + layer)
+
+    def check_blocks(self, pairs: list[tuple[int, int]]) -> str:
+        """"" when each local block of `pairs` (remote, local) holds the
+        producer's remote block in every layer and every other local block
+        still holds its own contents; else what differs."""
+        written = {local: remote for remote, local in pairs}
+        for layer, cache in enumerate(self.caches):
+            got = _rows(self.iut.fetch(cache))
+            theirs = _rows(self.expected(layer, PRODUCER_SEED))
+            ours = _rows(self.expected(layer, CONSUMER_SEED))
+            for block in range(got.shape[0]):
+                want = theirs[written[block]] if block in written else ours[block]
+                if not np.array_equal(got[block], want):
+                    source = f"the producer's block {written[block]}" if block in written else "its own bytes"
+                    return f"layer {layer} block {block} does not hold {source}"
+        return ""
+
+    def unchanged(self) -> str:
+        """"" when every block still holds this side's own contents."""
+        return self.check_blocks([])
+
+
+def _rows(host: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(host).view(np.uint8).reshape(host.shape[0], -1)
+
+
+@dataclass
+class Settled:
+    """What poll_stats said about some requests while they were polled."""
+
+    done: dict[str, float] = field(default_factory=dict)  # request -> seconds after the start it was reported
+    failed: dict[str, float] = field(default_factory=dict)
+    sent: dict[str, float] = field(default_factory=dict)
+    twice: list[str] = field(default_factory=list)  # reported more than once, or in two lists
+
+    def state(self, req: str) -> str:
+        return "done" if req in self.done else "failed" if req in self.failed else "unsettled"
+
+
+def poll(manager, started: float, until, seconds: float, settled: Settled | None = None) -> Settled:
+    """Poll `manager` until `until(settled)` holds or `seconds` pass, then a
+    few times more to see nothing is reported again."""
+    settled = settled or Settled()
+    deadline = time.monotonic() + seconds
+    extra = REPEAT_POLLS
+    while extra:
+        sending, receiving, failing = manager.poll_stats()
+        now = time.monotonic() - started
+        for where, reported in ((settled.sent, sending), (settled.done, receiving), (settled.failed, failing)):
+            for req in reported:
+                if req in where or (where is not settled.sent and (req in settled.done or req in settled.failed)):
+                    settled.twice.append(req)
+                where.setdefault(req, now)
+        if until(settled) or time.monotonic() > deadline:
+            extra -= 1
+        time.sleep(POLL_SECONDS)
+    return settled
+
+
+def endpoint_for(endpoints: list[dict]):
+    """What a serving stack passes to start_read: one endpoint's 'host:port',
+    or every sub-manager's descriptor."""
+    return endpoints[0]["endpoint"] if len(endpoints) == 1 else endpoints

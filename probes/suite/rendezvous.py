@@ -1,0 +1,51 @@
+"""How the two workers of a two-process probe (a producer and a consumer,
+each with its own caches and manager) tell each other what the other needs:
+JSON values posted as files in a folder both were given, each written whole
+before it appears. No socket: the only connections between the workers are
+the managers' own."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+POLL_SECONDS = 0.005
+
+PRODUCER, CONSUMER = "producer", "consumer"
+ROLES = (PRODUCER, CONSUMER)
+
+
+class PeerSilent(TimeoutError):
+    """The other worker did not post what this one waited for in time."""
+
+
+class Rendezvous:
+    def __init__(self, folder: str, role: str):
+        if role not in ROLES:
+            raise ValueError(f"role {role!r}; expected one of {ROLES}")
+        self.folder, self.role = Path(folder), role
+
+    @property
+    def peer(self) -> str:
+        return CONSUMER if self.role == PRODUCER else PRODUCER
+
+    def post(self, name: str, value=None) -> None:
+        path = self.folder / f"{self.role}.{name}.json"
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(value))
+        os.replace(partial, path)
+
+    def wait(self, name: str, seconds: float):
+        """What the other worker posted as `name`, waiting at most `seconds`."""
+        path = self.folder / f"{self.peer}.{name}.json"
+        deadline = time.monotonic() + seconds
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise PeerSilent(f"the {self.peer} did not post {name!r} within {seconds:.0f}s")
+            time.sleep(POLL_SECONDS)
+        return json.loads(path.read_text())
+
+    def posted(self, name: str) -> bool:
+        return (self.folder / f"{self.peer}.{name}.json").exists()

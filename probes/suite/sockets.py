@@ -1,0 +1,67 @@
+"""The TCP sockets this process holds, read from /proc: which of them listen,
+and at which address (a wildcard address is every interface the network
+namespace has)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass
+
+LISTEN = "0A"  # the TCP state /proc/net/tcp writes for a listening socket
+
+
+@dataclass(frozen=True)
+class Listener:
+    address: str
+    port: int
+
+    @property
+    def wildcard(self) -> bool:
+        return ipaddress.ip_address(self.address).is_unspecified
+
+    @property
+    def loopback(self) -> bool:
+        address = ipaddress.ip_address(self.address)
+        mapped = getattr(address, "ipv4_mapped", None)
+        return (mapped or address).is_loopback
+
+    def __str__(self) -> str:
+        return f"[{self.address}]:{self.port}" if ":" in self.address else f"{self.address}:{self.port}"
+
+
+def socket_inodes(pid: int | str = "self") -> set[int]:
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed since it was listed
+            continue
+        if link.startswith("socket:["):
+            found.add(int(link[8:-1]))
+    return found
+
+
+def listeners(pid: int | str = "self") -> list[Listener]:
+    """The process's listening TCP sockets (IPv4 and IPv6)."""
+    mine = socket_inodes(pid)
+    found = []
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                lines = f.readlines()[1:]
+        except FileNotFoundError:  # no IPv6 in this kernel
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == LISTEN and int(fields[9]) in mine:
+                host, port = fields[1].split(":")
+                found.append(Listener(_address(host), int(port, 16)))
+    return found
+
+
+def _address(hex_text: str) -> str:
+    """/proc/net/tcp's address: 32-bit words, each in the host's (little-endian) byte order."""
+    raw = bytes.fromhex(hex_text)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(words))

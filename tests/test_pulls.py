@@ -1,0 +1,280 @@
+"""The reference's pulls between managers (kvref.pulls), two managers in one
+process on loopback: what moves, what is refused and where, how failures
+settle, what a manager listens on, and the tpu-sync facade's form of it."""
+
+import math
+import socket
+import threading
+import time
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kvref
+from kvref.compat import tpu_sync
+from kvref.oracle import lookup
+from kvref.sim_mesh import SimMesh
+from probes.suite.sockets import listeners
+
+KEY = kvref.ShapeKey("bf16", (64, 8, 256))
+HALF = kvref.ShapeKey("bf16", (64, 4, 256))
+BOUND = 10.0  # the longest any test polls
+
+
+def host(key, seed):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 2**16, key.dims, dtype=np.uint16).view(ml_dtypes.bfloat16)
+
+
+@pytest.fixture
+def device():
+    return kvref.SimDevice("v5e")
+
+
+def caches(device, seed, keys=(KEY,) * 3):
+    hosts = [host(k, seed + i) for i, k in enumerate(keys)]
+    return [device.put(h, shape=lookup(k.dtype, k.dims, "v5e").shape) for h, k in zip(hosts, keys)], hosts
+
+
+def pair(device, keys=(KEY,) * 3, timeout_s=5.0, **producer):
+    made = []
+    for seed, listen in ((1, "127.0.0.1:0"), (2, None)):
+        arrays, hosts = caches(device, seed, keys)
+        manager = kvref.KVCacheManager(arrays, 8, timeout_s=timeout_s, listen=listen, slice_policy="per_layer",
+                                       **(producer if listen else {}))
+        made.append((manager, arrays, hosts))
+    return made
+
+
+def settle(manager, reqs, seconds=BOUND):
+    """What poll_stats reports until every one of `reqs` is done or failed."""
+    deadline = time.monotonic() + seconds
+    seen = ([], [], [])
+    while time.monotonic() < deadline:
+        for mine, got in zip(seen, manager.poll_stats()):
+            mine.extend(got)
+        if all(req in seen[1] or req in seen[2] for req in reqs):
+            return seen
+        time.sleep(0.005)
+    return seen
+
+
+def rows(a):
+    return np.asarray(a).view(np.uint16).reshape(a.shape[0], -1)
+
+
+def test_a_pull_moves_the_named_blocks_of_every_layer_in_list_order(device):
+    (producer, _, theirs), (consumer, arrays, ours) = pair(device, keys=(KEY, HALF, KEY))
+    remote, local = [5, 3, 9, 0, 63], [10, 2, 7, 63, 0]
+    assert producer.register_read("r", 7, remote)
+    consumer.start_read("r", 7, producer.get_local_endpoints()[0]["endpoint"], remote, local)
+    assert settle(consumer, "r")[1] == ["r"]
+    for layer, array in enumerate(arrays):
+        got, want = rows(device.fetch(array)), rows(ours[layer]).copy()
+        want[local] = rows(theirs[layer])[remote]
+        assert np.array_equal(got, want), layer
+    assert settle(producer, ["x"], 0.2)[0] == ["r"]  # done sending, once
+    assert consumer.poll_stats() == producer.poll_stats() == ([], [], [])
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda c, ep: c.start_read("r", 1, ep, [1, 2], [1]), "has 2 blocks but local_block_ids has 1"),
+    (lambda c, ep: c.start_read("r", 1, "", [1], [1]), "remote_endpoint is empty"),
+    (lambda c, ep: c.start_read("r", 1, [], [1], [1]), "empty list"),
+    (lambda c, ep: c.start_read("r", 1, ep, [1], [64]), r"local_block_ids must be in \[0, 64\)"),
+    (lambda c, ep: c.start_read("r", 1, ep, [1, 2], [3, 3]), "more than once"),
+    (lambda c, ep: c.start_read("r", 1, ep, [], []), "names no block"),
+    (lambda c, ep: c.start_read("r", 2**64, ep, [1], [1]), "uuid must be"),
+    (lambda c, ep: c.start_read("r", 1, ep, [1], [1], parallelism=0), "parallelism"),
+    (lambda c, ep: c.start_read("r", 1, "127.0.0.1", [1], [1]), "not 'host:port'"),
+])
+def test_a_request_that_cannot_be_carried_out_is_refused_by_start_read(device, call, message):
+    (producer, _, _), (consumer, arrays, ours) = pair(device)
+    with pytest.raises(ValueError, match=message):
+        call(consumer, producer.get_local_endpoints()[0]["endpoint"])
+    assert consumer.poll_stats() == ([], [], [])
+    assert np.array_equal(rows(device.fetch(arrays[0])), rows(ours[0]))
+
+
+def test_register_read_refuses_blocks_out_of_range_and_a_uuid_still_in_use(device):
+    (producer, _, _), (consumer, _, _) = pair(device)
+    with pytest.raises(ValueError, match=r"block_ids must be in \[0, 64\)"):
+        producer.register_read("r", 1, [0, 64])
+    assert producer.register_read("r", 1, [0]) and not producer.register_read("q", 2, [])
+    with pytest.raises(ValueError, match="uuid 1 is still registered"):
+        producer.register_read("q", 1, [1])
+    with pytest.raises(ValueError, match="request 'r' is still registered"):
+        producer.register_read("r", 3, [1])
+    with pytest.raises(ValueError, match="does not listen"):
+        consumer.register_read("r", 1, [0])
+
+
+def test_blocks_the_producer_never_registered_fail_the_pull_promptly_leaving_the_blocks(device):
+    (producer, _, _), (consumer, arrays, ours) = pair(device)
+    producer.register_read("r", 1, [1, 2])
+    started = time.monotonic()
+    consumer.start_read("r", 1, producer.get_local_endpoints(), [1, 50], [1, 2])
+    assert settle(consumer, "r")[2] == ["r"] and time.monotonic() - started < 2.0
+    assert "blocks [50] are not registered under uuid 1" in consumer.failure_reason("r")
+    assert np.array_equal(rows(device.fetch(arrays[0])), rows(ours[0]))
+
+
+def test_a_remote_that_never_answers_fails_the_pull_at_timeout_s(device):
+    (_, _, _), (consumer, arrays, ours) = pair(device, timeout_s=1.0)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        started = time.monotonic()
+        consumer.start_read("r", 1, f"127.0.0.1:{silent.getsockname()[1]}", [1], [1])
+        assert settle(consumer, "r")[2] == ["r"]
+    assert 1.0 <= time.monotonic() - started < 1.0 + BOUND / 2
+    assert "timeout_s=1.0" in consumer.failure_reason("r")
+    assert np.array_equal(rows(device.fetch(arrays[0])), rows(ours[0]))
+
+
+def test_a_registration_no_pull_lands_for_is_done_sending_at_its_timeout(device):
+    (producer, _, _), _ = pair(device, timeout_s=0.5)
+    producer.register_read("r", 1, [1])
+    assert settle(producer, ["x"], 0.2)[0] == []
+    time.sleep(0.5)
+    assert producer.poll_stats()[0] == ["r"]
+    assert producer.register_read("r", 1, [2])  # settled: both ids free again
+
+
+def test_pulls_in_flight_at_once_settle_independently_and_once(device):
+    (producer, _, theirs), (consumer, arrays, ours) = pair(device)
+    endpoint = producer.get_local_endpoints()
+    for n, req in enumerate("abc"):
+        producer.register_read(req, n, [1, 2, 3])  # equal block lists never disturb each other
+    consumer.start_read("a", 0, endpoint, [1, 2, 3], [10, 11, 12])
+    consumer.start_read("b", 1, endpoint, [3, 2, 1], [20, 21, 22])
+    consumer.start_read("c", 2, endpoint, [1, 2, 40], [30, 31, 32])
+    seen = settle(consumer, "abc")
+    done, failed = sorted(seen[1]), seen[2]
+    assert done == ["a", "b"] and failed == ["c"], seen
+    got = rows(device.fetch(arrays[0]))
+    assert np.array_equal(got[[10, 11, 12, 20, 21, 22]], rows(theirs[0])[[1, 2, 3, 3, 2, 1]])
+    assert np.array_equal(got[30:33], rows(ours[0])[30:33])
+
+
+def test_a_uuid_request_id_or_local_block_still_being_pulled_is_refused(device):
+    (producer, _, _), (consumer, _, _) = pair(device, timeout_s=3.0)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        consumer.start_read("r", 1, f"127.0.0.1:{silent.getsockname()[1]}", [1, 2], [1, 2])
+        for args, message in ((("q", 1, [5], [5]), "uuid 1 is still being pulled"),
+                              (("r", 2, [5], [5]), "request 'r' is still being pulled"),
+                              (("q", 2, [5], [2]), r"local blocks \[2\] are still being written")):
+            with pytest.raises(ValueError, match=message):
+                consumer.start_read(args[0], args[1], producer.get_local_endpoints(), args[2], args[3])
+        consumer.close()
+
+
+@pytest.mark.parametrize("value", [0, -1, math.nan, math.inf, "5"])
+def test_timeout_s_must_be_positive_and_finite(device, value):
+    arrays, _ = caches(device, 1)
+    with pytest.raises((ValueError, TypeError), match="timeout_s"):
+        kvref.KVCacheManager(arrays, 8, timeout_s=value, listen="127.0.0.1:0")
+
+
+@pytest.mark.parametrize("setting, value", [("pull_slots", 0), ("pull_slot_blocks", 0), ("sub_managers", 0),
+                                            ("listen", "localhost"), ("listen", "::1:0")])
+def test_the_pull_settings_are_checked(device, setting, value):
+    arrays, _ = caches(device, 1)
+    with pytest.raises(ValueError, match=setting.split("_")[0]):
+        kvref.KVCacheManager(arrays, 8, **{setting: value})
+
+
+def test_a_manager_listens_only_where_asked_and_an_offload_only_one_not_at_all(device):
+    before = set(listeners())
+    arrays, _ = caches(device, 1)
+    offload_only = kvref.KVCacheManager(arrays, 8)
+    assert set(listeners()) == before and offload_only.get_local_endpoints() == []
+    serving = kvref.KVCacheManager(arrays, 8, listen="127.0.0.1:0")
+    opened = [l for l in listeners() if l not in before]
+    assert [l.port for l in opened] == [int(serving.get_local_endpoints()[0]["endpoint"].rsplit(":", 1)[1])]
+    assert all(l.loopback and not l.wildcard for l in opened)
+    serving.close()
+    assert set(listeners()) == before
+
+
+def test_the_offload_only_listens_fault_opens_a_listener(device):
+    before = set(listeners())
+    arrays, _ = caches(device, 1)
+    manager = kvref.KVCacheManager(arrays, 8, faults=["offload_only_listens"])
+    assert [l for l in listeners() if l not in before] and manager.get_local_endpoints()
+
+
+def test_a_manager_closed_mid_pull_fails_it_and_leaves_no_thread_or_listener(device):
+    (producer, _, _), (consumer, arrays, ours) = pair(device, timeout_s=3.0)
+    threads = threading.active_count()
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        consumer.start_read("r", 1, f"127.0.0.1:{silent.getsockname()[1]}", [1], [1])
+        started = time.monotonic()
+        consumer.close()
+        assert time.monotonic() - started < 2.0
+    assert consumer.poll_stats()[2] == ["r"] and "closed" in consumer.failure_reason("r")
+    before = set(listeners())
+    producer.close()
+    assert len([l for l in before if l not in set(listeners())]) == 1
+    deadline = time.monotonic() + BOUND
+    while threading.active_count() > threads and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= threads
+
+
+def test_a_dropped_manager_stops_listening(device):
+    import gc
+    before = set(listeners())
+    arrays, _ = caches(device, 1)
+    manager = kvref.KVCacheManager(arrays, 8, listen="127.0.0.1:0")
+    assert set(listeners()) != before
+    del manager
+    gc.collect()
+    assert set(listeners()) == before
+
+
+def test_sub_managers_serve_their_parts_and_a_broadcast_pull_is_refused_not_misrouted():
+    mesh = SimMesh("v5e", 4)
+    key = kvref.ShapeKey("bf16", (64, 16, 8, 128))
+    sharding = kvref.Sharding.parse("mesh(model=4) spec(None,None,model)")
+    theirs, ours = host(key, 1), host(key, 2)
+    producer = kvref.KVCacheManager([mesh.put(theirs, sharding)], 8, listen="127.0.0.1:0", sub_managers=2,
+                                    timeout_s=5)
+    local = mesh.put(ours, sharding)
+    consumer = kvref.KVCacheManager([local], 8, listen="127.0.0.1:0", sub_managers=2, timeout_s=5)
+    endpoints = producer.get_local_endpoints()
+    assert [e["shards"] for e in endpoints] == [[0, 2], [1, 3]]
+    ports = [int(e["endpoint"].rsplit(":", 1)[1]) for e in endpoints]
+    assert len(set(ports)) == 2
+    producer.register_read("r", 1, [4, 5])
+    consumer.start_read("r", 1, endpoints, [4, 5], [6, 7])
+    assert settle(consumer, "r")[1] == ["r"]
+    got = np.concatenate([s.device.fetch(s.data) for s in local.addressable_shards], axis=2)
+    assert np.array_equal(rows(got)[[6, 7]], rows(theirs)[[4, 5]])
+    producer.register_read("q", 2, [4, 5])
+    consumer.start_read("q", 2, endpoints[0]["endpoint"], [4, 5], [8, 9])  # every part from sub-manager 0
+    assert settle(consumer, "q")[2] == ["q"]
+    assert "are not served at this endpoint" in consumer.failure_reason("q")
+
+
+def test_the_facade_pulls_with_tpu_syncs_calls_and_refuses_what_it_cannot_do(device):
+    arrays, theirs = caches(device, 1)
+    producer = tpu_sync.KVCacheManager(arrays, local_control_port=0, max_blocks=8, num_slots=2, timeout_s=5.0)
+    local, ours = caches(device, 2)
+    consumer = tpu_sync.KVCacheManager(local, 0, host_blocks_to_allocate=8)
+    assert consumer.get_local_endpoints() == [] and not consumer.is_listener_active
+    endpoint = producer.get_local_endpoints()[0]["endpoint"]
+    assert endpoint.startswith("127.0.0.1:")
+    assert producer.register_read("r", 5, [1, 2])
+    consumer.start_read("r", 5, endpoint, [1, 2], [3, 4])
+    assert settle(consumer, "r")[1] == ["r"]
+    assert np.array_equal(rows(device.fetch(local[0]))[[3, 4]], rows(theirs[0])[[1, 2]])
+    with pytest.raises(ValueError, match="max_blocks"):
+        tpu_sync.KVCacheManager(arrays, 0, max_blocks=0, num_slots=2)
+    with pytest.raises(NotImplementedError, match="enable_shm"):
+        tpu_sync.KVCacheManager(arrays, 0, host_blocks_to_allocate=8, enable_shm=True)

@@ -82,6 +82,9 @@ class Faults:
     settled_uuid_served_stale: bool = _fault(
         "the producer remembers a uuid's first blocks: a later registration under a reused "
         "uuid serves the blocks of the first")
+    sub_manager_serves_own_parts: bool = _fault(
+        "a sub-manager asked for parts of a block it does not hold sends its own parts in their "
+        "place: a pull of every part from one endpoint lands other parts' bytes")
     duplicate_reports: bool = _fault(
         "poll_stats does not forget what it reported: each settled request is reported on "
         "every poll")

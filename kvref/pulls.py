@@ -186,7 +186,8 @@ class PullService:
                           f"{registration.req_id!r} registered {len(registration.block_ids)} blocks)"
                           if unknown else "the pull names no block")
         wanted = list(request.shards) or list(served)
-        if not set(wanted) <= set(served):
+        own_parts = self._faults.sub_manager_serves_own_parts
+        if not set(wanted) <= set(served) and not own_parts:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"parts {sorted(set(wanted) - set(served))} of a block are not served at this "
                           f"endpoint (it serves {list(served)}); pull each from the endpoint "
@@ -194,8 +195,10 @@ class PullService:
         yield PullReply(header=PullHeader(layer_block_bytes=self.layer_block_bytes,
                                           layer_shards=self.layer_parts))
         deadline = time.monotonic() + (context.time_remaining() or self.timeout_s)
-        for (layer, part, position), data in self._staging.read(list(request.block_ids), wanted, deadline):
-            yield PullReply(block=BlockBytes(layer=layer, shard=part, position=position, data=data))
+        # own_parts: its own parts go out labelled as the ones asked for
+        labels = dict(zip(served, wanted)) if own_parts else {part: part for part in wanted}
+        for (layer, part, position), data in self._staging.read(list(request.block_ids), list(labels), deadline):
+            yield PullReply(block=BlockBytes(layer=layer, shard=labels[part], position=position, data=data))
 
     def _settled_remotely(self, request: PullSettled, parts: tuple[int, ...]) -> PullSettledReply:
         """The consumer's word that its pull (of `parts`) landed, or failed."""

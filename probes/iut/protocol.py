@@ -213,12 +213,14 @@ class PullLibrary(Protocol):
     """What a Library whose managers pull blocks from one another also
     provides (the pull probes SKIP for one without it, naming this protocol)."""
 
-    def pull_manager(self, caches, form: str, listen: bool, timeout_s: float,
-                     max_blocks: int) -> PullManager:
+    def pull_manager(self, caches, form: str, listen: bool, timeout_s: float, max_blocks: int,
+                     sub_managers: int = 1) -> PullManager:
         """A manager over `caches` built the PULL_FORMS way `form`; `listen`:
         it serves pulls on loopback (False: an offload-only manager, which
         must open no listening socket); `max_blocks`: the most blocks one
-        pull moves."""
+        pull moves; `sub_managers`: split into that many, each serving its
+        share of a block's parts, where the library can (as by NUMA node;
+        get_local_endpoints says how many it made)."""
 
     def close_manager(self, manager: PullManager) -> None:
         """Stop it: its pulls, listener and threads end here."""

@@ -48,14 +48,14 @@ class KvrefLibrary:
     def refuses(self, e: BaseException) -> bool:
         return isinstance(e, (kvref.LayoutError, kvref.HostBudgetError, ValueError))
 
-    def pull_manager(self, caches, form, listen, timeout_s, max_blocks):
+    def pull_manager(self, caches, form, listen, timeout_s, max_blocks, sub_managers=1):
         """"slots": pull slots of max_blocks blocks; "pool": the default slots
         beside a pool of max_blocks host blocks. Layers of several block
         sizes are each addressed with their own (a pull moves them all)."""
         slots = {"pull_slots": 4, "pull_slot_blocks": max_blocks} if form == "slots" else {}
         return kvref.KVCacheManager(caches, max_blocks, faults=self.faults, timeout_s=timeout_s,
                                     slice_policy="per_layer",
-                                    listen="127.0.0.1:0" if listen else None, **slots)
+                                    listen="127.0.0.1:0" if listen else None, sub_managers=sub_managers, **slots)
 
     def close_manager(self, manager) -> None:
         manager.close()

@@ -184,6 +184,7 @@ class TorchSyncManager(SyncManagerView):
 
 
 PULL_SLOTS = 4  # num_slots of a pulling manager: pulls in flight at once
+MULTI_NUMA = "ENABLE_MULTI_NUMA"  # the jax wheel's switch: one sub-manager per NUMA node
 
 # Set by the runner for a build other than the pinned one: its directory,
 # from which the library must then import.
@@ -266,11 +267,14 @@ class TpuSyncJaxLibrary(SyncLibrary):
     def plan_fields(self, request, is_sender: bool) -> dict:
         raise NotImplementedError("tpu-sync-jax offers no active plans")
 
-    def pull_manager(self, caches, form, listen, timeout_s, max_blocks):
+    def pull_manager(self, caches, form, listen, timeout_s, max_blocks, sub_managers=1):
         """The wrapper itself, as a serving stack's disaggregated connector
         builds it ("slots": max_blocks, num_slots and a control port the
         library picks) or its offload connector does ("pool"). `listen` is
-        not the wheel's to take: it listens as it does."""
+        not the wheel's to take: it listens as it does. Sub-managers are the
+        wheel's split by NUMA node (ENABLE_MULTI_NUMA=1), one per node."""
+        if sub_managers > 1:
+            os.environ[MULTI_NUMA] = "1"
         from tpu_sync.api.jax.kv_cache_manager import KVCacheManager
 
         settings = {k: v for k, v in self.options.items() if k == "unsafe_skip_buffer_lock"}

@@ -245,11 +245,11 @@ def _dropped_mid_pull(side: Side, endpoint, uuid: int, everything: list[int]) ->
     then count this process's threads and sockets; a second manager, closed
     right after its pull starts, must leave no more of either."""
     side.build(timeout_s=FAILING_TIMEOUT_S)
-    side.close()
+    side.drop()
     threads, sockets = _threads(), len(_socket_fds())
     side.build(timeout_s=FAILING_TIMEOUT_S)
     side.manager.start_read("req-0", uuid, endpoint, everything, everything[::-1])
-    side.close()
+    side.drop()
     deadline = time.monotonic() + SETTLE_GRACE_S
     while (_threads() > threads or len(_socket_fds()) > sockets) and time.monotonic() < deadline:
         time.sleep(0.05)

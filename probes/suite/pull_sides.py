@@ -14,10 +14,12 @@ from probes.iut.adapter import Adapter
 from probes.iut.host_data import random_host
 from probes.iut.protocol import PullLibrary
 from probes.suite.cases import Case
-from probes.suite.rendezvous import PRODUCER, Rendezvous
+from probes.suite.rendezvous import DONE, PRODUCER, Rendezvous
 from probes.suite.verdicts import SKIP, Outcome
 
 SUBJECT = kvref.ShapeKey("bf16", (256, 8, 1024))  # 16 KiB blocks; contiguous rows on every generation
+# A cache split across its kv heads over four devices: four parts to a block.
+SHARDED = (kvref.ShapeKey("bf16", (64, 16, 8, 128)), kvref.Sharding.parse("mesh(model=4) spec(None,None,model)"))
 LAYERS = 4
 PRODUCER_SEED, CONSUMER_SEED = 100, 200  # layer i's contents: random_host(key, seed + i)
 PULL_TIMEOUT_S = 10.0  # the managers' timeout_s where a pull is meant to land
@@ -52,6 +54,7 @@ class Side:
     lib: PullLibrary
     key: kvref.ShapeKey = SUBJECT
     keys: tuple[kvref.ShapeKey, ...] = ()  # per layer; () = LAYERS layers of `key`
+    sharding: kvref.Sharding | None = None  # each cache split over a mesh of the arrays' devices
     caches: list = field(default_factory=list)
     manager: object = None
 
@@ -72,19 +75,41 @@ class Side:
         return PRODUCER_SEED if self.producer else CONSUMER_SEED
 
     def build(self, listen: bool | None = None, timeout_s: float = PULL_TIMEOUT_S, form: str = "slots",
-              max_blocks: int | None = None):
+              max_blocks: int | None = None, sub_managers: int = 1):
         """Caches (layer i: random_host(key, seed + i)) and a manager over them;
         the producer listens, the consumer does not, unless `listen` says."""
-        self.caches = [self.iut.make_cache(k, self.seed + i)[0] for i, k in enumerate(self.layer_keys)]
+        if self.sharding is None:
+            self.caches = [self.iut.make_cache(k, self.seed + i)[0] for i, k in enumerate(self.layer_keys)]
+        else:
+            self.caches = [self.iut.sharded_arrays().make_sharded_caches(k, self.sharding, [self.seed + i])[0][0]
+                           for i, k in enumerate(self.layer_keys)]
         listen = self.producer if listen is None else listen
         blocks = max_blocks or self.layer_keys[0].dims[0]
-        self.manager = self.lib.pull_manager(self.caches, form, listen, timeout_s, blocks)
+        self.manager = self.lib.pull_manager(self.caches, form, listen, timeout_s, blocks, sub_managers)
         return self.manager
 
-    def close(self) -> None:
+    def contents(self, layer: int) -> np.ndarray:
+        """A layer's cache as it is now (of a sharded one, assembled from every device's part)."""
+        cache = self.caches[layer]
+        if self.sharding is None:
+            return self.iut.fetch(cache)
+        whole = np.empty(self.layer_keys[layer].dims, self.expected(layer, self.seed).dtype)
+        for index, part in self.iut.sharded_arrays().fetch_shards(cache):
+            whole[index] = part
+        return whole
+
+    def drop(self) -> None:
+        """Close the manager (the probe goes on)."""
         if self.manager is not None:
             self.lib.close_manager(self.manager)
             self.manager = None
+
+    def close(self) -> None:
+        """Close the manager, and tell the other side this one is done."""
+        try:
+            self.drop()
+        finally:
+            self.rendezvous.post(DONE)
 
     def expected(self, layer: int, seed: int) -> np.ndarray:
         return random_host(self.layer_keys[layer], seed + layer)
@@ -95,7 +120,7 @@ class Side:
         still holds its own contents; else what differs."""
         written = {local: remote for remote, local in pairs}
         for layer, cache in enumerate(self.caches):
-            got = _rows(self.iut.fetch(cache))
+            got = _rows(self.contents(layer))
             theirs = _rows(self.expected(layer, PRODUCER_SEED))
             ours = _rows(self.expected(layer, CONSUMER_SEED))
             for block in range(got.shape[0]):

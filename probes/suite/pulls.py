@@ -6,6 +6,7 @@ producer what it was told."""
 
 from __future__ import annotations
 
+import glob
 import time
 
 import numpy as np
@@ -13,11 +14,12 @@ import numpy as np
 import kvref
 from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
-from probes.suite.pull_sides import (PEER_WAIT_S, PULL_TIMEOUT_S, SETTLE_GRACE_S, SUBJECT, Side,
+from probes.suite.pull_sides import (LAYERS, PEER_WAIT_S, PULL_TIMEOUT_S, SETTLE_GRACE_S, SHARDED, SUBJECT, Side,
                                      endpoint_for, no_pulls, poll, pull_library, uuid_of)
-from probes.suite.verdicts import CORRUPT, ERROR, PASS, Outcome
+from probes.suite.verdicts import CORRUPT, ERROR, PASS, SKIP, Outcome
 
-BLOCK_KINDS = ("permuted", "subset", "mixed_block_sizes", "pool_form")
+BLOCK_KINDS = ("permuted", "subset", "mixed_block_sizes", "pool_form", "sharded", "sub_managers", "broadcast")
+SUB_MANAGERS = 2  # of the sub_managers and broadcast kinds, over the four parts of a SHARDED block
 SUBSET = 32  # blocks in a subset pull
 HALF_HEADS = kvref.ShapeKey(SUBJECT.dtype, (SUBJECT.dims[0], SUBJECT.dims[1] // 2, SUBJECT.dims[2]))
 
@@ -38,24 +40,46 @@ def pull_blocks(case: Case, iut: Adapter) -> Outcome:
     """The consumer pulls the producer's blocks (every block in a
     permutation, or a reordered subset into other blocks; in the
     max_blocks/num_slots form, or the host-pool form; layers of one block
-    size, or two): it must be reported done exactly once within timeout_s,
-    each local block must then hold its paired remote block in every layer,
-    and every other block its own bytes; the producer must be told done
-    sending exactly once."""
+    size, or two; caches split across their heads over four devices, each
+    manager whole or split into sub-managers that each serve part of a
+    block): it must be reported done exactly once within timeout_s, each
+    local block must then hold its paired remote block in every layer and
+    part, and every other block its own bytes; the producer must be told
+    done sending exactly once. Pulling every part of a split producer from
+    its first sub-manager alone (broadcast) may fail, never land wrong
+    bytes."""
     lib = pull_library(iut)
     if lib is None:
         return no_pulls(iut)
     keys = (SUBJECT, HALF_HEADS) * 2 if case.kind == "mixed_block_sizes" else ()
-    side = Side(case, iut, lib, keys=keys)
+    split = case.kind in ("sharded", "sub_managers", "broadcast")
+    if split and iut.sharded_arrays() is None:
+        return Outcome(SKIP, f"{iut.name}'s arrays make no sharded caches (no probes.iut.protocol.ShardedArrays)")
+    side = Side(case, iut, lib, keys=(SHARDED[0],) * LAYERS if split else keys,
+                sharding=SHARDED[1] if split else None)
     form = "pool" if case.kind == "pool_form" else "slots"
-    pairs = pairs_for(case, SUBJECT.dims[0], None if case.kind == "permuted" else SUBSET)
+    blocks = side.layer_keys[0].dims[0]
+    pairs = pairs_for(case, blocks, None if case.kind == "permuted" else min(SUBSET, blocks // 2))
+    sub_managers = SUB_MANAGERS if case.kind in ("sub_managers", "broadcast") else 1
     try:
-        side.build(form=form)
-        if side.producer:
-            return produce(side, [("req-0", uuid_of(case), [r for r, _ in pairs])])
+        side.build(form=form, sub_managers=sub_managers, listen=True if sub_managers > 1 else None)
+        made = len(side.manager.get_local_endpoints())
+        if sub_managers > 1 and made < sub_managers:
+            return Outcome(SKIP, f"asked for {sub_managers} sub-managers, {iut.name} made {made} "
+                           f"({numa_nodes()} NUMA node(s) here): no split to pull across")
+        if side.producer:  # a broadcast pull that fails leaves its request to its timeout
+            return produce(side, [("req-0", uuid_of(case), [r for r, _ in pairs])],
+                           sent=() if case.kind == "broadcast" else None)
+        if case.kind == "broadcast":
+            return consume(side, [("req-0", uuid_of(case), pairs)], fails=("req-0",), may_land=True,
+                           endpoint=lambda endpoints: endpoints[0]["endpoint"])
         return consume(side, [("req-0", uuid_of(case), pairs)])
     finally:
         side.close()
+
+
+def numa_nodes() -> int:
+    return len(glob.glob("/sys/devices/system/node/node[0-9]*")) or 1
 
 
 def produce(side: Side, requests: list[tuple[str, int, list[int]]], sent: tuple[str, ...] | None = None) -> Outcome:
@@ -78,20 +102,21 @@ def produce(side: Side, requests: list[tuple[str, int, list[int]]], sent: tuple[
 
 
 def consume(side: Side, requests: list[tuple[str, int, list[tuple[int, int]]]],
-            fails: tuple[str, ...] = ()) -> Outcome:
-    """Start each (request, uuid, pairs) pull at once; those in `fails` must
-    fail, the others land; then check every block."""
+            fails: tuple[str, ...] = (), may_land: bool = False, endpoint=endpoint_for) -> Outcome:
+    """Start each (request, uuid, pairs) pull at once, from `endpoint(the
+    producer's endpoints)`; those in `fails` must fail (or, `may_land`,
+    land exactly), the others land; then check every block."""
     endpoints = side.rendezvous.wait("registered", PEER_WAIT_S)
     try:
         started = time.monotonic()
         for req, uuid, pairs in requests:
-            side.manager.start_read(req, uuid, endpoint_for(endpoints), [r for r, _ in pairs],
-                                    [l for _, l in pairs])
+            side.manager.start_read(req, uuid, endpoint(endpoints), [r for r, _ in pairs], [l for _, l in pairs])
         names = [req for req, _, _ in requests]
         settled = poll(side.manager, started, lambda s: all(s.state(r) != "unsettled" for r in names),
                        PULL_TIMEOUT_S + SETTLE_GRACE_S)
     finally:
         side.rendezvous.post("finished")
+    fails = tuple(r for r in fails if not (may_land and settled.state(r) == "done"))
     wrong = {r: settled.state(r) for r in names if settled.state(r) != ("failed" if r in fails else "done")}
     if wrong:
         reasons = {r: side.lib.pull_failure(side.manager, r) for r, state in wrong.items() if state == "failed"}
@@ -104,7 +129,8 @@ def consume(side: Side, requests: list[tuple[str, int, list[tuple[int, int]]]],
     wrong_bytes = side.check_blocks(landed)
     if wrong_bytes:
         return Outcome(CORRUPT, f"after the pulls reported done: {wrong_bytes}")
-    moved = len(landed) * sum(int(np.prod(k.dims[1:])) * 2 for k in side.layer_keys)
+    moved = len(landed) * sum(int(np.prod(k.dims[1:])) * kvref.element_type(k.dtype).numpy.itemsize
+                              for k in side.layer_keys)
     last = max(settled.done.values(), default=0.0)
     return Outcome(PASS, f"{len(landed)} blocks x {len(side.caches)} layers pulled exactly, each request "
                    f"reported once; {len(fails)} failed as expected", bytes_moved=moved, seconds=last or None)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 POLL_SECONDS = 0.005
+DONE = "done"  # what a side posts when its probe returns, whatever it returned
 
 PRODUCER, CONSUMER = "producer", "consumer"
 ROLES = (PRODUCER, CONSUMER)
@@ -38,10 +39,13 @@ class Rendezvous:
         os.replace(partial, path)
 
     def wait(self, name: str, seconds: float):
-        """What the other worker posted as `name`, waiting at most `seconds`."""
+        """What the other worker posted as `name`, waiting at most `seconds`,
+        or until it is done without posting it."""
         path = self.folder / f"{self.peer}.{name}.json"
         deadline = time.monotonic() + seconds
         while not path.exists():
+            if self.posted(DONE) and not path.exists():
+                raise PeerSilent(f"the {self.peer} finished its side without posting {name!r}")
             if time.monotonic() > deadline:
                 raise PeerSilent(f"the {self.peer} did not post {name!r} within {seconds:.0f}s")
             time.sleep(POLL_SECONDS)

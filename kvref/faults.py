@@ -85,6 +85,9 @@ class Faults:
     sub_manager_serves_own_parts: bool = _fault(
         "a sub-manager asked for parts of a block it does not hold sends its own parts in their "
         "place: a pull of every part from one endpoint lands other parts' bytes")
+    shm_segment_left: bool = _fault(
+        "a manager attached under a shared-memory key leaves its segment in /dev/shm when it "
+        "closes: every run adds one")
     duplicate_reports: bool = _fault(
         "poll_stats does not forget what it reported: each settled request is reported on "
         "every poll")

@@ -29,6 +29,7 @@ from kvref.offsets import block_list, transfer_lists
 from kvref.settings import check_parallelism, check_timeout
 from kvref.plans import request_bytes
 from kvref.pulls import PullService
+from kvref.shared_pool import PoolAttachment
 from kvref.staging import Staging
 from kvref.values import flag, integer
 
@@ -41,7 +42,7 @@ class KVCacheManager:
     def __init__(self, kv_caches, host_blocks: int, *, host_budget_bytes: int | None = None,
                  slice_policy: str = "uniform", parallelism: int | None = None,
                  timeout_s: float | None = None, listen: str | None = None, pull_slots: int = 4,
-                 pull_slot_blocks: int = 64, sub_managers: int = 1, faults=()):
+                 pull_slot_blocks: int = 64, sub_managers: int = 1, shm_key: str | None = None, faults=()):
         """`parallelism`: the most parts one transfer is split into (default:
         the copy pool's threads); `timeout_s`: the longest a future's result()
         waits by default (None: until done), and a pull between managers
@@ -52,8 +53,21 @@ class KVCacheManager:
         opens no listening socket); `pull_slots` slots of `pull_slot_blocks`
         blocks that pulls pass through (kvref.staging; allocated at the first
         pull); `sub_managers` listeners on consecutive ports, each serving its
-        share of the parts of a block, as a manager split by NUMA node."""
+        share of the parts of a block, as a manager split by NUMA node.
+        `shm_key`: attach the pool under this shared-memory key, which no
+        other manager may hold meanwhile (kvref.shared_pool)."""
         self.faults = Faults.parse(faults)
+        self._attachment = None if shm_key is None else PoolAttachment(shm_key, self.faults.shm_segment_left)
+        try:
+            self._build(kv_caches, host_blocks, host_budget_bytes, slice_policy, parallelism, timeout_s, listen,
+                        pull_slots, pull_slot_blocks, sub_managers)
+        except BaseException:
+            self._release_pool()
+            raise
+        weakref.finalize(self, _closer(self._pulls, self._attachment))
+
+    def _build(self, kv_caches, host_blocks, host_budget_bytes, slice_policy, parallelism, timeout_s, listen,
+               pull_slots, pull_slot_blocks, sub_managers) -> None:
         if not self.faults.unchecked_settings:
             parallelism, timeout_s = check_parallelism(parallelism), check_timeout(timeout_s)
         self.timeout_s = timeout_s
@@ -100,7 +114,6 @@ class KVCacheManager:
         self._pulls = PullService(staging, tuple(plan.slice_bytes), min(a.device_blocks for a in plan.layers),
                                   PULL_TIMEOUT_S if timeout_s is None else timeout_s, listen,
                                   integer(sub_managers, "sub_managers", 1), self.faults)
-        weakref.finalize(self, self._pulls.close)
 
     @property
     def num_layers(self) -> int:
@@ -216,8 +229,14 @@ class KVCacheManager:
         return self._pulls.failures[req_id]
 
     def close(self) -> None:
-        """Fail the pulls in flight and stop listening (also done when the manager is dropped)."""
+        """Fail the pulls in flight, stop listening and let go of the shared-memory
+        key (also done when the manager is dropped)."""
         self._pulls.close()
+        self._release_pool()
+
+    def _release_pool(self) -> None:
+        if self._attachment is not None:
+            self._attachment.release()
 
     def _pull_mover(self):
         """The pull slots' mover, made at the first pull."""
@@ -269,6 +288,15 @@ class KVCacheManager:
                         if self._staging_mover is not None:
                             self._staging_mover = self._staging_mover.with_shard(i, s, live.region)
                         layer[s] = live
+
+
+def _closer(pulls: PullService, attachment: PoolAttachment | None):
+    """What a dropped manager's finalizer does (it must not hold the manager)."""
+    def close():
+        pulls.close()
+        if attachment is not None:
+            attachment.release()
+    return close
 
 
 def _weak(method):

@@ -56,6 +56,7 @@ TEETH = [
     ("pull_sockets", "", (), ["offload_only_listens"], "ERROR"),
     ("pull_blocks/sharded", "", (), ["first_shard_only"], "CORRUPT|ERROR"),
     ("pull_blocks/broadcast", "", (), ["sub_manager_serves_own_parts"], "CORRUPT"),
+    ("shared_pool", "", (), ["shm_segment_left"], "ERROR"),
 ]
 
 

@@ -3,6 +3,7 @@ process on loopback: what moves, what is refused and where, how failures
 settle, what a manager listens on, and the tpu-sync facade's form of it."""
 
 import math
+import os
 import socket
 import threading
 import time
@@ -276,5 +277,25 @@ def test_the_facade_pulls_with_tpu_syncs_calls_and_refuses_what_it_cannot_do(dev
     assert np.array_equal(rows(device.fetch(local[0]))[[3, 4]], rows(theirs[0])[[1, 2]])
     with pytest.raises(ValueError, match="max_blocks"):
         tpu_sync.KVCacheManager(arrays, 0, max_blocks=0, num_slots=2)
-    with pytest.raises(NotImplementedError, match="enable_shm"):
+    with pytest.raises(ValueError, match="RAIDEN_SHM_KEY, which is not set"):
         tpu_sync.KVCacheManager(arrays, 0, host_blocks_to_allocate=8, enable_shm=True)
+
+
+def test_one_manager_at_a_time_attaches_a_shared_memory_key_and_its_segment_goes_with_it(device, monkeypatch):
+    key = f"kvref-test-{os.getpid()}"
+    arrays, _ = caches(device, 1)
+    first = kvref.KVCacheManager(arrays, 8, shm_key=key)
+    segments = [p for p in os.listdir("/dev/shm") if key in p]
+    assert len(segments) == 1
+    with pytest.raises(ValueError, match=f"attached by another manager \\(pid {os.getpid()}\\)"):
+        kvref.KVCacheManager(arrays, 8, shm_key=key)
+    monkeypatch.setenv("RAIDEN_SHM_KEY", key)
+    with pytest.raises(ValueError, match="attached by another manager"):
+        tpu_sync.KVCacheManager(arrays, 0, host_blocks_to_allocate=8, enable_shm=True)
+    first.close()
+    assert not [p for p in os.listdir("/dev/shm") if key in p]
+    second = tpu_sync.KVCacheManager(arrays, 0, host_blocks_to_allocate=8, enable_shm=True)
+    del second
+    assert not [p for p in os.listdir("/dev/shm") if key in p]  # a dropped manager lets go too
+    with pytest.raises(ValueError, match="shm_key must be"):
+        kvref.KVCacheManager(arrays, 8, shm_key="../x")

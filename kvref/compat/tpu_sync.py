@@ -13,19 +13,24 @@ Pulls between managers too (`register_read`, `start_read`, `poll_stats`,
 `num_slots` serves pulls on 127.0.0.1 at `local_control_port` (0: any free
 port), as the disaggregated connector builds it; one built with
 `host_blocks_to_allocate` and no control port only offloads and pulls, and
-listens nowhere. A worker port, a controller, shared memory and storage
-backends are refused by name. `unsafe_skip_buffer_lock` is taken and changes
+listens nowhere. `enable_shm=True` attaches the pool under $RAIDEN_SHM_KEY,
+one manager per key (kvref.shared_pool). A worker port, a controller and
+storage backends are refused by name. `unsafe_skip_buffer_lock` is taken and changes
 nothing: the reference always orders transfers (kvref.manager)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import types
 
 import kvref
 from kvref.endpoints import LOOPBACK
 from kvref.values import flag, integer
+
+
+SHM_KEY_VARIABLE = "RAIDEN_SHM_KEY"  # the shared-memory key enable_shm attaches the pool under
 
 
 class TransferFuture:
@@ -51,7 +56,7 @@ class KVCacheManager:
                  enable_shm: bool = False, backend_configs=None):
         for name, value, quiet in (("raiden_worker_port", raiden_worker_port, 0),
                                    ("raiden_controller_address", raiden_controller_address, None),
-                                   ("enable_shm", enable_shm, False), ("backend_configs", backend_configs, None)):
+                                   ("backend_configs", backend_configs, None)):
             if value not in (quiet, [], ()):
                 raise NotImplementedError(f"{name}={value!r}: the reference facade moves blocks within "
                                           "one host only; pass the default")
@@ -65,8 +70,13 @@ class KVCacheManager:
             host_blocks_to_allocate = pulls["pull_slots"] * pulls["pull_slot_blocks"]
         listen = f"{LOOPBACK}:{port}" if pulls or port else None
         flag(unsafe_skip_buffer_lock, "unsafe_skip_buffer_lock")
+        shm_key = None
+        if flag(enable_shm, "enable_shm"):
+            shm_key = os.environ.get(SHM_KEY_VARIABLE)
+            if not shm_key:
+                raise ValueError(f"enable_shm=True attaches the pool under ${SHM_KEY_VARIABLE}, which is not set")
         self._manager = kvref.KVCacheManager(kv_caches, host_blocks_to_allocate, parallelism=parallelism,
-                                             timeout_s=timeout_s, listen=listen, **pulls)
+                                             timeout_s=timeout_s, listen=listen, shm_key=shm_key, **pulls)
 
     def d2h(self, src_offsets, dst_offsets, copy_sizes=None) -> TransferFuture:
         return TransferFuture(self._manager.d2h(src_offsets, dst_offsets, copy_sizes))

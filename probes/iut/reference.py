@@ -3,11 +3,13 @@ of a generation as Arrays."""
 
 from __future__ import annotations
 
+import os
 from importlib import metadata
 
 import numpy as np
 
 import kvref
+from kvref.compat.tpu_sync import SHM_KEY_VARIABLE
 from kvref.oracle import device_kind, lookup
 from kvref.sharding import uneven_parts
 from kvref.sim_mesh import SimMesh
@@ -43,6 +45,9 @@ class KvrefLibrary:
         return None
 
     def manager(self, caches, host_blocks, **options):
+        """`enable_shm=True`: the pool attached under $RAIDEN_SHM_KEY, as the facade does."""
+        if options.pop("enable_shm", False):
+            options["shm_key"] = os.environ.get(SHM_KEY_VARIABLE)
         return kvref.KVCacheManager(caches, host_blocks, faults=self.faults, **options)
 
     def refuses(self, e: BaseException) -> bool:

@@ -78,15 +78,20 @@ class Side:
               max_blocks: int | None = None, sub_managers: int = 1):
         """Caches (layer i: random_host(key, seed + i)) and a manager over them;
         the producer listens, the consumer does not, unless `listen` says."""
+        self.make_caches()
+        listen = self.producer if listen is None else listen
+        blocks = max_blocks or self.layer_keys[0].dims[0]
+        self.manager = self.lib.pull_manager(self.caches, form, listen, timeout_s, blocks, sub_managers)
+        return self.manager
+
+    def make_caches(self) -> list:
+        """Layer i: random_host(its key, seed + i), on one device or split as `sharding` says."""
         if self.sharding is None:
             self.caches = [self.iut.make_cache(k, self.seed + i)[0] for i, k in enumerate(self.layer_keys)]
         else:
             self.caches = [self.iut.sharded_arrays().make_sharded_caches(k, self.sharding, [self.seed + i])[0][0]
                            for i, k in enumerate(self.layer_keys)]
-        listen = self.producer if listen is None else listen
-        blocks = max_blocks or self.layer_keys[0].dims[0]
-        self.manager = self.lib.pull_manager(self.caches, form, listen, timeout_s, blocks, sub_managers)
-        return self.manager
+        return self.caches
 
     def contents(self, layer: int) -> np.ndarray:
         """A layer's cache as it is now (of a sharded one, assembled from every device's part)."""

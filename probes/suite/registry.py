@@ -10,7 +10,8 @@ from typing import Callable
 
 import kvref
 from probes.suite import (call_sequence, construction, host_budget, host_chunks, ordering, plan_binding,
-                          pull_failures, pulls, requests, robustness, roundtrip, serving_step, settings, sharded)
+                          pull_failures, pulls, requests, robustness, roundtrip, serving_step, settings,
+                          shared_pool, sharded)
 from probes.suite.pull_sides import SUBJECT as PULL_SUBJECT
 from probes.suite.ownership import row_byte_ranges
 from probes.suite.verdicts import PASS, REJECTED
@@ -120,6 +121,9 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           kinds=pull_failures.FAILURE_KINDS, default=False, two_process=True),
     Probe("pull_sockets", pull_failures.pull_sockets, "generation", always(PASS), subject=PULL_SUBJECT,
           default=False, two_process=True),
+    # Refusing the second manager is right; so is sharing one allocator.
+    Probe("shared_pool", shared_pool.shared_pool, "generation", always(PASS), subject=PULL_SUBJECT, default=False,
+          two_process=True, devices=shared_pool.SHARDED[1].devices),
     Probe("call_sequence", call_sequence.call_sequence, "fuzz", always(PASS), default=False),
 )}
 

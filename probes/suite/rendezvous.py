@@ -41,15 +41,20 @@ class Rendezvous:
     def wait(self, name: str, seconds: float):
         """What the other worker posted as `name`, waiting at most `seconds`,
         or until it is done without posting it."""
-        path = self.folder / f"{self.peer}.{name}.json"
+        return json.loads((self.folder / f"{self.peer}.{self.first(name, seconds=seconds)}.json").read_text())
+
+    def first(self, *names: str, seconds: float) -> str:
+        """The first of `names` the other worker posts, waiting at most `seconds`."""
         deadline = time.monotonic() + seconds
-        while not path.exists():
-            if self.posted(DONE) and not path.exists():
-                raise PeerSilent(f"the {self.peer} finished its side without posting {name!r}")
+        while True:
+            for name in names:
+                if self.posted(name):
+                    return name
+            if self.posted(DONE):
+                raise PeerSilent(f"the {self.peer} finished its side without posting {' or '.join(names)}")
             if time.monotonic() > deadline:
-                raise PeerSilent(f"the {self.peer} did not post {name!r} within {seconds:.0f}s")
+                raise PeerSilent(f"the {self.peer} did not post {' or '.join(names)} within {seconds:.0f}s")
             time.sleep(POLL_SECONDS)
-        return json.loads(path.read_text())
 
     def posted(self, name: str) -> bool:
         return (self.folder / f"{self.peer}.{name}.json").exists()

@@ -1,0 +1,50 @@
+"""A host pool attached under a shared-memory key (tpu-sync's enable_shm with
+RAIDEN_SHM_KEY): one manager at a time per key. The attachment is a segment
+in /dev/shm named after the key, held under an exclusive lock and naming the
+manager's process; a second manager asking for the same key, in this process
+or another, is refused, so no chunk is ever handed out by two allocators.
+The reference keeps the pool itself in its process; the segment is removed
+when the manager closes or is dropped (a killed process's lock goes with it,
+so its stale segment is taken over by the next manager)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+from pathlib import Path
+
+SEGMENTS = Path("/dev/shm")
+PREFIX = "kvref-pool-"
+KEY = re.compile(r"[A-Za-z0-9._-]{1,200}")
+
+
+class PoolAttachment:
+    def __init__(self, key, leave_segment: bool = False):
+        if not isinstance(key, str) or not KEY.fullmatch(key):
+            raise ValueError(f"shm_key must be 1 to 200 letters, digits, '.', '_' or '-', got {key!r}")
+        self.path = SEGMENTS / f"{PREFIX}{key}"
+        self._leave_segment = leave_segment
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ValueError(f"the shared-memory pool {key!r} is attached by another manager (pid {holder}); "
+                             "two managers never share one pool's chunks: give each its own key") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Remove the segment and let go of the key (once; a fork's copy does nothing)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        if not self._leave_segment:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+        os.close(fd)

@@ -69,6 +69,7 @@ bench: $(STAMP) $(PEER_STAMP)
 	$(BIN)/python -m probes.bench.layout
 	$(BIN)/python -m probes.bench.manager
 	$(BIN)/python -m probes.bench.run
+	$(BIN)/python -m probes.bench.pull
 	.venv-peer/bin/python -m probes.bench.peer
 
 # Rewrite the committed baselines from the latest run of each generation.

@@ -28,6 +28,7 @@ What holds (kvprobe's pull probes check each):
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 import time
@@ -275,7 +276,7 @@ class PullService:
             raise ValueError("the pull names no block (remote_block_ids and local_block_ids are empty)")
         if any(b < 0 for b in remote):
             raise ValueError(f"remote_block_ids must be non-negative, got {min(remote)}")
-        repeated = sorted({b for b in local if local.count(b) > 1})
+        repeated = sorted(b for b, n in collections.Counter(local).items() if n > 1)
         if repeated:
             raise ValueError(f"local_block_ids names blocks {repeated[:8]} more than once; each local block "
                              "takes one remote block")
@@ -333,15 +334,17 @@ class PullService:
                         for i in range(len(pull.remote))}
             received = {}
             for reply in replies:
-                block = reply.block
-                key = (block.layer, block.shard, block.position)
-                if key not in expected or key in received:
-                    raise ValueError(f"the producer sent layer {key[0]} part {key[1]} position {key[2]}, "
-                                     "which the pull did not ask for or had already")
-                if len(block.data) != self.layer_block_bytes[block.layer]:
-                    raise ValueError(f"layer {block.layer}: the producer sent {len(block.data)} bytes of a "
-                                     f"block, expected {self.layer_block_bytes[block.layer]}")
-                received[key] = block.data
+                run = reply.block
+                size = self.layer_block_bytes[run.layer] if 0 <= run.layer < len(self.layer_parts) else 0
+                count = len(run.data) // size if size and len(run.data) % size == 0 else 0
+                keys = [(run.layer, run.shard, run.position + j) for j in range(count)]
+                if not keys or any(key not in expected or key in received for key in keys):
+                    raise ValueError(f"the producer sent {len(run.data)} bytes for layer {run.layer} part "
+                                     f"{run.shard} from position {run.position}, which is not a run of whole "
+                                     "blocks the pull asked for and did not have yet")
+                data = memoryview(run.data)
+                for j, key in enumerate(keys):
+                    received[key] = data[j * size:(j + 1) * size]
             if len(received) != len(expected):
                 raise ValueError(f"the producer's answer ended after {len(received)} of {len(expected)} block "
                                  "parts")

@@ -35,16 +35,17 @@ class Staging:
             self._free.put(slot)
 
     def read(self, block_ids: list[int], parts: list[int] | None, deadline: float):
-        """Yield ((layer, part, position), bytes) for every layer, each part
-        in `parts` (None: all) and each device block in `block_ids`."""
+        """Yield ((layer, part, position), bytes of a run of blocks) for every
+        layer, each part in `parts` (None: all) and the device blocks in
+        `block_ids` from `position` on, a slot's worth at a time."""
         for start, piece, base in self._pieces(block_ids, deadline):
             try:
                 self._copy(True, piece, base, deadline)
                 mover = self._mover()
                 for layer, count in enumerate(self.layer_parts):
                     for part in (range(count) if parts is None else parts):
-                        for j in range(len(piece)):
-                            yield (layer, part, start + j), mover.read_host_block(layer, part, base + j)
+                        yield (layer, part, start), b"".join(mover.read_host_block(layer, part, base + j)
+                                                             for j in range(len(piece)))
             finally:
                 self._release(base)
 

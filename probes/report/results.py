@@ -13,8 +13,8 @@ from probes.suite.verdicts import SKIP, agrees
 COLUMNS = ["run_id", "time", "generation", "device_kind", "iut", "iut_version", "iut_options",
            "backend", "layout_source", "probe", "case_id", "dtype", "shape", "sharding", "layout",
            "physical_bytes", "slice_bytes", "legacy_slice_bytes", "predicted", "verdict", "detail",
-           "pending_at_construction", "host_bytes", "bytes_moved", "seconds", "gbps", "faults",
-           "host", "host_generation"]
+           "pending_at_construction", "host_bytes", "bytes_moved", "seconds", "gbps", "baseline_gbps",
+           "faults", "host", "host_generation"]
 # Columns a rerun of the same cases reproduces exactly (the committed baseline).
 DETERMINISTIC = ["generation", "device_kind", "iut", "iut_options", "backend", "probe", "case_id",
                  "dtype", "shape", "sharding", "layout", "physical_bytes", "slice_bytes", "legacy_slice_bytes",
@@ -43,7 +43,8 @@ def read_run(path) -> pd.DataFrame:
     frame = pd.read_csv(path, dtype={"faults": str, "detail": str, "iut_options": str, "sharding": str,
                                      "pending_at_construction": "boolean"}, keep_default_na=False,
                         na_values={"slice_bytes": [""], "host_bytes": [""], "bytes_moved": [""],
-                                   "seconds": [""], "gbps": [""], "pending_at_construction": [""]})
+                                   "seconds": [""], "gbps": [""], "baseline_gbps": [""],
+                                   "pending_at_construction": [""]})
     return typed(frame)
 
 
@@ -53,6 +54,8 @@ def typed(frame: pd.DataFrame) -> pd.DataFrame:
     if "sharding" not in frame.columns:
         frame.insert(frame.columns.get_loc("shape") + 1 if "shape" in frame.columns else len(frame.columns),
                      "sharding", "")
+    if "gbps" in frame.columns and "baseline_gbps" not in frame.columns:  # written before it was measured
+        frame.insert(frame.columns.get_loc("gbps") + 1, "baseline_gbps", float("nan"))
     for col in ("slice_bytes", "host_bytes", "bytes_moved"):
         frame[col] = frame[col].astype("Int64")
     frame["pending_at_construction"] = frame["pending_at_construction"].astype("boolean")

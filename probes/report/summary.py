@@ -13,6 +13,7 @@ import kvref
 from probes.report.explain import remedy_for, remedy_text
 from probes.report.pictures import draw_heatmap, draw_refused_maps, layout_reason
 from probes.report.results import disagreements, implementation, skipped
+from probes.suite.registry import PROBES
 from probes.suite.verdicts import VERDICTS
 
 
@@ -74,11 +75,33 @@ def write_generation_report(frame: pd.DataFrame, gen_dir: Path) -> Path:
                                  remedy=[remedy_cell(t, gen) for t in layouts["layout"]])
         lines += [_table(reasons[["shape", "layout", "reason", "remedy"]]), ""]
     lines += [f"![memory map]({p.name})" for p in maps] + [""]
+    lines += pulls_between_managers(frame)
     lines += not_applicable(frame["iut"].unique())
     lines += findings(gen_dir)
     path = gen_dir / "summary.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def pulls_between_managers(frame: pd.DataFrame) -> list[str]:
+    """The two-process probes' verdicts, and each landed pull's bytes per
+    second against a plain copy of the same bytes timed beside it."""
+    pulls = frame[frame["probe"].isin([name for name, p in PROBES.items() if p.two_process])]
+    if pulls.empty:
+        return []
+    verdicts = pulls.pivot_table(index="case_id", columns="implementation", values="verdict", aggfunc="first")
+    lines = ["## Transfers between managers", "",
+             "Each case ran as a producer and a consumer worker, each with its own manager, connected only "
+             "through loopback.", "", _table(verdicts.reset_index()), ""]
+    timed = pulls[pulls["gbps"].notna() & pulls["baseline_gbps"].notna()]
+    if len(timed):
+        table = timed.assign(pull_gbps=timed["gbps"].round(3), copy_gbps=timed["baseline_gbps"].round(2),
+                             pull_per_copy=(timed["gbps"] / timed["baseline_gbps"]).round(4))
+        lines += ["Pulls that landed: bytes moved (every layer and part), GB/s from start_read to its done "
+                  "report, and np.copyto of as many bytes in the consumer's process, timed in the same run.", "",
+                  _table(table[["case_id", "implementation", "bytes_moved", "pull_gbps", "copy_gbps",
+                                "pull_per_copy"]]), ""]
+    return lines
 
 
 def remedy_cell(layout_text: str, generation: str) -> str:

@@ -33,7 +33,7 @@ def to_frame(results: list[CaseResult], run_id: str) -> pd.DataFrame:
             "legacy_slice_bytes": facts["legacy_slice_bytes"], "predicted": facts["predicted"],
             "verdict": o.verdict, "detail": o.detail,
             "pending_at_construction": o.pending_at_construction, "host_bytes": o.host_bytes,
-            "bytes_moved": o.bytes_moved, "seconds": o.seconds, "gbps": o.gbps,
+            "bytes_moved": o.bytes_moved, "seconds": o.seconds, "gbps": o.gbps, "baseline_gbps": o.baseline_gbps,
             "faults": str(c.faults), "host": r.host, "host_generation": r.host_generation,
         })
     return typed(pd.DataFrame(rows, columns=COLUMNS))

@@ -27,7 +27,7 @@ FAILING_TIMEOUT_S = 5.0  # where one is meant to fail, or to be waited past
 PROMPT_S = 2.0  # a failure the manager can see at once (a refusal, a lost peer) is reported within this
 SETTLE_GRACE_S = 3.0  # beyond timeout_s, before a pull that never settled is a finding
 REPEAT_POLLS = 5  # polls after everything settled, to see nothing is reported twice
-POLL_SECONDS = 0.01
+POLL_SECONDS = 0.002  # fine enough to time a pull of a few milliseconds
 PEER_WAIT_S = 120.0  # for the other worker's start-up (imports, the device) and its calls
 
 
@@ -175,6 +175,19 @@ def poll(manager, started: float, until, seconds: float, settled: Settled | None
             extra -= 1
         time.sleep(POLL_SECONDS)
     return settled
+
+
+def plain_copy_gbps(nbytes: int, repeats: int = 3) -> float:
+    """GB/s of np.copyto of `nbytes` on this host, the best of `repeats`: the
+    baseline a pull of as many bytes is reported against."""
+    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first warms the pages
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best / 1e9
 
 
 def endpoint_for(endpoints: list[dict]):

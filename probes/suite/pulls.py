@@ -15,7 +15,7 @@ import kvref
 from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
 from probes.suite.pull_sides import (LAYERS, PEER_WAIT_S, PULL_TIMEOUT_S, SETTLE_GRACE_S, SHARDED, SUBJECT, Side,
-                                     endpoint_for, no_pulls, poll, pull_library, uuid_of)
+                                     endpoint_for, no_pulls, plain_copy_gbps, poll, pull_library, uuid_of)
 from probes.suite.verdicts import CORRUPT, ERROR, PASS, SKIP, Outcome
 
 BLOCK_KINDS = ("permuted", "subset", "mixed_block_sizes", "pool_form", "sharded", "sub_managers", "broadcast")
@@ -133,7 +133,8 @@ def consume(side: Side, requests: list[tuple[str, int, list[tuple[int, int]]]],
                               for k in side.layer_keys)
     last = max(settled.done.values(), default=0.0)
     return Outcome(PASS, f"{len(landed)} blocks x {len(side.caches)} layers pulled exactly, each request "
-                   f"reported once; {len(fails)} failed as expected", bytes_moved=moved, seconds=last or None)
+                   f"reported once; {len(fails)} failed as expected", bytes_moved=moved, seconds=last or None,
+                   baseline_gbps=plain_copy_gbps(moved) if moved else None)
 
 
 def pull_reuse(case: Case, iut: Adapter) -> Outcome:

@@ -27,6 +27,7 @@ class Outcome:
     bytes_moved: int | None = None
     seconds: float | None = None
     pending_at_construction: bool | None = None  # the caches' contents were not there yet
+    baseline_gbps: float | None = None  # a plain copy of the same bytes, timed beside it in the worker
     iut_version: str = ""
     backend: str = ""
     device_kind: str = ""
@@ -52,5 +53,5 @@ def both_sides(outcomes: dict[str, Outcome]) -> Outcome:
     last = list(outcomes.values())[-1]
     detail = "; ".join(f"{role}: {o.verdict} {o.detail.strip()}" for role, o in outcomes.items())
     return Outcome(worst.verdict, detail, host_bytes=last.host_bytes, bytes_moved=last.bytes_moved,
-                   seconds=last.seconds, iut_version=last.iut_version or worst.iut_version,
+                   seconds=last.seconds, baseline_gbps=last.baseline_gbps, iut_version=last.iut_version or worst.iut_version,
                    backend=last.backend or worst.backend, device_kind=last.device_kind or worst.device_kind)

@@ -74,6 +74,9 @@ class Faults:
         "a manager built without a listen address opens a listening socket anyway")
     pull_pairs_sorted: bool = _fault(
         "a pull pairs the remote blocks with the local block ids sorted, not in the order given")
+    partial_pull_written: bool = _fault(
+        "a pull writes each run of blocks into the consumer's cache as it arrives: one that "
+        "fails part-way leaves some blocks overwritten")
     lost_pull_unsettled: bool = _fault(
         "a pull whose producer goes away (connection refused or dropped) is never settled")
     registrations_keyed_by_blocks: bool = _fault(

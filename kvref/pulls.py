@@ -345,6 +345,10 @@ class PullService:
                 data = memoryview(run.data)
                 for j, key in enumerate(keys):
                     received[key] = data[j * size:(j + 1) * size]
+                if self._faults.partial_pull_written:  # each run lands as it arrives
+                    self._staging.write([pull.local[key[2]] for key in keys],
+                                        {(run.layer, run.shard, j): received[key] for j, key in enumerate(keys)},
+                                        [run.shard], pull.deadline, layers=[run.layer])
             if len(received) != len(expected):
                 raise ValueError(f"the producer's answer ended after {len(received)} of {len(expected)} block "
                                  "parts")

@@ -49,12 +49,16 @@ class Staging:
             finally:
                 self._release(base)
 
-    def write(self, block_ids: list[int], received: Parts, parts: list[int] | None, deadline: float) -> None:
-        """Put `received` (keyed as `read` yields) into device blocks `block_ids`."""
+    def write(self, block_ids: list[int], received: Parts, parts: list[int] | None, deadline: float,
+              layers: list[int] | None = None) -> None:
+        """Put `received` ((layer, part, position) -> one block's bytes) into
+        device blocks `block_ids`, of `layers` (None: all) and `parts` (None: all)."""
         for start, piece, base in self._pieces(block_ids, deadline):
             try:
                 mover = self._mover()
                 for layer, count in enumerate(self.layer_parts):
+                    if layers is not None and layer not in layers:
+                        continue
                     for part in (range(count) if parts is None else parts):
                         for j in range(len(piece)):
                             data = np.frombuffer(received[layer, part, start + j], np.uint8)

@@ -53,6 +53,8 @@ TEETH = [
     ("pull_refusals/local_out_of_range", "", (), ["late_refusal"], "ERROR"),
     ("pull_failures/connection_refused", "", (), ["lost_pull_unsettled"], "ERROR"),
     ("pull_failures/producer_killed", "", (), ["lost_pull_unsettled"], "ERROR"),
+    ("pull_failures/producer_killed", "", (), ["partial_pull_written"], "CORRUPT"),
+    ("pull_refusals/settings", "", (), ["unchecked_settings"], "ERROR"),
     ("pull_sockets", "", (), ["offload_only_listens"], "ERROR"),
     ("pull_blocks/sharded", "", (), ["first_shard_only"], "CORRUPT|ERROR"),
     ("pull_blocks/broadcast", "", (), ["sub_manager_serves_own_parts"], "CORRUPT"),

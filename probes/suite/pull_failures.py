@@ -17,14 +17,17 @@ from probes.suite.cases import Case
 from probes.suite.pull_sides import (FAILING_TIMEOUT_S, PEER_WAIT_S, PROMPT_S, SETTLE_GRACE_S, SUBJECT,
                                      Side, endpoint_for, no_pulls, poll, pull_library, uuid_of)
 from probes.suite.refusals import first_line
-from probes.suite.sockets import listeners
+from probes.suite.sockets import listeners, loopback_bytes
 from probes.suite.verdicts import CORRUPT, ERROR, PASS, SKIP, Outcome
 
 REFUSAL_KINDS = ("lengths", "empty_endpoint", "local_out_of_range", "uuid_in_use", "register_out_of_range",
-                 "register_uuid_in_use", "remote_unregistered")
+                 "register_uuid_in_use", "remote_unregistered", "settings")
+BAD_SETTINGS = (("timeout_s", 0.0), ("timeout_s", -1.0), ("timeout_s", float("nan")), ("max_blocks", 0))
 FAILURE_KINDS = ("producer_killed", "connection_refused", "silent_remote", "manager_dropped")
 PULLED = 16  # blocks a refused request names
 DIES = "dies"  # what a side posts before it kills itself (probes.run.runner reads it)
+KILL_AT_SHARE = 0.25  # the producer dies once this share of the pull's bytes has crossed lo
+KILL_WAIT_S = 2.0  # or once this long has passed since the pull started
 # A pull big enough to be in flight when its producer dies: 16 MiB a layer.
 LARGE = kvref.ShapeKey(SUBJECT.dtype, (SUBJECT.dims[0], SUBJECT.dims[1], SUBJECT.dims[2] * 4))
 
@@ -69,8 +72,26 @@ def pull_refusals(case: Case, iut: Adapter) -> Outcome:
         side.close()
 
 
+def _refused_settings(side: Side) -> Outcome:
+    """A pulling manager built with a setting that means nothing must be refused by its constructor."""
+    for name, value in BAD_SETTINGS:
+        settings = {"timeout_s": FAILING_TIMEOUT_S, "max_blocks": SUBJECT.dims[0], name: value}
+        try:
+            manager = side.lib.pull_manager(side.caches, "slots", False, settings["timeout_s"], settings["max_blocks"])
+        except Exception as e:
+            if not side.iut.refuses(e):
+                return Outcome(ERROR, f"a manager built with {name}={value}: {first_line(e)}, not a clean refusal")
+            continue
+        side.lib.close_manager(manager)
+        return Outcome(ERROR, f"a manager built with {name}={value} was accepted; a pull's {name} must be positive"
+                       + (" and finite" if name == "timeout_s" else ""))
+    return Outcome(PASS, f"refused at construction: {', '.join(f'{n}={v}' for n, v in BAD_SETTINGS)}")
+
+
 def _refused_pull(side: Side, kind: str, endpoint, uuid: int) -> Outcome:
     blocks = SUBJECT.dims[0]
+    if kind == "settings":
+        return _refused_settings(side)
     remote, local = list(range(PULLED)), list(range(PULLED, 2 * PULLED))
     start = side.manager.start_read
     if kind == "lengths":
@@ -183,7 +204,9 @@ def pull_failures(case: Case, iut: Adapter) -> Outcome:
             side.manager.register_read("req-0", uuid, everything)
             side.rendezvous.post("registered", side.manager.get_local_endpoints())
             if case.kind == "producer_killed":
+                sent = loopback_bytes()
                 side.rendezvous.wait("started", PEER_WAIT_S)
+                _until_under_way(sent + side.pull_bytes(len(everything)) * KILL_AT_SHARE)
                 side.rendezvous.post(DIES)
                 os.kill(os.getpid(), signal.SIGKILL)
             side.rendezvous.wait("finished", PEER_WAIT_S)
@@ -200,6 +223,14 @@ def pull_failures(case: Case, iut: Adapter) -> Outcome:
             side.rendezvous.post("finished")
     finally:
         side.close()
+
+
+def _until_under_way(sent: float) -> None:
+    """Until `sent` bytes have crossed lo (a pull part-way through, whatever its
+    transport), or KILL_WAIT_S."""
+    deadline = time.monotonic() + KILL_WAIT_S
+    while loopback_bytes() < sent and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def _freed_after_drop(side: Side) -> Outcome:
@@ -304,7 +335,15 @@ def pull_sockets(case: Case, iut: Adapter) -> Outcome:
                                + (" (a wildcard address: every interface of the host)" if wild else "")
                                + f"; asked to serve pulls on loopback. All its listeners: "
                                f"{', '.join(map(str, opened))}")
-            return Outcome(PASS, f"listens only on loopback: {', '.join(map(str, opened))}")
+            side.drop()
+            deadline = time.monotonic() + SETTLE_GRACE_S
+            while (left := [l for l in listeners() if l in opened]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if left:
+                return Outcome(ERROR, f"still listening on {', '.join(map(str, left))} {SETTLE_GRACE_S:.0f}s after "
+                               "the manager was closed")
+            return Outcome(PASS, f"listened only on loopback ({', '.join(map(str, opened))}), and no more once "
+                           "closed")
         if opened:
             return Outcome(ERROR, f"an offload-only manager opened listening socket(s) {', '.join(map(str, opened))}")
         return Outcome(PASS, "an offload-only manager opened no listening socket")

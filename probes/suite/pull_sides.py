@@ -93,6 +93,11 @@ class Side:
                            for i, k in enumerate(self.layer_keys)]
         return self.caches
 
+    def pull_bytes(self, blocks: int) -> int:
+        """The bytes a pull of `blocks` blocks moves, every layer and part."""
+        return blocks * sum(int(np.prod(k.dims[1:])) * kvref.element_type(k.dtype).numpy.itemsize
+                            for k in self.layer_keys)
+
     def contents(self, layer: int) -> np.ndarray:
         """A layer's cache as it is now (of a sharded one, assembled from every device's part)."""
         cache = self.caches[layer]

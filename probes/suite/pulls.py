@@ -129,8 +129,7 @@ def consume(side: Side, requests: list[tuple[str, int, list[tuple[int, int]]]],
     wrong_bytes = side.check_blocks(landed)
     if wrong_bytes:
         return Outcome(CORRUPT, f"after the pulls reported done: {wrong_bytes}")
-    moved = len(landed) * sum(int(np.prod(k.dims[1:])) * kvref.element_type(k.dtype).numpy.itemsize
-                              for k in side.layer_keys)
+    moved = side.pull_bytes(len(landed))
     last = max(settled.done.values(), default=0.0)
     return Outcome(PASS, f"{len(landed)} blocks x {len(side.caches)} layers pulled exactly, each request "
                    f"reported once; {len(fails)} failed as expected", bytes_moved=moved, seconds=last or None,

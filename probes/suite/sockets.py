@@ -1,6 +1,6 @@
 """The TCP sockets this process holds, read from /proc: which of them listen,
 and at which address (a wildcard address is every interface the network
-namespace has)."""
+namespace has); and how many bytes have crossed lo."""
 
 from __future__ import annotations
 
@@ -58,6 +58,17 @@ def listeners(pid: int | str = "self") -> list[Listener]:
                 host, port = fields[1].split(":")
                 found.append(Listener(_address(host), int(port, 16)))
     return found
+
+
+def loopback_bytes() -> int:
+    """Bytes sent over lo in this network namespace so far (/proc/net/dev):
+    in a namespace of its own, the traffic of its processes only."""
+    with open("/proc/net/dev") as f:
+        for line in f.readlines()[2:]:
+            name, _, counters = line.partition(":")
+            if name.strip() == "lo":
+                return int(counters.split()[8])
+    raise RuntimeError("this network namespace has no lo")
 
 
 def _address(hex_text: str) -> str:

@@ -50,14 +50,12 @@ UUID_MAX = 2**64 - 1
 SETTLE_NOTICE_SECONDS = 2.0  # the longest telling the producer a pull settled may take
 CLOSE_SECONDS = 5.0  # the longest close() waits for a pull's thread
 SERVER_THREADS = 4
+MAX_PULLS = 1024  # pulls in flight at once on one consumer, each a thread
+MAX_REASONS = 4096  # failure reasons kept, the oldest dropped first
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
                    ("grpc.enable_http_proxy", 0)]  # never through a proxy: the address given, only
 SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.max_send_message_length", -1),
                   ("grpc.max_receive_message_length", -1)]
-
-
-class PullRefused(Exception):
-    """The producer refused a pull (the reason travels as the gRPC status's details)."""
 
 
 @dataclass
@@ -283,6 +281,9 @@ class PullService:
         return remote, list(local)
 
     def _check_free(self, pull: Pull) -> None:
+        if len(self._pulls) >= MAX_PULLS:
+            raise ValueError(f"{len(self._pulls)} pulls are in flight, the most one manager takes; poll_stats "
+                             "until some settle")
         for other in self._pulls.values():
             if other.uuid == pull.uuid:
                 raise ValueError(f"uuid {pull.uuid} is still being pulled by request {other.req_id!r}")
@@ -380,7 +381,10 @@ class PullService:
             if self._pulls.get(pull.req_id) is pull:
                 del self._pulls[pull.req_id]
             if not done:
+                self.failures.pop(pull.req_id, None)
                 self.failures[pull.req_id] = reason
+                if len(self.failures) > MAX_REASONS:
+                    del self.failures[next(iter(self.failures))]
             if not self._faults.pull_never_reports:
                 (self._done_recving if done else self._failed_recving).append(pull.req_id)
 

@@ -365,3 +365,13 @@ def test_caches_over_more_devices_than_the_tpu_has_are_not_made(monkeypatch, tmp
     assert ("sharded_roundtrip" in probes) == sharded and ("block_sharded" in probes) == sharded
     assert all(kvref.Sharding.parse(c.sharding).devices <= devices for c in made if c.sharding)
     assert any(c.sharding for c in made) == (devices > 1)
+
+
+def test_a_two_process_probe_on_a_device_one_process_holds_is_skipped_with_the_reason():
+    from probes.run.runner import run_case
+    from probes.suite.registry import probe
+
+    case = Case("pull_blocks", "v6e", "tpu-sync-jax-tpu", "pull_blocks-subset", probe("pull_blocks").subject,
+                kind="subset")
+    outcome = run_case(case).outcome
+    assert outcome.verdict == "SKIP" and "one process at a time may hold it" in outcome.detail, outcome.detail

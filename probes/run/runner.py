@@ -70,6 +70,10 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
     if declared.loopback_only and (reason := netns.unavailable()):
         return CaseResult(case, Outcome(SKIP, f"{case.iut}: {reason}"), 0.0, "", *this_host())
     if probe(case.probe).two_process:
+        if declared.owns_device:
+            return CaseResult(case, Outcome(SKIP, f"{case.iut}: a pull's producer and consumer each need the "
+                                            "device, and one process at a time may hold it: run them on two "
+                                            "hosts"), 0.0, "", *this_host())
         return _run_two(case, python)
     start = time.monotonic()
     env, text = _worker_env(case), case.to_json()

@@ -9,13 +9,11 @@ from functools import cached_property
 from kvref import _core
 from kvref.dtypes import ELEMENT_TYPES, ElementType, element_type
 from kvref.errors import LayoutError
-from kvref.shape_key import ShapeKey
+from kvref.shape_key import ShapeKey, parse_ints, shown, split_shape_text
 from kvref.values import INT64_MAX, is_integer
 
 
-_SHAPE_RE = re.compile(r"^\s*([a-z][a-z0-9]*)\[([^\]]*)\](?:\{([^{}]*)\})?\s*$", re.ASCII)
 _TILE_RE = re.compile(r"T((?:\([^()]*\))+)")
-_DIGITS = re.compile(r"[0-9]+")
 
 
 # Tiles one layout may apply: the layout arithmetic walks a tile tree whose
@@ -48,6 +46,13 @@ class Layout:
         if self.element_bits < 0:
             raise LayoutError(f"element size E({self.element_bits}) must not be negative")
 
+    def equal(self, other: "Layout", *, ignore_element_size: bool = False, ignore_tiles: bool = False) -> bool:
+        """Equal as XLA's Layout::Equal() says, optionally ignoring the element
+        size (E) or the tiles (T): what a backend reports often lacks one."""
+        return (self.minor_to_major == other.minor_to_major
+                and (ignore_tiles or self.tiles == other.tiles)
+                and (ignore_element_size or self.element_bits == other.element_bits))
+
     @classmethod
     def default(cls, rank: int) -> "Layout":
         return cls(tuple(range(rank - 1, -1, -1)))
@@ -68,7 +73,9 @@ class Layout:
 @dataclass(frozen=True)
 class Shape:
     """An array type with its layout. `Shape.parse(text)` reads XLA's text form;
-    `str(shape)` prints it back."""
+    `str(shape)` prints it back. The layout is kept in normal form: an element
+    size equal to the type's storage size is the default, so it is dropped
+    (`{1,0:T(8,128)(2,1)E(16)}` of bf16 is `{1,0:T(8,128)(2,1)}`)."""
 
     dtype: str
     dims: tuple[int, ...]
@@ -88,6 +95,9 @@ class Shape:
             raise LayoutError(f"layout {layout} has {len(layout.minor_to_major)} dims but the "
                               f"shape {ShapeKey(element.name, dims)} has {len(dims)}")
         _check_element_bits(element, layout.element_bits, self)
+        if layout.element_bits == element.storage_bits:
+            layout = Layout(layout.minor_to_major, layout.tiles)
+            object.__setattr__(self, "layout", layout)
         try:
             core = _core.TiledLayout(list(dims), list(layout.minor_to_major),
                                      [list(t) for t in layout.tiles], self.element_bits)
@@ -100,25 +110,18 @@ class Shape:
         if not isinstance(text, str):
             raise TypeError(f"Shape.parse expects str, got {type(text).__name__}")
         try:
-            return cls._parse(text)
+            dtype, dims, layout_text = split_shape_text(text)
+            return cls(dtype, dims, _parse_layout(layout_text, text) if layout_text is not None else None)
         except LayoutError as e:
-            if _shown(text) in str(e):
+            if shown(text) in str(e):
                 raise
-            raise LayoutError(f"{e} (in {_shown(text)})") from None
+            raise LayoutError(f"{e} (in {shown(text)})") from None
 
-    @classmethod
-    def _parse(cls, text: str) -> "Shape":
-        m = _SHAPE_RE.match(text)
-        if not m:
-            raise LayoutError(f"malformed shape text {_shown(text)}; expected XLA form such as "
-                              "'bf16[512,3,2048]{2,0,1:T(8,128)(2,1)}'")
-        dtype, dims_text, layout_text = m.groups()
-        if dtype not in ELEMENT_TYPES:
-            raise LayoutError(f"unknown element type {dtype!r} in {_shown(text)}; expected one of "
-                              f"{', '.join(ELEMENT_TYPES)}")
-        dims = _parse_ints(dims_text, text, "dims")
-        layout = _parse_layout(layout_text, text) if layout_text is not None else None
-        return cls(dtype, dims, layout)
+    def equal(self, other: "Shape", *, ignore_layout: bool = False, ignore_element_size: bool = False,
+              ignore_tiles: bool = False) -> bool:
+        """Same type and dims, and layouts equal as Layout.equal says (or not compared)."""
+        return self.key == other.key and (ignore_layout or self.layout.equal(
+            other.layout, ignore_element_size=ignore_element_size, ignore_tiles=ignore_tiles))
 
     def __str__(self) -> str:
         return f"{self.key}{self.layout}"
@@ -179,37 +182,22 @@ def _as_int(value, what: str) -> int:
     return value
 
 
-def _parse_ints(text: str, whole: str, what: str) -> tuple[int, ...]:
-    if not text:
-        return ()
-    parts = text.split(",")
-    if not all(_DIGITS.fullmatch(part) for part in parts):
-        raise LayoutError(f"malformed {what} {_shown(text)} in {_shown(whole)}; expected comma-separated "
-                          "integers of ASCII digits")
-    return tuple(int(part) for part in parts)
-
-
 def _parse_layout(text: str, whole: str) -> Layout:
     order_text, _, extra = text.partition(":")
-    minor_to_major = _parse_ints(order_text, whole, "minor_to_major")
+    minor_to_major = parse_ints(order_text, whole, "minor_to_major")
     tiles: tuple = ()
     element_bits = 0
     rest = extra
     m = _TILE_RE.match(rest)
     if m:
         groups = re.findall(r"\(([^()]*)\)", m.group(1))
-        tiles = tuple(_parse_ints(g, whole, "tile") for g in groups)
+        tiles = tuple(parse_ints(g, whole, "tile") for g in groups)
         rest = rest[m.end():]
     m = re.match(r"E\(([0-9]+)\)", rest)
     if m:
         element_bits = int(m.group(1))
         rest = rest[m.end():]
     if rest:
-        raise LayoutError(f"unsupported layout part {_shown(rest)} in {_shown(whole)}; expected "
+        raise LayoutError(f"unsupported layout part {shown(rest)} in {shown(whole)}; expected "
                           "T(...)(...) tiles and an optional E(bits)")
     return Layout(minor_to_major, tiles, element_bits)
-
-
-def _shown(text: str, limit: int = 200) -> str:
-    """`text` quoted for a message, cut short when it is long."""
-    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text):,} characters)"

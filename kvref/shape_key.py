@@ -7,10 +7,46 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kvref.dtypes import element_type
+from kvref.dtypes import ELEMENT_TYPES, element_type
+from kvref.errors import LayoutError
 from kvref.values import is_integer
 
-_KEY_RE = re.compile(r"([a-z][a-z0-9]*)\[([0-9,]*)\]", re.ASCII)
+_SHAPE_RE = re.compile(r"^\s*([a-z][a-z0-9]*)\[([^\]]*)\](?:\{([^{}]*)\})?\s*$", re.ASCII)
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def split_shape_text(text, layout: bool = True) -> tuple[str, tuple[int, ...], str | None]:
+    """XLA's text form of a shape, `bf16[512,3,2048]{2,0,1:T(8,128)(2,1)}`
+    (spaces around it allowed, none inside), as (dtype, dims, the layout's
+    text or None); with `layout` False a layout is malformed. The one parser
+    of Shape and ShapeKey."""
+    if not isinstance(text, str):
+        raise TypeError(f"a shape is text such as 'bf16[512,3,2048]', got {type(text).__name__}")
+    m = _SHAPE_RE.match(text)
+    if not m or (m.group(3) is not None and not layout):
+        expected = "'bf16[512,3,2048]{2,0,1:T(8,128)(2,1)}'" if layout else "'bf16[512,3,2048]' (no layout)"
+        raise LayoutError(f"malformed shape text {shown(text)}; expected XLA form such as {expected}")
+    dtype, dims_text, layout_text = m.groups()
+    if dtype not in ELEMENT_TYPES:
+        raise LayoutError(f"unknown element type {dtype!r} in {shown(text)}; expected one of "
+                          f"{', '.join(ELEMENT_TYPES)}")
+    return dtype, parse_ints(dims_text, text, "dims"), layout_text
+
+
+def parse_ints(text: str, whole: str, what: str) -> tuple[int, ...]:
+    """Comma-separated ASCII digits (so never negative), or ()."""
+    if not text:
+        return ()
+    parts = text.split(",")
+    if not all(_DIGITS.fullmatch(part) for part in parts):
+        raise LayoutError(f"malformed {what} {shown(text)} in {shown(whole)}; expected comma-separated "
+                          "integers of ASCII digits")
+    return tuple(int(part) for part in parts)
+
+
+def shown(text: str, limit: int = 200) -> str:
+    """`text` quoted for a message, cut short when it is long."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text):,} characters)"
 
 
 @dataclass(frozen=True, order=True)
@@ -30,16 +66,10 @@ class ShapeKey:
 
     @classmethod
     def parse(cls, text: str) -> "ShapeKey":
-        """`bf16[512,3,2048]` (no spaces, no layout) -> ShapeKey."""
-        if not isinstance(text, str):
-            raise TypeError(f"a shape key is text such as 'bf16[512,3,2048]', got "
-                            f"{type(text).__name__}")
-        m = _KEY_RE.fullmatch(text.strip())
-        if not m or ",," in m.group(2) or m.group(2).startswith(",") or m.group(2).endswith(","):
-            raise ValueError(f"malformed shape {text!r}; expected a dtype and dims such as "
-                             "'bf16[512,3,2048]'")
-        dims = tuple(int(d) for d in m.group(2).split(",")) if m.group(2) else ()
-        return cls(m.group(1), dims)
+        """`bf16[512,3,2048]` (no layout) -> ShapeKey; kvref.LayoutError (a
+        ValueError) naming what is malformed."""
+        dtype, dims, _ = split_shape_text(text, layout=False)
+        return cls(dtype, dims)
 
     def __str__(self) -> str:
         return f"{self.dtype}[{','.join(map(str, self.dims))}]"

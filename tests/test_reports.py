@@ -125,8 +125,8 @@ def test_bad_run_inputs_exit_2(capsys, tmp_path, argv, needle):
 def test_user_matrix_errors(tmp_path):
     bad = tmp_path / "m.csv"
     bad.write_text('name,shape\nx,"bf16[512by3]"\n')
-    with pytest.raises(ValueError, match=r"m.csv:2: malformed shape 'bf16\[512by3\]'; expected a dtype "
-                       r"and dims such as 'bf16\[512,3,2048\]'"):
+    with pytest.raises(ValueError, match=r"m.csv:2: malformed dims '512by3' in 'bf16\[512by3\]'; expected "
+                       r"comma-separated integers"):
         load_matrix(str(bad))
     bad.write_text("name,dtype,dims\nx,bf16,512x3\n")
     with pytest.raises(ValueError, match=r"missing column\(s\) \['shape'\]; expected name,shape"):

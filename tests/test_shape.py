@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 
 import kvref
+from kvref import LayoutError, Shape, ShapeKey
 from tests.strategies import shapes
 
 
@@ -112,3 +113,28 @@ def test_torch_dtypes_map():
     assert kvref.element_type(torch.bool).name == "pred"
     with pytest.raises(ValueError, match="torch dtype torch.complex64 has no XLA element type"):
         kvref.element_type(torch.complex64)
+
+
+def test_a_layout_is_kept_in_normal_form_and_compared_as_xla_does():
+    explicit = Shape.parse("bf16[8,128]{1,0:T(8,128)(2,1)E(16)}")
+    assert explicit == Shape.parse("bf16[8,128]{1,0:T(8,128)(2,1)}")
+    assert str(explicit) == "bf16[8,128]{1,0:T(8,128)(2,1)}"
+    packed = Shape.parse("s4[8,128]{1,0:T(8,128)(2,1)E(4)}")
+    assert packed != Shape.parse("s4[8,128]{1,0:T(8,128)(2,1)}")  # E(4) is not s4's storage size
+    assert packed.equal(Shape.parse("s4[8,128]{1,0:T(8,128)(2,1)}"), ignore_element_size=True)
+    untiled = Shape.parse("bf16[8,128]{1,0}")
+    assert not untiled.equal(explicit) and untiled.equal(explicit, ignore_tiles=True)
+    assert not untiled.equal(Shape.parse("bf16[8,128]{0,1}"), ignore_tiles=True)
+    assert untiled.equal(Shape.parse("bf16[8,128]{0,1}"), ignore_layout=True)
+
+
+@pytest.mark.parametrize("text", ["bf16[-1,2]", "bf16[1,,2]", "bf16[1, 2]", "xx[1]", "bf16[1"])
+def test_shape_and_shape_key_read_one_text_form(text):
+    with pytest.raises(LayoutError) as whole:
+        Shape.parse(text)
+    with pytest.raises(LayoutError) as key:
+        ShapeKey.parse(text)
+    assert str(key.value).split(";")[0].split(" (in ")[0] == str(whole.value).split(";")[0].split(" (in ")[0]
+    assert ShapeKey.parse(" bf16[1,2] ") == Shape.parse(" bf16[1,2] ").key
+    with pytest.raises(LayoutError, match="no layout"):
+        ShapeKey.parse("bf16[1,2]{1,0}")

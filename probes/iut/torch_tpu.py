@@ -120,7 +120,7 @@ class TorchTpuArrays:
             raise RuntimeError(f"TorchTPU reports no layout for a materialized {key} cache")
         # (minor_to_major, tiles, an int): the first two are what the compiler also decides
         expected = self.layout_of(self.generation, key)[0].layout
-        if (tuple(found[0]), tuple(map(tuple, found[1]))) != (expected.minor_to_major, expected.tiles):
+        if not kvref.Layout(tuple(found[0]), tuple(map(tuple, found[1]))).equal(expected, ignore_element_size=True):
             raise RuntimeError(f"TorchTPU laid out a {key} cache as {found}; the compiler's layout, "
                                f"which the prediction uses, is {expected}")
 

@@ -122,3 +122,15 @@ def test_random_contents_stay_within_the_type(dtype, low, high):
     assert values.min() == low and values.max() == high  # the whole range, nothing outside it
     if dtype == "pred":  # a bool byte other than 0 or 1 is not a value the type has
         assert random_host(kvref.ShapeKey(dtype, (64, 32)), seed=3).view(np.uint8).max() == 1
+
+
+def test_a_probe_or_outcome_declared_wrong_fails_where_it_is_declared():
+    from probes.suite.registry import Probe, always
+    from probes.suite.verdicts import Outcome
+
+    with pytest.raises(ValueError, match="scope 'shapes'; expected one of"):
+        Probe("p", lambda case, iut: None, "shapes", always("PASS"))
+    with pytest.raises(ValueError, match="only one, has kinds"):
+        Probe("p", lambda case, iut: None, "generation", always("PASS"), kinds=("a",))
+    with pytest.raises(ValueError, match="verdict 'FAIL'; expected one of"):
+        Outcome("FAIL")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from probes.fuzz.kvref_api import CATEGORIES
+from probes.suite.verdicts import WATCHDOG_FIRED
 
 INPUT_SECONDS = 30.0  # one input's watchdog in the worker
 
@@ -58,7 +59,7 @@ def run_category(spec: str, count: int, seed: int, log_dir: Path) -> Tally:
                 tally.failures.append(record)
         if started is not None:  # the worker died inside this input
             tally.inputs += 1
-            kind = "hang" if "Timeout (" in done.stderr else "crash"
+            kind = "hang" if WATCHDOG_FIRED in done.stderr else "crash"
             tally.failures.append({"index": started["index"], "event": kind, "input": started["input"],
                                    "detail": f"exit {done.returncode}: {done.stderr.strip()[-1500:]}"})
             next_start = started["index"] + 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -10,11 +11,35 @@ from kvref.generations import report_name
 
 from probes.suite.verdicts import SKIP, agrees
 
-COLUMNS = ["run_id", "time", "generation", "device_kind", "iut", "iut_version", "iut_options",
-           "backend", "layout_source", "probe", "case_id", "dtype", "shape", "sharding", "layout",
-           "physical_bytes", "slice_bytes", "legacy_slice_bytes", "predicted", "verdict", "detail",
-           "pending_at_construction", "host_bytes", "bytes_moved", "seconds", "gbps", "baseline_gbps",
-           "faults", "host", "host_generation"]
+# The results table, declared once: each column and where a case's row takes
+# it from (`run`: the run's id and time; `case`, `outcome`, `result`: the
+# attribute of that name, or `attr`; `facts`: the reference's facts about
+# the case, probes.suite.predict.describe). probes.run.rows fills it.
+@dataclass(frozen=True)
+class Column:
+    name: str
+    source: str
+    attr: str = ""
+
+    def value(self, sources: dict):
+        found = sources[self.source]
+        key = self.attr or self.name
+        return found[key] if isinstance(found, dict) else getattr(found, key)
+
+
+SCHEMA = (
+    Column("run_id", "run"), Column("time", "run"), Column("generation", "case"),
+    Column("device_kind", "outcome"), Column("iut", "case"), Column("iut_version", "outcome"),
+    Column("iut_options", "case", "options_text"), Column("backend", "outcome"), Column("layout_source", "facts"),
+    Column("probe", "case"), Column("case_id", "case"), Column("dtype", "facts"), Column("shape", "facts"),
+    Column("sharding", "facts"), Column("layout", "facts"), Column("physical_bytes", "facts"),
+    Column("slice_bytes", "facts"), Column("legacy_slice_bytes", "facts"), Column("predicted", "facts"),
+    Column("verdict", "outcome"), Column("detail", "outcome"), Column("pending_at_construction", "outcome"),
+    Column("host_bytes", "outcome"), Column("bytes_moved", "outcome"), Column("seconds", "outcome"),
+    Column("gbps", "outcome"), Column("baseline_gbps", "outcome"), Column("faults", "case", "faults_text"),
+    Column("host", "result"), Column("host_generation", "result"),
+)
+COLUMNS = [c.name for c in SCHEMA]
 # Columns a rerun of the same cases reproduces exactly (the committed baseline).
 DETERMINISTIC = ["generation", "device_kind", "iut", "iut_options", "backend", "probe", "case_id",
                  "dtype", "shape", "sharding", "layout", "physical_bytes", "slice_bytes", "legacy_slice_bytes",

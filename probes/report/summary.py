@@ -14,7 +14,7 @@ from probes.report.explain import remedy_for, remedy_text
 from probes.report.pictures import draw_heatmap, draw_refused_maps, layout_reason
 from probes.report.results import disagreements, implementation, skipped
 from probes.suite.registry import PROBES
-from probes.suite.verdicts import VERDICTS
+from probes.suite.verdicts import VERDICTS, WATCHDOG_FIRED
 
 
 def not_applicable(iuts) -> list[str]:
@@ -190,7 +190,7 @@ def side_by_side(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
-STACK_START = re.compile(r"^(Fatal Python error|Timeout \(|Thread 0x|Current thread 0x|Traceback)")
+STACK_START = re.compile(rf"^(Fatal Python error|{re.escape(WATCHDOG_FIRED)}|Thread 0x|Current thread 0x|Traceback)")
 LOG_LINE = re.compile(r"^([IWEF]\d{4} |WARNING: All log messages|InitTransportServer)")
 
 

@@ -7,7 +7,7 @@ import uuid
 
 import pandas as pd
 
-from probes.report.results import COLUMNS, typed
+from probes.report.results import COLUMNS, SCHEMA, typed
 from probes.run.runner import CaseResult
 from probes.suite.predict import describe
 
@@ -17,23 +17,11 @@ def new_run_id() -> str:
 
 
 def to_frame(results: list[CaseResult], run_id: str) -> pd.DataFrame:
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    """One row per case result, its columns as probes.report.results.SCHEMA declares them."""
+    run = {"run_id": run_id,
+           "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     rows = []
     for r in results:
-        c, o = r.case, r.outcome
-        facts = describe(c)
-        rows.append({
-            "run_id": run_id, "time": now, "generation": c.generation, "device_kind": o.device_kind,
-            "iut": c.iut, "iut_version": o.iut_version, "iut_options": c.options_text,
-            "backend": o.backend,
-            "layout_source": facts["layout_source"], "probe": c.probe, "case_id": c.case_id,
-            "dtype": facts["dtype"], "shape": facts["shape"], "sharding": facts["sharding"],
-            "layout": facts["layout"],
-            "physical_bytes": facts["physical_bytes"], "slice_bytes": facts["slice_bytes"],
-            "legacy_slice_bytes": facts["legacy_slice_bytes"], "predicted": facts["predicted"],
-            "verdict": o.verdict, "detail": o.detail,
-            "pending_at_construction": o.pending_at_construction, "host_bytes": o.host_bytes,
-            "bytes_moved": o.bytes_moved, "seconds": o.seconds, "gbps": o.gbps, "baseline_gbps": o.baseline_gbps,
-            "faults": str(c.faults), "host": r.host, "host_generation": r.host_generation,
-        })
+        sources = {"run": run, "case": r.case, "outcome": r.outcome, "result": r, "facts": describe(r.case)}
+        rows.append([column.value(sources) for column in SCHEMA])
     return typed(pd.DataFrame(rows, columns=COLUMNS))

@@ -28,7 +28,7 @@ from probes.suite.cases import Case
 from probes.suite.registry import probe
 from probes.suite.pull_failures import DIES
 from probes.suite.rendezvous import ROLES
-from probes.suite.verdicts import CRASH, ERROR, HANG, PASS, SKIP, Outcome, both_sides
+from probes.suite.verdicts import CRASH, ERROR, HANG, PASS, SKIP, WATCHDOG_FIRED, Outcome, both_sides
 
 WORKER = "probes.run.worker"
 PAIR = "probes.run.pair"
@@ -142,13 +142,13 @@ def classify(returncode: int, out: str, err: str, killed: bool, timeout: float,
     if reported is not None:
         after = " after the probe"
         said = f" (the probe had reported {reported.verdict}: {reported.detail.strip()[:300]})"
-    if PHASE_PROBE not in err and (killed or ("Timeout (" in err and returncode == 1)):
+    if PHASE_PROBE not in err and (killed or (WATCHDOG_FIRED in err and returncode == 1)):
         return Outcome(HANG, f"start-up (imports, the device runtime, the adapter's checks) did not "
                        f"finish in {startup_timeout}s; stacks:\n{err[-4000:]}", seconds=startup_timeout)
     if killed:
         return _finding(reported, HANG, f"no answer in {timeout}s{after}; killed{said}\n{err[-4000:]}",
                         seconds=timeout)
-    if "Timeout (" in err and returncode == 1:
+    if WATCHDOG_FIRED in err and returncode == 1:
         return _finding(reported, HANG, f"watchdog fired after {timeout}s{after}{said}; stacks:\n"
                         f"{err[-4000:]}", seconds=timeout)
     if returncode < 0:

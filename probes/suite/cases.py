@@ -33,6 +33,10 @@ class Case:
         return ",".join(f"{k}={v!r}" for k, v in self.iut_options) or "defaults"
 
     @property
+    def faults_text(self) -> str:
+        return str(self.faults)
+
+    @property
     def case_id(self) -> str:
         return f"{self.generation}/{self.probe}/{self.name or self.probe}"
 

@@ -48,6 +48,12 @@ class Probe:
     devices: int = 1  # devices its caches are split over: not made where fewer exist
     two_process: bool = False  # run as a producer and a consumer worker, each with its own manager
 
+    def __post_init__(self):
+        if self.scope not in SCOPES:
+            raise ValueError(f"probe {self.name!r} has scope {self.scope!r}; expected one of {SCOPES}")
+        if bool(self.kinds) != (self.scope == "robustness"):
+            raise ValueError(f"probe {self.name!r}: a robustness probe, and only one, has kinds of input")
+
     @property
     def doc(self) -> str:
         return (self.run.__doc__ or "").strip()

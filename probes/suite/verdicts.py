@@ -8,10 +8,12 @@ PASS = "PASS"  # did the right thing
 REJECTED = "REJECTED"  # refused cleanly, as expected for the input
 CORRUPT = "CORRUPT"  # bytes came back wrong
 HANG = "HANG"  # the watchdog fired; stacks kept
-CRASH = "CRASH"  # killed by a signal
+CRASH = "CRASH"  # killed by a signal, or a non-zero exit after the probe reported
 ERROR = "ERROR"  # any other failure
 SKIP = "SKIP"  # not applicable here, with a reason
 VERDICTS = (PASS, REJECTED, CORRUPT, HANG, CRASH, ERROR, SKIP)
+# What faulthandler's watchdog (dump_traceback_later) writes first when it fires.
+WATCHDOG_FIRED = "Timeout ("
 
 
 def agrees(verdict: str, predicted: str) -> bool:
@@ -31,6 +33,10 @@ class Outcome:
     iut_version: str = ""
     backend: str = ""
     device_kind: str = ""
+
+    def __post_init__(self):
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict {self.verdict!r}; expected one of {', '.join(VERDICTS)}")
 
     @property
     def gbps(self) -> float | None:

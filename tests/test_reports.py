@@ -103,6 +103,8 @@ def test_skipped_cases_are_listed_apart_not_as_disagreements(tmp_path, capsys, m
     (["run", "--probe", "nope"], "unknown probe(s) ['nope']"),
     (["run", "--timeout", "0"], "expected a positive number"),
     (["run", "-g", "V9"], "unknown TPU generation 'V9'"),
+    (["run", "--faults", "bogus"], "argument --faults: unknown fault model(s) ['bogus']"),
+    (["fuzz", "--faults", "bogus"], "argument --faults: unknown fault model(s) ['bogus']"),
 ])
 def test_bad_run_arguments(capsys, argv, needle):
     with pytest.raises(SystemExit):
@@ -112,7 +114,6 @@ def test_bad_run_arguments(capsys, argv, needle):
 
 @pytest.mark.parametrize("argv, needle", [
     (["run", "--matrix", "nope"], "no shape matrix 'nope'"),
-    (["run", "--faults", "bogus"], "unknown fault model(s) ['bogus']"),
     (["run", "--iut", "nope", "--matrix", "seed", "-g", "v3", "--probe", "plan_binding"],
      "unknown implementation under test 'nope'"),
     (["diff", "/nonexistent/a.csv", "/nonexistent/b.csv"], "no such run file"),

@@ -10,6 +10,9 @@ import kvref
 from probes.iut.protocol import CACHE_MODES, PROTOCOL_VERSION, Arrays, Library, ShardedArrays
 
 
+STARTUP_SECONDS = 60.0  # a worker's start-up: imports, the device runtime, the adapter's checks
+
+
 @dataclass(frozen=True)
 class IUT:
     """An implementation under test, as a team declares it (probes.iut.registry
@@ -24,7 +27,7 @@ class IUT:
     interpreter: object = "main"
     jax_platforms: str | None = "cpu"  # JAX_PLATFORMS for its workers; None: leave as is
     owns_device: bool = False  # a worker holds a real TPU: cases run one at a time
-    startup_seconds: float = 60.0  # a worker's start-up limit (a cold TPU runtime takes minutes)
+    startup_seconds: float = STARTUP_SECONDS  # a worker's start-up limit (a cold TPU runtime takes minutes)
     preload: tuple[str, ...] = ()  # modules a warm parent imports once for its workers; never a device
     environment: tuple[tuple[str, str], ...] = ()  # variables its workers run with
     any_tpu_type: bool = False  # also runs on TPU types beyond the shipped ones (v2:2x2, a new chip)

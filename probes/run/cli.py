@@ -3,30 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
 
 from kvref import GENERATIONS
-from kvref.generations import CHIP_NAMES, check_generation
+from kvref.generations import CHIP_NAMES
 from probes.iut.peer_env import PEER_ENVS
+from probes.run import options
 from probes.report.paths import file_safe
-from probes.suite.matrix import DEFAULT_MATRIX
-from probes.suite.registry import DEFAULT_PROBES, PROBES
-
-
-def _generations(value: str) -> list[str]:
-    names = list(GENERATIONS) if value == "all" else [v.strip() for v in value.split(",")]
-    names = [_local_generation() if name == "local" else name for name in names]
-    for name in names:
-        if name == "cpu":
-            continue
-        try:
-            check_generation(name)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(f"{e}; or 'all', or 'cpu' (CPU implementations)") from None
-    return names
+from probes.suite.registry import PROBES
 
 
 def _sharding(value: str):
@@ -38,23 +24,6 @@ def _sharding(value: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _positive_number(cast):
-    def parse(value: str):
-        try:
-            number = cast(value)
-        except ValueError:
-            number = 0
-        if not number > 0:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
-        if not math.isfinite(number):
-            raise argparse.ArgumentTypeError(f"expected a positive number, not infinite or NaN, got {value!r}")
-        return number
-    return parse
-
-
-_positive = _positive_number(int)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvprobe", description=(
         "Qualify KV-cache block offload against TPU layouts."))
@@ -63,11 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("explain", help="the layout a TPU picks for a shape, and its block slices")
     ex.add_argument("shapes", nargs="+", metavar="SHAPE",
                     help="'bf16[512,3,2048]' (layout from the compiler) or a full XLA layout text")
-    ex.add_argument("--generation", "-g", type=_generations, default=None,
+    ex.add_argument("--generation", "-g", type=options.generations, default=None,
                     help="one, several (comma-separated) or 'all' (default tpu7x)")
-    ex.add_argument("--host-blocks", type=_positive, default=None,
+    ex.add_argument("--host-blocks", type=options.positive, default=None,
                     help="host blocks per layer for the host-pool estimate (default: dims[0])")
-    ex.add_argument("--layers", type=_positive, default=1, help="layers for the host-pool estimate")
+    ex.add_argument("--layers", type=options.positive, default=1, help="layers for the host-pool estimate")
     ex.add_argument("--sharding", type=_sharding, default=None, metavar="TEXT",
                     help="one device's shard of the cache split this way: 'mesh(model=4) spec(None,None,model)'")
     ex.add_argument("--png", help="draw the physical memory map to this file "
@@ -75,28 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     ex.set_defaults(run=_explain)
 
     run = sub.add_parser("run", help="run probe cases in watched workers; write CSVs and reports")
-    run.add_argument("--generation", "-g", type=_generations, default=list(GENERATIONS),
-                     help="one, several (comma-separated) or 'all' (default)")
-    run.add_argument("--iut", type=lambda v: [x for x in v.split(",") if x], default=["kvref-sim"],
-                     help="implementation(s) under test, comma-separated (several give a side-by-side "
-                     "report): a name `kvprobe iuts` lists, or package.module:ATTR; either ==VERSION "
-                     "for another build of its library")
-    run.add_argument("--matrix", default=DEFAULT_MATRIX,
-                     help=f"shape matrices, comma-separated (default {DEFAULT_MATRIX}): 'default', 'serving' "
-                     "(the caches tpu-inference allocates for a few models, sharded), 'seed', 'cpu', or a CSV "
-                     "file (name,shape[,probes][,sharding])")
-    run.add_argument("--probe", type=_probes, default=None,
-                     help=f"comma-separated probes, or 'all' (default: {', '.join(DEFAULT_PROBES)}; 'all' "
-                     f"adds {', '.join(p for p in PROBES if p not in DEFAULT_PROBES)})")
-    run.add_argument("--jobs", "-j", type=_positive, default=None, help="parallel workers (default: cores)")
-    run.add_argument("--timeout", type=_positive_number(float), default=30.0, help="seconds per case")
+    options.add(run, "generation", "iut", "matrix", "probe", "jobs", "timeout")
     run.add_argument("--ray", metavar="ADDRESS", default=None,
                      help="run the cases as tasks of a Ray cluster: 'auto' (the cluster this host "
                      "joined), HOST:PORT, or 'local' (a private one-machine cluster, started and "
                      "stopped by the run); needs `pip install 'kvref[ray]'`")
-    run.add_argument("--faults", type=lambda v: [f for f in v.split(",") if f], default=[],
-                     help="comma-separated kvref fault models to switch on")
-    run.add_argument("--out", type=Path, default=Path("reports"), help="report directory")
+    options.add(run, "faults", "out")
     run.set_defaults(run=_run)
 
     rep = sub.add_parser("report", help="rewrite reports from each generation's latest run")
@@ -121,13 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--iut", default="kvref-sim", help="an IUT, as for `kvprobe run`")
     fz.add_argument("--generation", "-g", default=None,
                     help="its target (default: the IUT's first, e.g. cpu for tpu-sync-jax)")
-    fz.add_argument("--sequences", type=_positive, default=40, help="sequences per way the manager is built")
+    fz.add_argument("--sequences", type=options.positive, default=40, help="sequences per way the manager is built")
     fz.add_argument("--seed", type=int, default=0)
-    fz.add_argument("--faults", type=lambda v: [f for f in v.split(",") if f], default=[],
-                    help="kvref fault models to switch on (kvref IUTs)")
-    fz.add_argument("--timeout", type=_positive_number(float), default=60.0, help="seconds per sequence")
-    fz.add_argument("--jobs", "-j", type=_positive, default=None)
-    fz.add_argument("--out", type=Path, default=Path("reports"))
+    fz.add_argument("--timeout", type=options.positive_number(float), default=60.0, help="seconds per sequence")
+    options.add(fz, "faults", "jobs", "out")
     fz.set_defaults(run=_fuzz)
 
     gens = sub.add_parser("generations", help="the TPU generations shipped, and the TPU types the "
@@ -140,10 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     qual.add_argument("new", type=_tpu_type, metavar="NEW", help="the new TPU type: v2:2x2, v2, local")
     qual.add_argument("--against", type=_tpu_type, required=True, metavar="OLD",
                       help="a TPU type to compare with, e.g. v3")
-    qual.add_argument("--matrix", default=DEFAULT_MATRIX)
-    qual.add_argument("--jobs", "-j", type=_positive, default=None)
-    qual.add_argument("--timeout", type=_positive_number(float), default=30.0)
-    qual.add_argument("--out", type=Path, default=Path("reports"))
+    options.add(qual, "matrix", "jobs", "timeout", "out")
     qual.set_defaults(run=_qualify)
 
     bis = sub.add_parser("bisect", help="the first published build of a library whose verdict on one "
@@ -155,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     bis.add_argument("--matrix", default="cpu", help="the matrix the case comes from")
     bis.add_argument("--options", default="defaults",
                      help="how the manager is built, as the iut_options column says it")
-    bis.add_argument("--timeout", type=_positive_number(float), default=30.0)
+    options.add(bis, "timeout")
     bis.set_defaults(run=_bisect)
 
     doc = sub.add_parser("doctor", help="what this machine offers the hardware path, and whether "
@@ -173,12 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     mod.add_argument("model", help="a preset (llama-3.1-8b, llama-3.1-70b, qwen2.5-7b, gemma-2-9b, "
                      "deepseek-v3) or a Hugging Face config.json file")
     mod.add_argument("--dtype", default="bf16", help="cache type: bf16, f8e4m3fn (fp8), f32, ... (default bf16)")
-    mod.add_argument("--block-size", type=_positive, default=16, help="tokens per block (default 16)")
-    mod.add_argument("--tp", type=_positive, default=1, help="tensor-parallel degree: the model axis")
-    mod.add_argument("--dp", type=_positive, default=1, help="data-parallel degree: splits the blocks")
-    mod.add_argument("--generation", "-g", type=_generations, default=["v6e"],
+    mod.add_argument("--block-size", type=options.positive, default=16, help="tokens per block (default 16)")
+    mod.add_argument("--tp", type=options.positive, default=1, help="tensor-parallel degree: the model axis")
+    mod.add_argument("--dp", type=options.positive, default=1, help="data-parallel degree: splits the blocks")
+    mod.add_argument("--generation", "-g", type=options.generations, default=["v6e"],
                      help="one, several (comma-separated) or 'all' (default v6e)")
-    mod.add_argument("--host-blocks", type=_positive, default=4096,
+    mod.add_argument("--host-blocks", type=options.positive, default=4096,
                      help="host blocks per layer for the host pool (default 4096)")
     mod.add_argument("--iut", default="kvref-sim", help="the implementation the round trip runs on")
     mod.add_argument("--no-probe", action="store_true", help="layouts and host pool only")
@@ -194,21 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _tpu_type(value: str) -> str:
-    (name,) = _generations(value)
+    (name,) = options.generations(value)
     if name == "cpu":
         raise argparse.ArgumentTypeError("expected a TPU type, not 'cpu'")
     return name
-
-
-def _probes(value: str) -> list[str]:
-    if value == "all":
-        return list(PROBES)
-    names = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = sorted(set(names) - set(PROBES))
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown probe(s) {unknown or value!r}; expected any of "
-                                         f"{', '.join(PROBES)}")
-    return names
 
 
 def _run(args) -> int:
@@ -223,16 +159,6 @@ def _run(args) -> int:
     Console().print(command.summary_table(frame))
     print(f"{len(frame)} cases in {time.monotonic() - start:.1f} s; reports: {args.out / 'README.md'}")
     return 0
-
-
-def _local_generation() -> str:
-    """`local`: the TPU generation of this machine."""
-    from probes.iut.hardware import NO_TPU, local_generation
-
-    generation = local_generation()
-    if generation is None:
-        raise argparse.ArgumentTypeError(f"'local': {NO_TPU}")
-    return generation
 
 
 def _list_generations(args) -> int:

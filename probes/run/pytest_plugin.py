@@ -27,6 +27,8 @@ GROUP = "kvprobe"
 
 
 def pytest_addoption(parser):
+    from probes.run import options
+
     group = parser.getgroup(GROUP, "qualify a KV-cache manager with kvprobe")
     group.addoption("--kvprobe-iut", default=None, metavar="IUT",
                     help="run kvprobe's cases against this IUT (comma-separated for several): a name "
@@ -34,13 +36,8 @@ def pytest_addoption(parser):
     group.addoption("--kvprobe-generation", default=None, metavar="G",
                     help="TPU generation(s) as for `kvprobe run -g` ('local': this TPU); default: the "
                     "IUT's targets, or this TPU for an IUT on real hardware")
-    group.addoption("--kvprobe-matrix", default=None, metavar="M",
-                    help="shape matrices as for `kvprobe run --matrix` (default: the same)")
-    group.addoption("--kvprobe-probe", default=None, metavar="P,...",
-                    help="comma-separated probes, or 'all' (default: the default probes)")
-    group.addoption("--kvprobe-timeout", type=float, default=30.0, help="seconds per case")
-    group.addoption("--kvprobe-out", default=None, metavar="DIR",
-                    help="also write the run's CSVs and reports here")
+    options.add_to_pytest(group, "matrix", "probe", "timeout", "faults")
+    options.add_to_pytest(group, "out", out=None)  # None: the run's CSVs and reports are not written
 
 
 def pytest_configure(config):
@@ -60,33 +57,28 @@ class KvprobeRun:
         self.found = []  # CaseResult, in the order the items ran
 
     def cases(self) -> list:
-        from probes.run import cli, command
-        from probes.suite.matrix import DEFAULT_MATRIX
+        from probes.run import command
 
         option = self.config.getoption
         iuts = [name for name in option("kvprobe_iut").split(",") if name]
-        probes = None
         try:
-            if option("kvprobe_probe"):
-                probes = cli._probes(option("kvprobe_probe"))
-            out = Path(option("kvprobe_out")) if option("kvprobe_out") else None
             return [case for name in iuts
-                    for case in command.prepare(self._generations(name), [name],
-                                                option("kvprobe_matrix") or DEFAULT_MATRIX, probes,
-                                                option("kvprobe_timeout"), [], out)]
+                    for case in command.prepare(self._generations(name), [name], option("kvprobe_matrix"),
+                                                option("kvprobe_probe"), option("kvprobe_timeout"),
+                                                option("kvprobe_faults"), option("kvprobe_out"))]
         except (ValueError, argparse.ArgumentTypeError) as e:
             raise pytest.UsageError(f"kvprobe: {e}") from None
 
     def _generations(self, name: str) -> list[str]:
         from probes.iut.hardware import local_generation, tpu_visible
         from probes.iut.registry import iut
-        from probes.run import cli
+        from probes.run import options
 
         declared, given = iut(name), self.config.getoption("kvprobe_generation")
         if declared.owns_device and (given is None or given == "local"):
             # Without a TPU its items are made on a target anyway, to skip with the one reason.
             return [local_generation()] if tpu_visible() else [declared.targets[0]]
-        return cli._generations(given) if given else list(declared.targets)
+        return options.generations(given) if given else list(declared.targets)
 
     @pytest.hookimpl(tryfirst=True)  # before -m and -k deselect: they apply to these items too
     def pytest_collection_modifyitems(self, session, config, items):

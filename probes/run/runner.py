@@ -14,6 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from probes.iut.adapter import STARTUP_SECONDS
 from probes.iut.builds import BUILDS_DIR, build_dir, installed_version
 from probes.iut.hardware import STANDIN_VARIABLE
 from probes.iut.peer_env import interpreter_python
@@ -131,7 +132,7 @@ def _run_fresh(python: str, text: str, env: dict, limit: float,
 
 
 def classify(returncode: int, out: str, err: str, killed: bool, timeout: float,
-             startup_timeout: float = 60.0) -> Outcome:
+             startup_timeout: float = STARTUP_SECONDS) -> Outcome:
     """One verdict from everything the worker did, from start to exit: a
     reported result stands only if the process then exited cleanly. A crash,
     a non-zero exit or a hang while arrays and managers are released at exit

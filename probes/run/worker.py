@@ -19,7 +19,6 @@ import sys
 
 RESULT_PREFIX = "KVPROBE-RESULT "
 PHASE_PROBE = "KVPROBE-PHASE probe"
-DEFAULT_STARTUP_SECONDS = 60.0
 
 
 def main() -> int:
@@ -29,8 +28,7 @@ def main() -> int:
 def run(text: str) -> int:
     """The case `text` (JSON), watched from here to the process's exit."""
     faulthandler.enable()  # a crash prints where it happened
-    faulthandler.dump_traceback_later(json.loads(text).get("startup_timeout", DEFAULT_STARTUP_SECONDS),
-                                      exit=True)
+    faulthandler.dump_traceback_later(json.loads(text)["startup_timeout"], exit=True)  # Case.to_json has it
     from probes.run.probe_case import run_case_here  # imported under the start-up watchdog
 
     outcome = run_case_here(text, on_probe_start=_probe_phase)

@@ -7,6 +7,9 @@ import json
 from dataclasses import dataclass
 
 import kvref
+from probes.iut.adapter import STARTUP_SECONDS
+
+PROBE_SECONDS = 30.0  # a case's probe, from its start to its worker's exit (`kvprobe run --timeout`)
 
 
 @dataclass(frozen=True)
@@ -17,8 +20,8 @@ class Case:
     name: str = ""
     shape: kvref.ShapeKey | None = None  # the subject: a matrix row's, or the probe's fixed one
     faults: kvref.Faults = kvref.Faults()
-    timeout: float = 30.0  # the probe, from its start to the worker's exit
-    startup_timeout: float = 60.0  # imports, the device runtime and the adapter's checks
+    timeout: float = PROBE_SECONDS  # the probe, from its start to the worker's exit
+    startup_timeout: float = STARTUP_SECONDS  # imports, the device runtime and the adapter's checks
     seed: int = 0
     kind: str = ""  # robustness probes: which kind of input
     iut_options: tuple[tuple[str, object], ...] = ()  # how the IUT's manager is built; () = its defaults

@@ -9,7 +9,7 @@ from pathlib import Path
 import kvref
 import kvref.serving
 from probes.iut.registry import iut as declared_iut
-from probes.suite.cases import Case
+from probes.suite.cases import PROBE_SECONDS, Case
 from probes.suite.registry import DEFAULT_PROBES, PROBES, SHAPE_PROBES
 
 MATRIX_DIR = Path(__file__).with_name("matrices")
@@ -117,7 +117,7 @@ def _names_a_case_kind(name: str) -> bool:
 
 
 def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut="kvref-sim",
-                faults: kvref.Faults = kvref.Faults(), timeout=30.0, devices: int | None = None) -> list[Case]:
+                faults: kvref.Faults = kvref.Faults(), timeout=PROBE_SECONDS, devices: int | None = None) -> list[Case]:
     """Per generation and per way the IUT's manager is built (its library's
     option sets): each matrix row's shape probes (a row with a sharding only
     for arrays that can split a cache over devices), then each selected

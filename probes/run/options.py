@@ -1,0 +1,130 @@
+"""The options of a run, each declared once with its default, its parser and
+its help: `kvprobe run` and its siblings (qualify, bisect, fuzz) and the
+pytest plugin (`--kvprobe-NAME`) all take them from here, and a bad value
+is the same error everywhere."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import kvref
+from kvref import GENERATIONS
+from kvref.generations import check_generation
+from probes.suite.cases import PROBE_SECONDS
+from probes.suite.matrix import DEFAULT_MATRIX
+from probes.suite.registry import DEFAULT_PROBES, PROBES
+
+
+def positive_number(cast):
+    def parse(value: str):
+        try:
+            number = cast(value)
+        except ValueError:
+            number = 0
+        if not number > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
+        if not math.isfinite(number):
+            raise argparse.ArgumentTypeError(f"expected a positive number, not infinite or NaN, got {value!r}")
+        return number
+    return parse
+
+
+positive = positive_number(int)
+
+
+def generations(value: str) -> list[str]:
+    """'all', 'cpu', 'local' (this TPU) or TPU types, comma-separated."""
+    names = list(GENERATIONS) if value == "all" else [v.strip() for v in value.split(",")]
+    names = [local_generation() if name == "local" else name for name in names]
+    for name in names:
+        if name == "cpu":
+            continue
+        try:
+            check_generation(name)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{e}; or 'all', or 'cpu' (CPU implementations)") from None
+    return names
+
+
+def local_generation() -> str:
+    """`local`: the TPU generation of this machine."""
+    from probes.iut.hardware import NO_TPU, local_generation as found
+
+    generation = found()
+    if generation is None:
+        raise argparse.ArgumentTypeError(f"'local': {NO_TPU}")
+    return generation
+
+
+def probes(value: str) -> list[str]:
+    if value == "all":
+        return list(PROBES)
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = sorted(set(names) - set(PROBES))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown probe(s) {unknown or value!r}; expected any of "
+                                         f"{', '.join(PROBES)}")
+    return names
+
+
+def faults(value: str) -> kvref.Faults:
+    try:
+        return kvref.Faults.parse(value, environ={})
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def names(value: str) -> list[str]:
+    return [x for x in value.split(",") if x]
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # --NAME (and the plugin's --kvprobe-NAME)
+    parse: Callable | None
+    default: object
+    help: str
+    short: str = ""
+    metavar: str | None = None
+
+
+OPTIONS = {o.name: o for o in (
+    Option("generation", generations, list(GENERATIONS), "one, several (comma-separated) or 'all' (default)", "-g"),
+    Option("iut", names, ["kvref-sim"], "implementation(s) under test, comma-separated (several give a "
+           "side-by-side report): a name `kvprobe iuts` lists, or package.module:ATTR; either ==VERSION for "
+           "another build of its library"),
+    Option("matrix", None, DEFAULT_MATRIX, f"shape matrices, comma-separated (default {DEFAULT_MATRIX}): "
+           "'default', 'serving' (the caches tpu-inference allocates for a few models, sharded), 'seed', 'cpu', "
+           "or a CSV file (name,shape[,probes][,sharding])"),
+    Option("probe", probes, None, f"comma-separated probes, or 'all' (default: {', '.join(DEFAULT_PROBES)}; "
+           f"'all' adds {', '.join(p for p in PROBES if p not in DEFAULT_PROBES)})"),
+    Option("jobs", positive, None, "parallel workers (default: cores)", "-j"),
+    Option("timeout", positive_number(float), PROBE_SECONDS, "seconds per case (a probe, to its worker's exit)"),
+    Option("faults", faults, kvref.Faults(), "comma-separated kvref fault models to switch on (kvref IUTs)"),
+    Option("out", Path, Path("reports"), "report directory"),
+)}
+
+
+def add(parser: argparse.ArgumentParser, *which: str, **defaults) -> None:
+    """The options `which` on a command, with other defaults where given."""
+    for name in which:
+        option = OPTIONS[name]
+        flags = [f"--{name}"] + ([option.short] if option.short else [])
+        kwargs = {"default": defaults.get(name, option.default), "help": option.help}
+        if option.parse is not None:
+            kwargs["type"] = option.parse
+        parser.add_argument(*flags, **kwargs)
+
+
+def add_to_pytest(group, *which: str, **defaults) -> None:
+    """The options `which` as `--kvprobe-NAME` (None by default where given so)."""
+    for name in which:
+        option = OPTIONS[name]
+        kwargs = {"default": defaults.get(name, option.default), "help": option.help, "metavar": name.upper()}
+        if option.parse is not None:
+            kwargs["type"] = option.parse
+        group.addoption(f"--kvprobe-{name}", **kwargs)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from kvref import _core
 from kvref.buffers import DeviceBufferView
-from kvref.errors import HostBudgetError
+from kvref.errors import PoolTooLarge
 from kvref.faults import Faults
 from kvref.sharding import ShardPlacement
 from kvref.slices import legacy_major_slice_byte_size, validate_major_slice_addressable
@@ -52,7 +52,7 @@ def plan_host(views: list[list[DeviceBufferView]], host_blocks: int, policy: str
     host_slices = [slices[0] if mixed_from_layer0 else s for s in slices]
     total = host_blocks * sum(n * s for n, s in zip(slots, host_slices))
     if total > MAX_HOST_BYTES:  # before any C++ sees a size that does not fit
-        raise HostBudgetError(f"the host pool would take {total:,} bytes ({host_blocks} host blocks x "
+        raise PoolTooLarge(f"the host pool would take {total:,} bytes ({host_blocks} host blocks x "
                               f"{len(views)} layers x {max(slots)} shards), more than one pool can address "
                               f"({MAX_HOST_BYTES:,} bytes); nothing was allocated")
     layers, base, reach = [], 0, 0

@@ -15,6 +15,11 @@ class HostBudgetError(MemoryError):
     """The host pool would exceed the budget; nothing was allocated."""
 
 
+class PoolTooLarge(HostBudgetError):
+    """The host pool would be larger than one pool's offsets can address,
+    whatever the budget; nothing was allocated."""
+
+
 class NotAnInteger(TypeError, ValueError):
     """A value that must be an integer is not one (a bool, a float, a time
     span, a string...). A TypeError, and a ValueError like every other

@@ -13,7 +13,7 @@ from kvref.torch_interop import from_torch, is_torch_tensor
 def element_physical_indices(shape: Shape) -> np.ndarray:
     """Physical element index of every logical element (int64, logical shape)."""
     check_allocation(3 * 8 * shape.logical_elements, f"element offsets of {shape}")
-    return shape._core.element_indices().reshape(shape.dims)
+    return shape._tiled.element_indices().reshape(shape.dims)
 
 
 def element_bit_offsets(shape: Shape) -> np.ndarray:
@@ -35,7 +35,7 @@ def pack(array, shape: Shape, out: np.ndarray | None = None) -> np.ndarray:
     if out is None:
         check_allocation(shape.physical_size_bytes, f"packing {shape}")
     physical = _output(out, (shape.physical_size_bytes,), np.dtype(np.uint8), shape)
-    shape._core.pack(logical.reshape(-1).view(np.uint8), physical, shape.element.numpy.itemsize)
+    shape._tiled.pack(logical.reshape(-1).view(np.uint8), physical, shape.element.numpy.itemsize)
     return physical
 
 
@@ -47,7 +47,7 @@ def unpack(buffer, shape: Shape, out: np.ndarray | None = None) -> np.ndarray:
     if out is None:
         check_allocation(shape.logical_elements * shape.element.numpy.itemsize, f"unpacking {shape}")
     logical = _output(out, shape.dims, shape.element.numpy, shape)
-    shape._core.unpack(physical, logical.reshape(-1).view(np.uint8), shape.element.numpy.itemsize)
+    shape._tiled.unpack(physical, logical.reshape(-1).view(np.uint8), shape.element.numpy.itemsize)
     return logical
 
 

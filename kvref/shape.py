@@ -80,7 +80,7 @@ class Shape:
     dtype: str
     dims: tuple[int, ...]
     layout: Layout = None
-    _core: _core.TiledLayout = field(init=False, repr=False, compare=False)
+    _tiled: _core.TiledLayout = field(init=False, repr=False, compare=False)  # the C++ arithmetic
 
     def __post_init__(self):
         element = element_type(self.dtype)
@@ -103,7 +103,7 @@ class Shape:
                                      [list(t) for t in layout.tiles], self.element_bits)
         except (ValueError, OverflowError) as e:
             raise LayoutError(f"{self}: {e}") from None
-        object.__setattr__(self, "_core", core)
+        object.__setattr__(self, "_tiled", core)
 
     @classmethod
     def parse(cls, text: str) -> "Shape":
@@ -146,16 +146,16 @@ class Shape:
 
     @cached_property
     def physical_size_bytes(self) -> int:
-        return self._core.physical_bytes
+        return self._tiled.physical_bytes
 
     @property
     def physical_elements(self) -> int:
         """Element slots in the physical buffer, padding included."""
-        return self._core.physical_elements
+        return self._tiled.physical_elements
 
     @property
     def logical_elements(self) -> int:
-        return self._core.logical_elements
+        return self._tiled.logical_elements
 
     @property
     def physical_order(self) -> tuple[int, ...]:

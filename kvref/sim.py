@@ -65,7 +65,7 @@ class DeviceArray:
         every copy issued on this array before it has ended."""
         logical = self.device._logical(array, self.shape)
         run_us = integer(run_us, "run_us", 0)
-        self._buffer.overwrite(self.shape._core, logical, self.shape.element.numpy.itemsize,
+        self._buffer.overwrite(self.shape._tiled, logical, self.shape.element.numpy.itemsize,
                                self.device.deferring, run_us)
         return self
 
@@ -191,7 +191,7 @@ class SimDevice:
     def _create(self, array: np.ndarray, shape: Shape, mode: str, land_after_us: int = 0) -> DeviceArray:
         check_allocation(shape.physical_size_bytes, f"a {shape} device buffer")
         logical = self._logical(array, shape)
-        buffer = _core.DeviceBuffer.create(self._core, shape._core, logical,
+        buffer = _core.DeviceBuffer.create(self._core, shape._tiled, logical,
                                            shape.element.numpy.itemsize, mode, land_after_us)
         return DeviceArray(self, shape, buffer)
 

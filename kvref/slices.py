@@ -21,7 +21,7 @@ from kvref.shape import Shape
 
 @dataclass(frozen=True)
 class MajorSlice:
-    layout: str
+    shape_text: str  # the shape with its layout, as XLA writes it
     addressable: bool
     slice_bytes: int | None  # bytes per dim-0 row, when addressable
     rows_per_group: int  # smallest contiguous group of rows (1 when addressable)
@@ -77,8 +77,8 @@ def _row_bit_extents(shape: Shape) -> tuple[np.ndarray, np.ndarray]:
     # Every other dim contributes 0 at coordinate 0, so the least a row reaches
     # is its own start; the most is found per dim without enumerating it.
     low = 0
-    high = sum(shape._core.dim_max(d) for d in range(1, shape.rank))
-    row = shape._core.dim_table(0).astype(np.int64)
+    high = sum(shape._tiled.dim_max(d) for d in range(1, shape.rank))
+    row = shape._tiled.dim_table(0).astype(np.int64)
     return (row + low) * bits, (row + high + 1) * bits
 
 
@@ -86,7 +86,7 @@ def _group_bits(shape: Shape, extents, group: int) -> int | None:
     """Bits per slice when every run of `group` rows owns one equal slice."""
     rows = shape.dims[0]
     n_groups = -(-rows // group)
-    total_bits = shape._core.physical_elements * shape.element_bits
+    total_bits = shape._tiled.physical_elements * shape.element_bits
     if total_bits % n_groups or (total_bits // n_groups) % 8:
         return None
     size = total_bits // n_groups
@@ -135,7 +135,7 @@ def _why_rows_interleave(shape: Shape) -> str:
                              f"({size} x {shape.element_bits}-bit elements per "
                              f"{size * shape.element_bits}-bit word)")
         return "dim 0 is tiled: " + "; ".join(parts)
-    return (f"the physical size ({shape._core.physical_elements * shape.element_bits} bits) "
+    return (f"the physical size ({shape._tiled.physical_elements * shape.element_bits} bits) "
             f"does not split into {shape.dims[0]} equal row slices of whole bytes")
 
 

@@ -26,7 +26,7 @@ def shapes(draw, max_rank=4, max_dim=12, dtypes=DTYPES):
     shape = Shape(dtype, dims, Layout(minor_to_major, tiles, bits))
     from hypothesis import assume
 
-    assume(shape._core.physical_elements <= MAX_PHYSICAL_ELEMENTS)
+    assume(shape._tiled.physical_elements <= MAX_PHYSICAL_ELEMENTS)
     return shape
 
 

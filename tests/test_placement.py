@@ -33,7 +33,7 @@ def test_physical_size_matches_compiler(text, size):
 @given(shapes())
 def test_indices_match_model(shape):
     want, count = numpy_model.physical_indices(shape)
-    assert shape._core.physical_elements == count
+    assert shape._tiled.physical_elements == count
     np.testing.assert_array_equal(element_physical_indices(shape), want)
 
 

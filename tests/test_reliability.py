@@ -103,7 +103,7 @@ def test_plan_sizes_are_checked_before_protobuf_sees_them():
 
 def test_a_huge_pool_is_refused_in_its_own_terms():
     dev = kvref.SimDevice("tpu7x")
-    with pytest.raises(kvref.HostBudgetError, match=r"the host pool would take [0-9,]+ bytes "
+    with pytest.raises(kvref.PoolTooLarge, match=r"the host pool would take [0-9,]+ bytes "
                        r"\(4503599627370496 host blocks x 1 layers x 1 shards\)"):
         kvref.KVCacheManager([dev.zeros((512, 8, 2048), "bf16")], 2**52)
 

@@ -109,5 +109,5 @@ def test_dim_max_is_the_largest_table_entry(shape):
     """The analysis takes each dim's largest contribution without enumerating
     the dim; enumeration gives the same number."""
     for d in range(shape.rank):
-        table = shape._core.dim_table(d)
-        assert shape._core.dim_max(d) == (int(table.max()) if table.size else 0), (str(shape), d)
+        table = shape._tiled.dim_table(d)
+        assert shape._tiled.dim_max(d) == (int(table.max()) if table.size else 0), (str(shape), d)

@@ -30,7 +30,7 @@ BAD_TRANSFERS = {
 }
 BAD_CONSTRUCTIONS = ("ragged_shards", "no_layers")
 BAD_INPUTS = tuple(BAD_TRANSFERS) + BAD_CONSTRUCTIONS
-BAD_HOST_BLOCKS = 8
+HOST_BLOCKS = 8  # the host pool of every case, the valid transfer beside the bad ones too
 RELEASE_ORDERS = ("arrays_first", "manager_first", "save_in_flight", "exit_in_flight")
 CONCURRENCY = ("four_threads", "both_directions")
 BOTH_WAYS_ROUNDS, BOTH_WAYS_SECONDS = 30, 20.0
@@ -48,15 +48,15 @@ def bad_input(case: Case, iut: Adapter) -> Outcome:
     if kind in BAD_CONSTRUCTIONS:
         layers = [] if kind == "no_layers" else [[caches[0]], caches]
         try:
-            iut.manager(layers, BAD_HOST_BLOCKS)
+            iut.manager(layers, HOST_BLOCKS)
         except Exception as e:  # the library's refusal, or not
             return _judged(iut, kind, e)
         return Outcome(ERROR, f"{kind}: the manager was constructed")
-    manager = iut.manager(caches, BAD_HOST_BLOCKS)
-    iut.d2h(manager, list(range(BAD_HOST_BLOCKS)), list(range(BAD_HOST_BLOCKS)))
+    manager = iut.manager(caches, HOST_BLOCKS)
+    iut.d2h(manager, list(range(HOST_BLOCKS)), list(range(HOST_BLOCKS)))
     before = _state(iut, manager, caches)
     direction, src, dst, sizes = BAD_TRANSFERS[kind]
-    names = {"rows": dims[0], "host": BAD_HOST_BLOCKS, "rows-1": dims[0] - 1}
+    names = {"rows": dims[0], "host": HOST_BLOCKS, "rows-1": dims[0] - 1}
     src, dst = [names.get(x, x) for x in src], [names.get(x, x) for x in dst]
     try:
         iut.transfer(manager, direction == "d2h", src, dst, sizes)
@@ -85,8 +85,8 @@ def release_order(case: Case, iut: Adapter) -> Outcome:
     exit is the verdict, so a crash or hang there is CRASH or HANG); nothing
     may crash, and the manager must never write into memory given back."""
     pairs = [iut.make_cache(case.shape, case.seed + i) for i in range(2)]
-    manager = iut.manager([c for c, _ in pairs], BAD_HOST_BLOCKS)
-    blocks = list(range(BAD_HOST_BLOCKS))
+    manager = iut.manager([c for c, _ in pairs], HOST_BLOCKS)
+    blocks = list(range(HOST_BLOCKS))
     if case.kind in ("save_in_flight", "exit_in_flight"):
         return _drop_in_flight(case, iut, manager, pairs, blocks)
     iut.d2h(manager, blocks, blocks)
@@ -164,7 +164,7 @@ def _state(iut, manager, caches) -> tuple:
     """Every device and host byte the manager can touch."""
     device = tuple(iut.fetch(c).tobytes() for c in caches)
     host = tuple(manager.read_block_bytes(layer, block) for layer in range(len(caches))
-                 for block in range(BAD_HOST_BLOCKS))
+                 for block in range(HOST_BLOCKS))
     return device, host
 
 

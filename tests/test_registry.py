@@ -10,7 +10,7 @@ import kvref
 from probes.iut import protocol
 from probes.iut.registry import adapter_for, iut, usable_iuts
 from probes.suite.matrix import build_cases, load_matrix
-from probes.suite.registry import PROBES, SCOPES, probe
+from probes.suite.registry import PROBES, SCOPES, addressable_or_refused, probe
 from probes.suite.verdicts import VERDICTS
 
 
@@ -25,9 +25,14 @@ def test_each_probe_is_declared_whole(name):
     else:
         assert isinstance(p.subject, kvref.ShapeKey), f"{name} needs a fixed subject"
     assert bool(p.kinds) == (p.scope == "robustness")
-    for dims in ((512, 16, 2048), (512, 3, 2048)):
-        predicted = p.predict(kvref.tpu_layout("bf16", dims, "tpu7x"))
+    contiguous, interleaved = (p.predict(kvref.tpu_layout("bf16", dims, "tpu7x"))
+                               for dims in ((512, 16, 2048), (512, 3, 2048)))
+    for predicted in (contiguous, interleaved):
         assert predicted and set(predicted) <= set(VERDICTS) - {"SKIP"}, predicted
+    if p.predict is addressable_or_refused:  # the layout decides: rows that are byte ranges move
+        assert (contiguous, interleaved) == (("PASS",), ("REJECTED",)), name
+    else:  # a fixed prediction says so, whatever the layout
+        assert contiguous == interleaved and p.predict.__doc__.startswith(" or ".join(contiguous)), name
 
 
 def test_cases_come_from_the_registry_alone():

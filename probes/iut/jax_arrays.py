@@ -15,6 +15,7 @@ import numpy as np
 
 import kvref
 from kvref.sharding import uneven_parts
+from probes.iut.dense_cpu import DenseCpuArrays
 from probes.iut.hardware import NO_TPU, local_tpu_generation, standin_platform, tpu_device
 from probes.iut.host_data import random_host
 from probes.iut.reference import tpu_layout_of
@@ -80,26 +81,16 @@ class JaxSteps:
         raise NotImplementedError
 
 
-class JaxCpuArrays(JaxSteps):
+class JaxCpuArrays(DenseCpuArrays, JaxSteps):
     """JAX CPU arrays, dense row-major; written in place through their buffer."""
 
     backend = "jax-cpu"
     scrambles_in_place = True
+    platform = "JAX"
 
-    def __init__(self, generation: str):
-        self.generation = generation
-
-    @staticmethod
-    def layout_of(generation, key):
-        return kvref.Shape(key.dtype, key.dims), "dense (JAX CPU)"
-
-    @staticmethod
-    def sharded_layout_of(generation, key, sharding):
-        return kvref.Shape(key.dtype, sharding.shard_dims(key.dims)), "dense (JAX CPU)"
-
-    @property
-    def device_kind(self) -> str:
-        return "cpu"
+    @classmethod
+    def sharded_layout_of(cls, generation, key, sharding):
+        return cls.layout_of(generation, kvref.ShapeKey(key.dtype, sharding.shard_dims(key.dims)))
 
     def skip_reason(self):
         try:

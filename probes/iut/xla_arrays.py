@@ -23,6 +23,7 @@ import os
 import numpy as np
 
 import kvref
+from probes.iut.dense_cpu import DenseCpuArrays
 from probes.iut.host_data import random_host
 
 # The landing graph's product: n x n f32, about 2 n^3 flops (a few hundred ms
@@ -30,20 +31,10 @@ from probes.iut.host_data import random_host
 LANDING_MATMUL_N = 2048
 
 
-class TorchXlaArrays:
+class TorchXlaArrays(DenseCpuArrays):
     backend = "torch-xla-cpu"
     scrambles_in_place = True
-
-    def __init__(self, generation: str):
-        self.generation = generation
-
-    @staticmethod
-    def layout_of(generation, key):
-        return kvref.Shape(key.dtype, key.dims), "dense (XLA CPU)"
-
-    @property
-    def device_kind(self) -> str:
-        return "cpu"
+    platform = "XLA"
 
     def skip_reason(self):
         if os.environ.get("PJRT_DEVICE", "CPU") != "CPU":

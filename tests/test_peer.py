@@ -9,6 +9,7 @@ from probes.suite.matrix import build_cases, load_matrix
 from probes.suite.predict import describe
 from probes.suite.registry import PROBES
 from probes.suite.verdicts import agrees
+from tests.peer_python import peer_python_or_skip
 
 ROBUSTNESS_PROBES = {name for name, p in PROBES.items() if p.scope == "robustness"}
 
@@ -20,10 +21,7 @@ JAX_ENV = peer_env.PEER_ENVS["jax"]
 
 @pytest.fixture(scope="module")
 def peer_python():
-    python = JAX_ENV.python()
-    if python is None:
-        pytest.skip(JAX_ENV.missing())
-    return python
+    return peer_python_or_skip(JAX_ENV)
 
 
 def test_peer_environment_holds_the_pinned_library(peer_python):

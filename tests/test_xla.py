@@ -13,6 +13,7 @@ from probes.suite.matrix import build_cases, load_matrix
 from probes.suite.predict import describe
 from probes.suite.registry import PROBES
 from probes.suite.verdicts import agrees
+from tests.peer_python import peer_python_or_skip
 
 pytestmark = [pytest.mark.xla, pytest.mark.timeout(900)]
 
@@ -26,10 +27,7 @@ CONSTRUCTION = ("deferred_construction", "host_transferred_construction", "pendi
 
 @pytest.fixture(scope="module")
 def xla_python():
-    python = XLA_ENV.python()
-    if python is None:
-        pytest.skip(XLA_ENV.missing())
-    return python
+    return peer_python_or_skip(XLA_ENV)
 
 
 def test_xla_environment_holds_its_pins(xla_python):

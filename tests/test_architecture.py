@@ -1,11 +1,15 @@
 """The shape of the code: probes/ in rooms whose imports run one way, no
 import circles, nothing of kvref's private parts used from probes/, and each
 fault model named only where it is defined. Each check is also shown failing
-on a planted violation."""
+on a planted violation. And the steps ARCHITECTURE.md gives for a new TPU
+generation and a new probe take the places it says."""
 
 import ast
 import re
+import sys
 from pathlib import Path
+
+import pytest
 
 import kvref
 
@@ -149,3 +153,59 @@ def test_fault_names_appear_only_where_they_are_defined():
                              if name != "kvref.faults"}}
     assert [w for name, text in checked.items() for w in fault_literals(name, text)] == []
     assert fault_literals("x", "if 'legacy_slice_formula' in faults: pass\n")
+
+
+def test_a_new_generation_declared_in_chips_alone_reaches_every_list(monkeypatch):
+    """ARCHITECTURE.md's step for a new TPU type: one TpuChip in CHIPS; every
+    other list is derived from it (the module, read again with one more chip)."""
+    import importlib.util
+
+    path = Path(kvref.generations.__file__)
+    text = path.read_text()
+    chip = '    TpuChip("v9", "v9:2x2", ("TPU v9",), ("0x0099",), "TPU-V9", "TPU v9", devices_per_chip=4),\n'
+    anchor = "GOOGLE_PCI_VENDOR = "
+    assert text.count(")\n" + anchor) == 1
+    spec = importlib.util.spec_from_loader("generations_with_v9", loader=None)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
+    exec(compile(text.replace(")\n" + anchor, chip + ")\n" + anchor), str(path), "exec"), module.__dict__)
+    assert "v9" in module.GENERATIONS and module.TOPOLOGIES["v9"] == "v9:2x2"
+    assert module.RAY_ACCELERATOR_TYPES["v9"] == "TPU-V9" and module.TORCH_TPU_NAMES["TPU v9"] == "v9"
+    assert "v9" in module.CHIP_NAMES and module.DEVICES_PER_CHIP["v9"] == 4
+    assert module.chip_of_device_kind("TPU v9") == module.chip_of_pci_device("0x0099") == "v9"
+    assert module.check_generation("v9") == "v9"
+
+
+def test_a_new_probe_declared_in_the_registry_alone_reaches_the_run(monkeypatch, tmp_path):
+    """ARCHITECTURE.md's step for a new probe: its function and one Probe in
+    PROBES; the CLI, the plugin's options, case building, predictions and the
+    report take it from there (the worker imports the same registry)."""
+    import argparse
+
+    import pandas as pd
+
+    from probes.report.summary import write_generation_report
+    from probes.run import options, rows
+    from probes.run.runner import CaseResult
+    from probes.suite import registry
+    from probes.suite.matrix import build_cases
+    from probes.suite.predict import describe
+    from probes.suite.verdicts import PASS, Outcome
+
+    def teleport(case, iut):
+        """Moves every block by teleportation."""
+        return Outcome(PASS, "teleported")
+
+    declared = registry.Probe("teleport", teleport, "generation", registry.always(PASS),
+                              subject=registry.PLAN_SHAPE)
+    monkeypatch.setitem(registry.PROBES, "teleport", declared)
+    assert options.probes("teleport,roundtrip") == ["teleport", "roundtrip"]
+    with pytest.raises(argparse.ArgumentTypeError):
+        options.probes("teleportation")
+    cases = build_cases(["tpu7x"], [], probes=("teleport",))
+    assert [c.probe for c in cases] == ["teleport"]
+    assert describe(cases[0])["predicted"] == "PASS"
+    frame = rows.to_frame([CaseResult(cases[0], Outcome(PASS, "teleported"), 0.1)], "run")
+    assert isinstance(frame, pd.DataFrame) and frame["probe"].tolist() == ["teleport"]
+    summary = write_generation_report(frame, tmp_path / "tpu7x").read_text()
+    assert "teleport" in summary

@@ -1,5 +1,5 @@
 """Layouts the real XLA TPU compiler picks, as observed on TPU hardware and by
-ahead-of-time compiles (the seed shapes of kvref.oracle.matrix):
+ahead-of-time compiles (the seed shapes of kvref.oracle.table_shapes):
 (generations, dtype, dims, layout text, addressable)."""
 
 NEWER = ("v4", "v5e", "v5p", "v6e", "tpu7x")

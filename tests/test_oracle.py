@@ -8,7 +8,7 @@ import pytest
 
 import kvref
 from kvref.oracle import compiler, lookup, table, table_key
-from kvref.oracle.matrix import sharded_table_shapes, table_shapes
+from kvref.oracle.table_shapes import sharded_table_shapes, table_shapes
 from tests.facts import fact_cases
 
 HAVE_LIBTPU = all(importlib.util.find_spec(m) for m in ("jax", "libtpu"))

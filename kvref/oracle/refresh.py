@@ -14,7 +14,7 @@ import time
 
 from kvref.generations import GENERATIONS
 from kvref.oracle import compiler, table, table_key
-from kvref.oracle.matrix import sharded_table_shapes, table_shapes
+from kvref.oracle.table_shapes import sharded_table_shapes, table_shapes
 from kvref.shape_key import ShapeKey
 
 

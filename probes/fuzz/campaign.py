@@ -42,7 +42,7 @@ def run_category(spec: str, count: int, seed: int, log_dir: Path) -> Tally:
     start = 0
     while start < count:
         log = log_dir / f"{tally.category}-{start}.log"
-        done = subprocess.run([sys.executable, "-m", "probes.fuzz.worker", spec, str(start), str(count),
+        done = subprocess.run([sys.executable, "-m", "probes.fuzz.input_runner", spec, str(start), str(count),
                                str(seed), str(log), str(INPUT_SECONDS)],
                               capture_output=True, text=True)
         started, next_start = None, count

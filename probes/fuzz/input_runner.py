@@ -1,4 +1,4 @@
-"""One fuzz worker: `python -m probes.fuzz.worker MODULE:CLASS START COUNT SEED
+"""One fuzz worker: `python -m probes.fuzz.input_runner MODULE:CLASS START COUNT SEED
 LOG SECONDS` runs inputs START..COUNT-1 of a category, logging each input
 before it runs and its outcome after, one JSON line each, so the parent can
 pin a crash or a hang (faulthandler's watchdog, re-armed per input) to its

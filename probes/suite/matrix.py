@@ -144,7 +144,7 @@ def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut
                 if name not in probes or p.scope in ("shape", "fuzz") or (devices is not None and p.devices > devices):
                     continue
                 for kind in p.kinds or ("",):
-                    if not declared.applies(name, kind):
+                    if not declared.applies(name, kind) or (kind in p.mesh_kinds and not declared.shards):
                         continue
                     cases.append(Case(name, gen, iut, f"{name}-{kind}" if kind else name, p.subject,
                                       kind=kind, **common))

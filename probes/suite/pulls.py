@@ -18,7 +18,8 @@ from probes.suite.pull_sides import (LAYERS, PEER_WAIT_S, PULL_TIMEOUT_S, SETTLE
                                      endpoint_for, no_pulls, plain_copy_gbps, poll, pull_library, uuid_of)
 from probes.suite.verdicts import CORRUPT, ERROR, PASS, SKIP, Outcome
 
-BLOCK_KINDS = ("permuted", "subset", "mixed_block_sizes", "pool_form", "sharded", "sub_managers", "broadcast")
+MESH_KINDS = ("sharded", "sub_managers", "broadcast")  # caches split across heads over four devices
+BLOCK_KINDS = ("permuted", "subset", "mixed_block_sizes", "pool_form", *MESH_KINDS)
 SUB_MANAGERS = 2  # of the sub_managers and broadcast kinds, over the four parts of a SHARDED block
 SUBSET = 32  # blocks in a subset pull
 HALF_HEADS = kvref.ShapeKey(SUBJECT.dtype, (SUBJECT.dims[0], SUBJECT.dims[1] // 2, SUBJECT.dims[2]))
@@ -52,7 +53,7 @@ def pull_blocks(case: Case, iut: Adapter) -> Outcome:
     if lib is None:
         return no_pulls(iut)
     keys = (SUBJECT, HALF_HEADS) * 2 if case.kind == "mixed_block_sizes" else ()
-    split = case.kind in ("sharded", "sub_managers", "broadcast")
+    split = case.kind in MESH_KINDS
     if split and iut.sharded_arrays() is None:
         return Outcome(SKIP, f"{iut.name}'s arrays make no sharded caches (no probes.iut.protocol.ShardedArrays)")
     side = Side(case, iut, lib, keys=(SHARDED[0],) * LAYERS if split else keys,

@@ -47,6 +47,8 @@ class Probe:
     address_space_headroom: int | None = None  # bytes the worker's address space may grow by
     devices: int = 1  # devices its caches are split over: not made where fewer exist
     two_process: bool = False  # run as a producer and a consumer worker, each with its own manager
+    mesh_kinds: tuple[str, ...] = ()  # kinds ("" without kinds) whose caches split over devices: made only
+    #                                   for arrays that can (probes.iut.protocol.ShardedArrays)
 
     def __post_init__(self):
         if self.scope not in SCOPES:
@@ -116,7 +118,7 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     # Pulls between two managers (disaggregated prefill and decode), each a
     # producer and a consumer worker.
     Probe("pull_blocks", pulls.pull_blocks, "robustness", always(PASS), subject=PULL_SUBJECT,
-          kinds=pulls.BLOCK_KINDS, default=False, two_process=True),
+          kinds=pulls.BLOCK_KINDS, default=False, two_process=True, mesh_kinds=pulls.MESH_KINDS),
     Probe("pull_reuse", pulls.pull_reuse, "generation", always(PASS), subject=PULL_SUBJECT, default=False,
           two_process=True),
     Probe("pull_concurrent", pulls.pull_concurrent, "generation", always(PASS), subject=PULL_SUBJECT,
@@ -129,7 +131,7 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           default=False, two_process=True),
     # Refusing the second manager is right; so is sharing one allocator.
     Probe("shared_pool", shared_pool.shared_pool, "generation", always(PASS), subject=PULL_SUBJECT, default=False,
-          two_process=True, devices=shared_pool.SHARDED[1].devices),
+          two_process=True, devices=shared_pool.SHARDED[1].devices, mesh_kinds=("",)),
     Probe("call_sequence", call_sequence.call_sequence, "fuzz", always(PASS), default=False),
 )}
 

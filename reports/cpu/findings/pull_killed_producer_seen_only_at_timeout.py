@@ -34,13 +34,22 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from tpu_sync.api.jax.kv_cache_manager import KVCacheManager  # noqa: E402
 
+
+def loopback_bytes() -> int:
+    """Bytes sent over lo in this namespace so far: the pull's traffic alone."""
+    with open("/proc/net/dev") as f:
+        return next(int(line.split(":")[1].split()[8]) for line in f if line.strip().startswith("lo:"))
+
 producer = subprocess.Popen([sys.executable, "-c", PRODUCER], stdout=subprocess.PIPE, text=True)
 try:
     endpoint = producer.stdout.readline().strip()
     consumer = KVCacheManager([jax.device_put(np.zeros((256, 8, 4096), np.float32)) for _ in range(4)], 0,
                               max_blocks=256, num_slots=2, timeout_s=TIMEOUT_S)
+    sent = loopback_bytes()
     consumer.start_read("r", 1, endpoint, list(range(256)), list(range(256)))
-    time.sleep(0.02)  # the pull of 64 MiB is under way
+    started = time.monotonic()
+    while loopback_bytes() < sent + 16 * 2**20 and time.monotonic() - started < 2.0:
+        time.sleep(0.001)  # until a quarter of the pull's 64 MiB has crossed lo
     os.kill(producer.pid, signal.SIGKILL)
     killed = time.monotonic()
     state = "never reported"

@@ -285,6 +285,7 @@ def test_every_probe_runs_on_the_hardware_matrix():
     import subprocess
 
     from probes.iut.registry import iut as declared
+    from probes.suite.matrix import makes
     from probes.suite.registry import PROBES
 
     done = subprocess.run([sys.executable, "-m", "pytest", "-m", "tpu", "--collect-only", "-q", "-p",
@@ -293,7 +294,8 @@ def test_every_probe_runs_on_the_hardware_matrix():
     collected = [line for line in done.stdout.splitlines() if line.startswith("kvprobe/")]
     for iut in ("tpu-sync-jax-tpu", "tpu-sync-torch-tpu"):
         probes = {line.rsplit("::", 1)[1].split("/")[1] for line in collected if line.startswith(f"kvprobe/{iut}/")}
-        applicable = {name for name, p in PROBES.items() if p.scope != "fuzz" and declared(iut).applies(name)}
+        applicable = {name for name, p in PROBES.items() if p.scope != "fuzz"
+                      and any(makes(declared(iut), name, kind) for kind in p.kinds or ("",))}
         assert probes == applicable and {"pending_views", "plan_binding"} - applicable, iut
 
 

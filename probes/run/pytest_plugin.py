@@ -59,15 +59,24 @@ class KvprobeRun:
     def cases(self) -> list:
         from probes.run import command
 
-        option = self.config.getoption
-        iuts = [name for name in option("kvprobe_iut").split(",") if name]
+        iuts = [name for name in self.config.getoption("kvprobe_iut").split(",") if name]
         try:
+            option = self._option
             return [case for name in iuts
                     for case in command.prepare(self._generations(name), [name], option("kvprobe_matrix"),
                                                 option("kvprobe_probe"), option("kvprobe_timeout"),
                                                 option("kvprobe_faults"), option("kvprobe_out"))]
         except (ValueError, argparse.ArgumentTypeError) as e:
             raise pytest.UsageError(f"kvprobe: {e}") from None
+
+    def _option(self, dest: str):
+        """An option's value, parsed as the options table says also where a
+        conftest set it as text (config.option.kvprobe_probe = "all")."""
+        from probes.run import options
+
+        value = self.config.getoption(dest)
+        parse = options.OPTIONS[dest.removeprefix("kvprobe_")].parse
+        return parse(value) if isinstance(value, str) and parse is not None else value
 
     def _generations(self, name: str) -> list[str]:
         from probes.iut.hardware import local_generation, tpu_visible

@@ -116,6 +116,13 @@ def _names_a_case_kind(name: str) -> bool:
     return probe in PROBES and (not kind or kind in PROBES[probe].kinds)
 
 
+def makes(declared, probe_name: str, kind: str = "") -> bool:
+    """Whether an IUT gets a probe's case of `kind`: the IUT does not declare
+    it inapplicable, and its arrays can split a cache where the kind needs it."""
+    p = PROBES[probe_name]
+    return declared.applies(probe_name, kind) and (kind not in p.mesh_kinds or declared.shards)
+
+
 def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut="kvref-sim",
                 faults: kvref.Faults = kvref.Faults(), timeout=PROBE_SECONDS, devices: int | None = None) -> list[Case]:
     """Per generation and per way the IUT's manager is built (its library's
@@ -144,7 +151,7 @@ def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut
                 if name not in probes or p.scope in ("shape", "fuzz") or (devices is not None and p.devices > devices):
                     continue
                 for kind in p.kinds or ("",):
-                    if not declared.applies(name, kind) or (kind in p.mesh_kinds and not declared.shards):
+                    if not makes(declared, name, kind):
                         continue
                     cases.append(Case(name, gen, iut, f"{name}-{kind}" if kind else name, p.subject,
                                       kind=kind, **common))

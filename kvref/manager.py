@@ -62,9 +62,10 @@ class KVCacheManager:
             self._build(kv_caches, host_blocks, host_budget_bytes, slice_policy, parallelism, timeout_s, listen,
                         pull_slots, pull_slot_blocks, sub_managers)
         except BaseException:
-            self._release_pool()
+            if self._attachment is not None:
+                self._attachment.release()
             raise
-        weakref.finalize(self, _closer(self._pulls, self._attachment))
+        self._close = weakref.finalize(self, _closer(self._pulls, self._attachment))  # runs once
 
     def _build(self, kv_caches, host_blocks, host_budget_bytes, slice_policy, parallelism, timeout_s, listen,
                pull_slots, pull_slot_blocks, sub_managers) -> None:
@@ -231,12 +232,7 @@ class KVCacheManager:
     def close(self) -> None:
         """Fail the pulls in flight, stop listening and let go of the shared-memory
         key (also done when the manager is dropped)."""
-        self._pulls.close()
-        self._release_pool()
-
-    def _release_pool(self) -> None:
-        if self._attachment is not None:
-            self._attachment.release()
+        self._close()
 
     def _pull_mover(self):
         """The pull slots' mover, made at the first pull."""

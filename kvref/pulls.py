@@ -313,7 +313,7 @@ class PullService:
             return self._settle(pull, False, reason)
         except Exception as e:  # the pull's own failure, reported as its reason
             return self._settle(pull, False, f"{type(e).__name__}: {e}")
-        self._tell_producer(pull, True)
+        self._tell_producer(pull)
         self._settle(pull, True)
 
     def _fetch(self, pull: Pull, route: Route) -> dict:
@@ -362,14 +362,15 @@ class PullService:
             raise ValueError(f"the producer at {where} has layers of {list(theirs[0])} bytes per block in "
                              f"{list(theirs[1])} parts; this manager's are {list(ours[0])} in {list(ours[1])}")
 
-    def _tell_producer(self, pull: Pull, landed: bool) -> None:
-        """Best effort: a producer that does not hear it settles at its deadline."""
+    def _tell_producer(self, pull: Pull) -> None:
+        """That the pull landed; best effort: a producer that does not hear it
+        settles at its deadline."""
         for route in pull.routes:
             try:
                 with grpc.insecure_channel(route.address, options=CHANNEL_OPTIONS) as channel:
                     channel.unary_unary(f"/{SERVICE}/Settled", request_serializer=PullSettled.SerializeToString,
                                         response_deserializer=PullSettledReply.FromString)(
-                        PullSettled(uuid=pull.uuid, landed=landed), timeout=SETTLE_NOTICE_SECONDS)
+                        PullSettled(uuid=pull.uuid, landed=True), timeout=SETTLE_NOTICE_SECONDS)
             except grpc.RpcError:
                 pass
 

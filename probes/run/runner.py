@@ -28,7 +28,7 @@ from probes.run.worker import PHASE_PROBE, RESULT_PREFIX
 from probes.suite.cases import Case
 from probes.suite.registry import probe
 from probes.suite.pull_failures import DIES
-from probes.suite.rendezvous import ROLES
+from probes.suite.rendezvous import ROLES, posted_by
 from probes.suite.verdicts import CRASH, ERROR, HANG, PASS, SKIP, WATCHDOG_FIRED, Outcome, both_sides
 
 WORKER = "probes.run.worker"
@@ -106,7 +106,7 @@ def _run_two(case: Case, python: str) -> CaseResult:
         command = netns.python_command(python, PAIR) if isolated else [python, "-m", PAIR]
         request = json.dumps({"cases": cases, "limit": limit})
         returncode, out, err, _ = run_watched(command, request, limit + PAIR_GRACE_SECONDS, _worker_env(case))
-        dying = {role for role in ROLES if os.path.exists(os.path.join(folder, f"{role}.{DIES}.json"))}
+        dying = {role for role in ROLES if posted_by(folder, role, DIES)}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     line = next((text for text in reversed(out.splitlines()) if text.startswith(PAIR_PREFIX)), None)

@@ -17,7 +17,7 @@ from probes.suite.cases import Case
 from probes.suite.pull_sides import (FAILING_TIMEOUT_S, PEER_WAIT_S, PROMPT_S, SETTLE_GRACE_S, SUBJECT,
                                      Side, endpoint_for, no_pulls, poll, pull_library, uuid_of)
 from probes.suite.refusals import first_line
-from probes.suite.sockets import listeners, loopback_bytes
+from probes.suite.sockets import listeners, loopback_bytes, socket_inodes
 from probes.suite.verdicts import CORRUPT, ERROR, PASS, SKIP, Outcome
 
 REFUSAL_KINDS = ("lengths", "empty_endpoint", "local_out_of_range", "uuid_in_use", "register_out_of_range",
@@ -277,16 +277,13 @@ def _dropped_mid_pull(side: Side, endpoint, uuid: int, everything: list[int]) ->
     right after its pull starts, must leave no more of either."""
     side.build(timeout_s=FAILING_TIMEOUT_S)
     side.drop()
-    threads, sockets = _threads(), len(_socket_fds())
+    threads, sockets = _threads(), len(socket_inodes())
     side.build(timeout_s=FAILING_TIMEOUT_S)
     side.manager.start_read("req-0", uuid, endpoint, everything, everything[::-1])
     side.drop()
     deadline = time.monotonic() + SETTLE_GRACE_S
-    while (_threads() > threads or len(_socket_fds()) > sockets) and time.monotonic() < deadline:
+    while (left := _left_behind(threads, sockets)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    left = [f"{_threads() - threads} thread(s)" if _threads() > threads else "",
-            f"{len(_socket_fds()) - sockets} socket(s)" if len(_socket_fds()) > sockets else ""]
-    left = [x for x in left if x]
     if left:
         return Outcome(ERROR, f"a manager closed mid-pull left {' and '.join(left)} behind "
                        f"({SETTLE_GRACE_S:.0f}s after)")
@@ -298,15 +295,10 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def _socket_fds() -> list[str]:
-    found = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                found.append(fd)
-        except OSError:
-            continue
-    return found
+def _left_behind(threads: int, sockets: int) -> list[str]:
+    """The threads and sockets this process holds beyond the counts given."""
+    extra = (_threads() - threads, len(socket_inodes()) - sockets)
+    return [f"{n} {what}" for n, what in zip(extra, ("thread(s)", "socket(s)")) if n > 0]
 
 
 def pull_sockets(case: Case, iut: Adapter) -> Outcome:

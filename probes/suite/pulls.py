@@ -16,6 +16,7 @@ from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
 from probes.suite.pull_sides import (LAYERS, PEER_WAIT_S, PULL_TIMEOUT_S, SETTLE_GRACE_S, SHARDED, SUBJECT, Side,
                                      endpoint_for, no_pulls, plain_copy_gbps, poll, pull_library, uuid_of)
+from probes.suite.sharded import no_mesh
 from probes.suite.verdicts import CORRUPT, ERROR, PASS, SKIP, Outcome
 
 MESH_KINDS = ("sharded", "sub_managers", "broadcast")  # caches split across heads over four devices
@@ -55,7 +56,7 @@ def pull_blocks(case: Case, iut: Adapter) -> Outcome:
     keys = (SUBJECT, HALF_HEADS) * 2 if case.kind == "mixed_block_sizes" else ()
     split = case.kind in MESH_KINDS
     if split and iut.sharded_arrays() is None:
-        return Outcome(SKIP, f"{iut.name}'s arrays make no sharded caches (no probes.iut.protocol.ShardedArrays)")
+        return no_mesh(iut)
     side = Side(case, iut, lib, keys=(SHARDED[0],) * LAYERS if split else keys,
                 sharding=SHARDED[1] if split else None)
     form = "pool" if case.kind == "pool_form" else "slots"

@@ -22,6 +22,15 @@ class PeerSilent(TimeoutError):
     """The other worker did not post what this one waited for in time."""
 
 
+def posted_by(folder, role: str, name: str) -> bool:
+    """Whether `role` has posted `name` in `folder` (the runner asks too)."""
+    return _path(folder, role, name).exists()
+
+
+def _path(folder, role: str, name: str) -> Path:
+    return Path(folder) / f"{role}.{name}.json"
+
+
 class Rendezvous:
     def __init__(self, folder: str, role: str):
         if role not in ROLES:
@@ -33,7 +42,7 @@ class Rendezvous:
         return CONSUMER if self.role == PRODUCER else PRODUCER
 
     def post(self, name: str, value=None) -> None:
-        path = self.folder / f"{self.role}.{name}.json"
+        path = _path(self.folder, self.role, name)
         partial = path.with_suffix(".partial")
         partial.write_text(json.dumps(value))
         os.replace(partial, path)
@@ -41,7 +50,7 @@ class Rendezvous:
     def wait(self, name: str, seconds: float):
         """What the other worker posted as `name`, waiting at most `seconds`,
         or until it is done without posting it."""
-        return json.loads((self.folder / f"{self.peer}.{self.first(name, seconds=seconds)}.json").read_text())
+        return json.loads(_path(self.folder, self.peer, self.first(name, seconds=seconds)).read_text())
 
     def first(self, *names: str, seconds: float) -> str:
         """The first of `names` the other worker posts, waiting at most `seconds`."""
@@ -57,4 +66,5 @@ class Rendezvous:
             time.sleep(POLL_SECONDS)
 
     def posted(self, name: str) -> bool:
-        return (self.folder / f"{self.peer}.{name}.json").exists()
+        """Whether the other worker has posted `name`."""
+        return posted_by(self.folder, self.peer, name)

@@ -53,7 +53,8 @@ RUN = 8  # blocks moved as one run (copy_sizes) in the last step
 UNEVEN = (2, 3)  # the kv heads (dimension 2) of the subject over three devices: 2, 2 and 4
 
 
-def _no_mesh(iut: Adapter) -> Outcome:
+def no_mesh(iut: Adapter) -> Outcome:
+    """The SKIP of a probe whose caches split over devices, on arrays that cannot split them."""
     return Outcome(SKIP, f"{iut.name}'s arrays make no sharded caches (no probes.iut.protocol.ShardedArrays)")
 
 
@@ -63,7 +64,7 @@ def uneven_shards(case: Case, iut: Adapter) -> Outcome:
     that takes it must move every device's part of every block exactly."""
     arrays = iut.sharded_arrays()
     if arrays is None:
-        return _no_mesh(iut)
+        return no_mesh(iut)
     dim, parts = UNEVEN
     shards, host, index = arrays.make_uneven_shards(case.shape, dim, parts, case.seed)
     blocks = case.shape.dims[0]
@@ -93,7 +94,7 @@ def round_trips(case: Case, iut: Adapter, layers: list[tuple[str, kvref.ShapeKey
     """Each layer (sharding text, shape) made, then moved as one manager."""
     arrays = iut.sharded_arrays()
     if arrays is None:
-        return _no_mesh(iut)
+        return no_mesh(iut)
     shardings = [text for text, _ in layers]
     pairs = [arrays.make_sharded_caches(key, kvref.Sharding.parse(text), [case.seed + i])[0]
              for i, (text, key) in enumerate(layers)]

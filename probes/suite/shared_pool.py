@@ -15,7 +15,8 @@ from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
 from probes.suite.pull_sides import LAYERS, PEER_WAIT_S, SHARDED, Side
 from probes.suite.refusals import first_line
-from probes.suite.verdicts import CORRUPT, ERROR, PASS, SKIP, Outcome
+from probes.suite.sharded import no_mesh
+from probes.suite.verdicts import CORRUPT, ERROR, PASS, Outcome
 
 SEGMENTS = Path("/dev/shm")
 SAVED = 16  # blocks each manager saves, into as many host chunks
@@ -32,7 +33,7 @@ def shared_pool(case: Case, iut: Adapter) -> Outcome:
     chunk handed out by two allocators holds the other's bytes). Once both
     are closed no segment named after the key may remain in /dev/shm."""
     if iut.sharded_arrays() is None:
-        return Outcome(SKIP, f"{iut.name}'s arrays make no sharded caches (no probes.iut.protocol.ShardedArrays)")
+        return no_mesh(iut)
     key = Path(case.rendezvous).name  # unique to the case, the same on both sides
     os.environ[SHM_KEY_VARIABLE] = key
     side = Side(case, iut, None, keys=(SHARDED[0],) * LAYER_COUNT, sharding=SHARDED[1])

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "checked.h"
 #include "device.h"
 #include "pack.h"
 #include "tiled_layout.h"
@@ -21,6 +22,15 @@ using kvref::SimDevice;
 
 namespace {
 
+// How a new buffer's contents arrive.
+enum class Arrival { kDeferred, kComputed, kPut };
+
+// Bytes of the logical array a layout holds, checked against the caller's.
+void check_logical(const kvref::TiledLayout& layout, const ReadOnlyBytes& logical, int itemsize) {
+  check_size("logical array", logical.size(),
+             kvref::checked_mul(layout.logical_elements(), itemsize, "logical byte count"));
+}
+
 // An op that packs a logical host array into the buffer's physical bytes.
 DeviceBuffer::Op pack_op(const kvref::TiledLayout& layout, ReadOnlyBytes logical, int itemsize) {
   auto data = std::make_shared<std::vector<uint8_t>>(logical.data(), logical.data() + logical.size());
@@ -30,6 +40,11 @@ DeviceBuffer::Op pack_op(const kvref::TiledLayout& layout, ReadOnlyBytes logical
 }  // namespace
 
 void bind_device(nb::module_& m) {
+  nb::enum_<Arrival>(m, "Arrival")
+      .value("DEFERRED", Arrival::kDeferred, "recorded, run when materialized")
+      .value("COMPUTED", Arrival::kComputed, "a device computation, launched now")
+      .value("PUT", Arrival::kPut, "a host-to-device copy, launched now");
+
   nb::enum_<BufferState>(m, "BufferState")
       .value("PLACEHOLDER", BufferState::kPlaceholder)
       .value("DEFERRED", BufferState::kDeferred)
@@ -51,33 +66,32 @@ void bind_device(nb::module_& m) {
       .def_static(
           "create",
           [](SimDevice& device_ref, const kvref::TiledLayout& layout, ReadOnlyBytes logical,
-             int itemsize, const std::string& mode, int64_t land_after_us) {
+             int itemsize, Arrival arrival, int64_t land_after_us) {
             std::shared_ptr<SimDevice> device = device_ref.shared_from_this();
-            check_size("logical array", logical.size(), layout.logical_elements() * itemsize);
+            check_logical(layout, logical, itemsize);
+            if (land_after_us < 0) throw std::invalid_argument("land_after_us must not be negative");
             auto buffer = std::make_shared<DeviceBuffer>(device, layout.physical_bytes());
             auto op = pack_op(layout, logical, itemsize);
-            if (mode == "defer") {
+            if (arrival == Arrival::kDeferred) {
               buffer->defer(std::move(op));
-            } else if (mode == "eager") {
+            } else if (arrival == Arrival::kComputed) {
               buffer->launch(std::move(op), BufferState::kExecuting);
-            } else if (mode == "put") {
+            } else {
               // A host-to-device copy: it waits on the DMA engine, then lands.
               buffer->launch([device, op, land_after_us](uint8_t* dst) {
                 device->before_dma("host-to-device put");
                 std::this_thread::sleep_for(std::chrono::microseconds(land_after_us));
                 op(dst);
               }, BufferState::kMaterializing);
-            } else {
-              throw std::invalid_argument("mode must be 'defer', 'eager' or 'put', got '" + mode + "'");
             }
             return buffer;
           },
           nb::arg("device"), nb::arg("layout"), nb::arg("logical"), nb::arg("itemsize"),
-          nb::arg("mode"), nb::arg("land_after_us") = 0)
+          nb::arg("arrival").noconvert(), nb::arg("land_after_us") = 0)
       .def("overwrite",
            [](DeviceBuffer& b, const kvref::TiledLayout& layout, ReadOnlyBytes logical,
               int itemsize, bool defer, int64_t run_us) {
-             check_size("logical array", logical.size(), layout.logical_elements() * itemsize);
+             check_logical(layout, logical, itemsize);
              if (run_us < 0) throw std::invalid_argument("run_us must not be negative");
              auto pack = pack_op(layout, logical, itemsize);
              DeviceBuffer::Op op = [pack, run_us](uint8_t* dst) {

@@ -1,4 +1,5 @@
 // Bindings of the tiled-layout model. Errors become ValueError/OverflowError.
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <vector>
@@ -27,11 +28,17 @@ int64_t logical_bytes(const TiledLayout& layout, int itemsize) {
 }  // namespace
 
 void bind_layout(nb::module_& m) {
+  m.attr("MAX_TILES") = kvref::kMaxTiles;
+  nb::class_<kvref::Layout>(m, "Layout")
+      .def(nb::init<std::vector<int64_t>, std::vector<std::vector<int64_t>>, int64_t>(),
+           nb::arg("minor_to_major"), nb::arg("tiles"), nb::arg("element_bits"))
+      .def("__str__", &kvref::Layout::to_string)
+      .def("equal", &kvref::Layout::equal, nb::arg("other"), nb::arg("ignore_element_size"),
+           nb::arg("ignore_tiles"));
+
   nb::class_<TiledLayout>(m, "TiledLayout")
-      .def(nb::init<std::vector<int64_t>, std::vector<int64_t>,
-                    std::vector<std::vector<int64_t>>, int>(),
-           nb::arg("dims"), nb::arg("minor_to_major"), nb::arg("tiles"),
-           nb::arg("element_bits"))
+      .def(nb::init<std::vector<int64_t>, const kvref::Layout&, int>(), nb::arg("dims"),
+           nb::arg("layout"), nb::arg("element_bits"))
       .def_prop_ro("logical_elements", &TiledLayout::logical_elements)
       .def_prop_ro("physical_elements", &TiledLayout::physical_elements)
       .def_prop_ro("physical_bytes", &TiledLayout::physical_bytes)

@@ -54,9 +54,46 @@ kvref::Owner python_owner(nb::handle object) {
   });
 }
 
+// Whether an ndarray's elements are laid out row-major with no gaps.
+bool dense_row_major(const nb::ndarray<>& a) {
+  int64_t expected = 1;
+  for (size_t d = a.ndim(); d-- > 0;) {
+    if (a.shape(d) != 1 && a.stride(d) != expected) return false;
+    expected *= static_cast<int64_t>(a.shape(d));
+  }
+  return true;
+}
+
+kvref::DeviceRegion region_of_array(nb::object array) {
+  uint8_t* data;
+  int64_t size;
+  if (nb::hasattr(array, "unsafe_buffer_pointer") && nb::hasattr(array, "on_device_size_in_bytes")) {
+    // A jax.Array: its buffer as the runtime reports it (DLPack would pin it
+    // against donation, which a serving step does to its caches).
+    data = reinterpret_cast<uint8_t*>(nb::cast<uintptr_t>(array.attr("unsafe_buffer_pointer")()));
+    size = nb::cast<int64_t>(array.attr("on_device_size_in_bytes")());
+  } else {
+    nb::ndarray<> a;
+    if (!nb::try_cast(array, a, /*convert=*/false))
+      throw nb::type_error(("a device region needs a jax.Array or an array exporting DLPack or the "
+                            "buffer protocol, got " + std::string(nb::type_name(array.type()).c_str()))
+                               .c_str());
+    if (a.device_type() != nb::device::cpu::value)
+      throw std::invalid_argument("a device region's array must be in CPU memory");
+    if (!dense_row_major(a))
+      throw std::invalid_argument("a device region's array must be dense and row-major");
+    data = static_cast<uint8_t*>(a.data());
+    size = static_cast<int64_t>(a.nbytes());
+  }
+  if (!data && size) throw std::invalid_argument("the array has " + std::to_string(size) +
+                                                 " bytes at a null address");
+  return kvref::DeviceRegion{nullptr, data, size, python_owner(array)};
+}
+
 }  // namespace
 
 using kvref::BlockMover;
+using kvref::Direction;
 using kvref::DeviceRegion;
 using kvref::LayerAddressing;
 using kvref::TransferFuture;
@@ -67,31 +104,32 @@ void bind_mover(nb::module_& m) {
       .def_static("of_buffer", [](kvref::DeviceBuffer& b) {
         return DeviceRegion{b.shared_from_this(), nullptr, b.size()};
       })
-      .def_static(
-          "of_pointer",
-          [](uintptr_t address, int64_t size, nb::object owner) {
-            if (!address && size) throw std::invalid_argument("null device pointer");
-            if (owner.is_none()) throw std::invalid_argument("raw device memory needs its owner");
-            return DeviceRegion{nullptr, reinterpret_cast<uint8_t*>(address), size,
-                                python_owner(owner)};
-          },
-          nb::arg("address"), nb::arg("size"), nb::arg("owner"),
-          "Memory at `address`, kept alive by holding `owner` (the array it belongs to).")
+      .def_static("of_array", &region_of_array, nb::arg("array"),
+                  "The memory of a dense CPU array (a jax.Array on one CPU device, or anything "
+                  "that exports DLPack or the buffer protocol), its address and size read from "
+                  "the array itself, which is held for as long as C++ uses the region.")
       .def_prop_ro("size", [](const DeviceRegion& r) { return r.size; });
 
+  nb::class_<kvref::ShardPlacement>(m, "ShardPlacement")
+      .def(nb::init<std::vector<int64_t>, std::vector<int64_t>, std::vector<bool>, int64_t>(),
+           nb::arg("first_block"), nb::arg("host_slot"), nb::arg("reads"), nb::arg("shard_blocks"));
+
   nb::class_<LayerAddressing>(m, "LayerAddressing")
-      .def(nb::init<>())
-      .def_rw("shards", &LayerAddressing::shards)
-      .def_rw("device_blocks", &LayerAddressing::device_blocks)
-      .def_rw("device_stride", &LayerAddressing::device_stride)
-      .def_rw("copy_bytes", &LayerAddressing::copy_bytes)
-      .def_rw("host_base", &LayerAddressing::host_base)
-      .def_rw("host_stride", &LayerAddressing::host_stride)
-      .def_rw("host_shard_stride", &LayerAddressing::host_shard_stride)
-      .def_rw("first_block", &LayerAddressing::first_block)
-      .def_rw("host_slot", &LayerAddressing::host_slot)
-      .def_rw("reads", &LayerAddressing::reads)
-      .def_rw("shard_blocks", &LayerAddressing::shard_blocks);
+      .def(nb::init<std::vector<DeviceRegion>, int64_t, int64_t, int64_t, int64_t, int64_t,
+                    kvref::ShardPlacement>(),
+           nb::arg("shards"), nb::arg("device_blocks"), nb::arg("block_bytes"), nb::arg("host_base"),
+           nb::arg("host_stride"), nb::arg("host_shard_stride"),
+           nb::arg("placement") = kvref::ShardPlacement())
+      .def_prop_ro("shard_count", [](const LayerAddressing& a) { return a.shards.size(); })
+      .def_ro("device_blocks", &LayerAddressing::device_blocks)
+      .def_ro("block_bytes", &LayerAddressing::block_bytes)
+      .def_ro("host_base", &LayerAddressing::host_base)
+      .def_ro("host_stride", &LayerAddressing::host_stride)
+      .def_ro("host_shard_stride", &LayerAddressing::host_shard_stride);
+
+  nb::enum_<Direction>(m, "Direction")
+      .value("DEVICE_TO_HOST", Direction::kDeviceToHost)
+      .value("HOST_TO_DEVICE", Direction::kHostToDevice);
 
   nb::class_<TransferFuture>(m, "TransferFuture")
       .def("wait", &TransferFuture::wait, nb::arg("timeout_s") = -1.0,
@@ -117,14 +155,12 @@ void bind_mover(nb::module_& m) {
            nb::arg("layers"), nb::arg("host_blocks"), nb::arg("host_bytes"),
            nb::arg("external_host") = nb::none())
       .def("copy",
-           [](BlockMover& mover, bool d2h, Int64s src, Int64s dst, Int64s counts) {
+           [](BlockMover& mover, Direction direction, Int64s src, Int64s dst, Int64s counts) {
              if (src.size() != dst.size() || src.size() != counts.size())
                throw std::invalid_argument("offset and size lists differ in length");
-             return mover.copy(d2h ? kvref::Direction::kDeviceToHost
-                                   : kvref::Direction::kHostToDevice,
-                               src.data(), dst.data(), counts.data(), src.size());
+             return mover.copy(direction, src.data(), dst.data(), counts.data(), src.size());
            },
-           nb::arg("d2h"), nb::arg("src"), nb::arg("dst"), nb::arg("counts"))
+           nb::arg("direction").noconvert(), nb::arg("src"), nb::arg("dst"), nb::arg("counts"))
       .def("save",
            [](BlockMover& mover, Int64s src, Int64s counts) {
              if (src.size() != counts.size())
@@ -162,12 +198,12 @@ void bind_mover(nb::module_& m) {
       .def("read_host_block",
            [](BlockMover& mover, int layer, int shard, int64_t block) {
              const uint8_t* p = mover.host_block(layer, shard, block);
-             return nb::bytes(reinterpret_cast<const char*>(p), mover.layers()[layer].copy_bytes);
+             return nb::bytes(reinterpret_cast<const char*>(p), mover.layers()[layer].block_bytes);
            })
       .def("write_host_block",
            [](BlockMover& mover, int layer, int shard, int64_t block, ReadOnlyBytes payload) {
              uint8_t* p = mover.host_block(layer, shard, block);
-             check_size("payload", payload.size(), mover.layers()[layer].copy_bytes);
+             check_size("payload", payload.size(), mover.layers()[layer].block_bytes);
              std::memcpy(p, payload.data(), payload.size());
              mover.pool().chunks.mark_written(block);
            })

@@ -11,6 +11,19 @@ namespace kvref_bind {
 using kvref::PlanRegistry;
 
 void bind_plans(nb::module_& m) {
+  nb::class_<kvref::Plan>(m, "Plan")
+      .def_ro("uuid", &kvref::Plan::uuid)
+      .def_ro("peer", &kvref::Plan::peer)
+      .def_ro("layer_ids", &kvref::Plan::layer_ids)
+      .def_ro("src_block_ids", &kvref::Plan::src_block_ids)
+      .def_ro("dst_block_ids", &kvref::Plan::dst_block_ids)
+      .def_ro("is_sender", &kvref::Plan::is_sender)
+      .def("__repr__", [](const kvref::Plan& p) {
+        return "Plan(uuid=" + p.uuid + ", peer=" + p.peer + ", " + std::to_string(p.layer_ids.size()) +
+               " layers, " + std::to_string(p.src_block_ids.size()) + " blocks, " +
+               (p.is_sender ? "sender" : "receiver") + ")";
+      });
+
   nb::class_<PlanRegistry>(m, "PlanRegistry")
       .def(nb::init<int, int64_t>(), nb::arg("num_layers"), nb::arg("device_blocks"))
       .def("add",
@@ -25,18 +38,7 @@ void bind_plans(nb::module_& m) {
       .def("remove", &PlanRegistry::remove, nb::arg("uuid"))
       .def("__contains__", &PlanRegistry::contains)
       .def("__len__", &PlanRegistry::size)
-      .def("get",
-           [](PlanRegistry& r, const std::string& uuid) {
-             kvref::Plan p = r.get(uuid);
-             nb::dict d;
-             d["uuid"] = p.uuid;
-             d["peer"] = p.peer;
-             d["layer_ids"] = p.layer_ids;
-             d["src_block_ids"] = p.src_block_ids;
-             d["dst_block_ids"] = p.dst_block_ids;
-             d["is_sender"] = p.is_sender;
-             return d;
-           });
+      .def("get", &PlanRegistry::get, nb::arg("uuid"));
 }
 
 }  // namespace kvref_bind

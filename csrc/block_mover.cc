@@ -97,10 +97,78 @@ void TransferFuture::rethrow() {
   if (error_) std::rethrow_exception(error_);
 }
 
-int64_t LayerAddressing::slots() const {
-  if (host_slot.empty()) return static_cast<int64_t>(shards.size());
-  return *std::max_element(host_slot.begin(), host_slot.end()) + 1;
+LayerAddressing::LayerAddressing(std::vector<DeviceRegion> shards_, int64_t device_blocks_,
+                                 int64_t block_bytes_, int64_t host_base_, int64_t host_stride_,
+                                 int64_t host_shard_stride_, ShardPlacement placement_)
+    : shards(std::move(shards_)),
+      device_blocks(device_blocks_),
+      block_bytes(block_bytes_),
+      host_base(host_base_),
+      host_stride(host_stride_),
+      host_shard_stride(host_shard_stride_),
+      placement(std::move(placement_)) {
+  if (shards.empty()) throw std::invalid_argument("a layer needs at least one shard");
+  for (const auto& [value, name] : {std::pair{device_blocks, "device_blocks"},
+                                    std::pair{block_bytes, "block_bytes"},
+                                    std::pair{host_base, "host_base"},
+                                    std::pair{host_stride, "host_stride"},
+                                    std::pair{host_shard_stride, "host_shard_stride"},
+                                    std::pair{placement.shard_blocks, "shard_blocks"}})
+    if (value < 0)
+      throw std::invalid_argument(std::string(name) + " is " + std::to_string(value) +
+                                  "; expected a count of zero or more");
+  for (const size_t per_shard : {placement.first_block.size(), placement.host_slot.size(),
+                                 placement.reads.size()})
+    if (per_shard != 0 && per_shard != shards.size())
+      throw std::invalid_argument("per-shard placement has " + std::to_string(per_shard) +
+                                  " entries for " + std::to_string(shards.size()) +
+                                  " shards; expected one per shard");
+  for (size_t s = 0; s < shards.size(); ++s)
+    if (first(s) < 0 || slot(s) < 0 || first(s) > device_blocks - held(s))
+      throw std::invalid_argument("shard " + std::to_string(s) + "'s blocks " +
+                                  range_text(first(s), held(s)) + " lie outside the layer's " +
+                                  std::to_string(device_blocks) + " blocks");
 }
+
+int64_t LayerAddressing::slots() const {
+  if (placement.host_slot.empty()) return static_cast<int64_t>(shards.size());
+  return *std::max_element(placement.host_slot.begin(), placement.host_slot.end()) + 1;
+}
+
+int64_t LayerAddressing::host_end(int64_t host_blocks) const {
+  int64_t end = host_base;
+  for (int64_t term : {checked_mul(slots() - 1, host_shard_stride, "host shard offset"),
+                       checked_mul(host_blocks - 1, host_stride, "host block offset"), block_bytes})
+    end = checked_add(end, term, "host range end");
+  return end;
+}
+
+namespace {
+
+// Every layer fits the pool and agrees with the others: checked before a pool is allocated.
+void check_layers(const std::vector<LayerAddressing>& layers, int64_t host_blocks, int64_t host_bytes) {
+  if (layers.empty()) throw std::invalid_argument("a manager needs at least one layer");
+  if (host_blocks <= 0)
+    throw std::invalid_argument("host_blocks is " + std::to_string(host_blocks) +
+                                "; expected at least one");
+  if (host_bytes < 0)
+    throw std::invalid_argument("host_bytes is " + std::to_string(host_bytes) +
+                                "; expected zero or more");
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (layers[l].shards.size() != layers[0].shards.size())
+      throw std::invalid_argument("layer " + std::to_string(l) + " has " +
+                                  std::to_string(layers[l].shards.size()) + " shards, layer 0 " +
+                                  std::to_string(layers[0].shards.size()) +
+                                  "; expected the same number in every layer");
+    const int64_t end = layers[l].host_end(host_blocks);
+    if (end > host_bytes)
+      throw std::invalid_argument("layer " + std::to_string(l) + "'s host blocks reach byte " +
+                                  std::to_string(end) + ", past the " + std::to_string(host_bytes) +
+                                  "-byte host pool");
+  }
+}
+
+}  // namespace
 
 BlockMover::BlockMover(std::vector<LayerAddressing> layers, int64_t host_blocks,
                        int64_t host_bytes, uint8_t* external_host, Owner host_owner,
@@ -110,33 +178,12 @@ BlockMover::BlockMover(std::vector<LayerAddressing> layers, int64_t host_blocks,
       host_owner_(std::move(host_owner)),
       host_size_(host_bytes),
       pool_(std::move(pool)) {
+  check_layers(layers_, host_blocks, host_bytes);
   if (external_host) {
     host_ = external_host;
   } else {
     owned_host_ = std::make_shared<PageBuffer>(host_bytes);
     host_ = owned_host_->data();
-  }
-  if (layers_.empty()) throw std::invalid_argument("a manager needs at least one layer");
-  if (host_blocks <= 0) throw std::invalid_argument("host_blocks must be positive");
-  const size_t shards = layers_[0].shards.size();
-  for (const auto& layer : layers_) {
-    if (layer.shards.size() != shards || shards == 0)
-      throw std::invalid_argument("every layer needs the same, non-zero number of shards");
-    for (const size_t per_shard : {layer.first_block.size(), layer.host_slot.size(), layer.reads.size()})
-      if (per_shard != 0 && per_shard != shards)
-        throw std::invalid_argument("per-shard addressing needs one entry per shard");
-    for (size_t s = 0; s < shards; ++s)
-      if (layer.first(s) < 0 || layer.slot(s) < 0 || layer.held(s) < 0 ||
-          layer.first(s) > layer.device_blocks - layer.held(s))
-        throw std::invalid_argument("a shard's blocks lie outside the layer's");
-    int64_t last = layer.host_base;
-    for (int64_t term : {checked_mul(layer.slots() - 1, layer.host_shard_stride,
-                                     "host shard offset"),
-                         checked_mul(host_blocks - 1, layer.host_stride, "host block offset"),
-                         layer.copy_bytes})
-      last = checked_add(last, term, "host range end");
-    if (layer.host_base < 0 || last > host_bytes)
-      throw std::invalid_argument("host addressing reaches past the host pool");
   }
   if (!pool_) pool_ = std::make_shared<PoolState>(host_blocks);
 }
@@ -205,11 +252,11 @@ void BlockMover::validate(Direction dir, const int64_t* src, const int64_t* dst,
           const int64_t local_end = std::min(end, layer.first(s) + layer.held(s)) - layer.first(s);
           if (end > layer.device_blocks ||
               (local_end > 0 && start < layer.first(s) + layer.held(s) &&
-               (local_end - 1) * layer.device_stride + layer.copy_bytes > layer.shards[s].size))
+               (local_end - 1) * layer.block_bytes + layer.block_bytes > layer.shards[s].size))
             throw std::invalid_argument(
                 "device block range " + range_text(start, counts[i]) + at + " exceeds layer " +
                 std::to_string(l) + " (" + std::to_string(layer.device_blocks) + " blocks of " +
-                std::to_string(layer.device_stride) + " bytes in a " +
+                std::to_string(layer.block_bytes) + " bytes in a " +
                 std::to_string(layer.shards[s].size) + "-byte buffer)");
         }
       }
@@ -250,12 +297,12 @@ void BlockMover::move(Direction dir, const int64_t* src, const int64_t* dst,
     const int64_t host_block = (dir == Direction::kDeviceToHost ? dst[op] : src[op]) + (begin - global_block);
     uint8_t* host = host_ + layer.host_base + layer.slot(shard) * layer.host_shard_stride;
     const bool contiguous =
-        layer.device_stride == layer.copy_bytes && layer.host_stride == layer.copy_bytes;
+        layer.host_stride == layer.block_bytes;
     // A run of blocks contiguous on both sides moves as one copy.
     const int64_t pieces = contiguous ? 1 : count;
-    const int64_t bytes = contiguous ? count * layer.copy_bytes : layer.copy_bytes;
+    const int64_t bytes = contiguous ? count * layer.block_bytes : layer.block_bytes;
     for (int64_t k = 0; k < pieces; ++k) {
-      const int64_t dev_off = (dev_block + k) * layer.device_stride;
+      const int64_t dev_off = (dev_block + k) * layer.block_bytes;
       uint8_t* host_ptr = host + (host_block + k) * layer.host_stride;
       if (dir == Direction::kDeviceToHost) region.read(dev_off, bytes, host_ptr, fenced);
       else region.write(dev_off, bytes, host_ptr, fenced);
@@ -362,7 +409,7 @@ std::shared_ptr<TransferFuture> BlockMover::submit(Direction dir,
   }
 
   int64_t total_bytes = 0;
-  for (size_t i = 0; i < n; ++i) total_bytes += counts[i] * layers_[0].copy_bytes * per_op;
+  for (size_t i = 0; i < n; ++i) total_bytes += counts[i] * layers_[0].block_bytes * per_op;
   ThreadPool& threads = ThreadPool::shared();
   int64_t parts = std::clamp<int64_t>(std::max<int64_t>(total_bytes / kChunkBytes, threads.size()),
                                       1, items);

@@ -33,31 +33,48 @@ struct DeviceRegion {
   void write(int64_t offset, int64_t n, const uint8_t* src, bool fenced) const;
 };
 
-// How one layer's blocks are addressed on the device and in the host pool.
-struct LayerAddressing {
-  std::vector<DeviceRegion> shards;
-  int64_t device_blocks = 0;
-  int64_t device_stride = 0;  // bytes from one device block to the next
-  int64_t copy_bytes = 0;     // bytes moved per block
-  int64_t host_base = 0;      // host offset of shard 0, block 0
-  int64_t host_stride = 0;    // bytes from one host block to the next
-  int64_t host_shard_stride = 0;  // bytes from one host slot to the next
-  // Per shard, for a cache whose block dimension is split over devices (all
-  // empty otherwise: every shard holds every block at its own slot): the
-  // global id of its first block, the host slot its part of a block fills,
-  // and whether a d2h reads it (a replica holds another shard's bytes; an
-  // h2d writes every replica). device_blocks is then the global count, and
-  // shard_blocks what each shard holds.
+// Per shard of one layer, for a cache whose block dimension is split over
+// devices (all empty otherwise: every shard holds every block at its own
+// slot): the global id of its first block, the host slot its part of a block
+// fills, and whether a d2h reads it (a replica holds another shard's bytes;
+// an h2d writes every replica). The layer's device_blocks is then the global
+// count, and shard_blocks what each shard holds.
+struct ShardPlacement {
   std::vector<int64_t> first_block;
   std::vector<int64_t> host_slot;
   std::vector<bool> reads;
   int64_t shard_blocks = 0;
+};
 
-  int64_t first(size_t shard) const { return first_block.empty() ? 0 : first_block[shard]; }
-  int64_t slot(size_t shard) const { return host_slot.empty() ? static_cast<int64_t>(shard) : host_slot[shard]; }
-  bool read_by_d2h(size_t shard) const { return reads.empty() || reads[shard]; }
-  int64_t held(size_t) const { return shard_blocks > 0 ? shard_blocks : device_blocks; }
+// How one layer's blocks are addressed on the device and in the host pool.
+// Built whole and checked by its constructor: every shard's blocks lie
+// inside its region, and the per-shard lists have one entry per shard.
+struct LayerAddressing {
+  LayerAddressing(std::vector<DeviceRegion> shards, int64_t device_blocks, int64_t block_bytes,
+                  int64_t host_base, int64_t host_stride, int64_t host_shard_stride,
+                  ShardPlacement placement = ShardPlacement());
+
+  std::vector<DeviceRegion> shards;
+  int64_t device_blocks = 0;
+  int64_t block_bytes = 0;        // bytes of one block, moved per block and between device blocks
+  int64_t host_base = 0;          // host offset of shard 0, block 0
+  int64_t host_stride = 0;        // bytes from one host block to the next
+  int64_t host_shard_stride = 0;  // bytes from one host slot to the next
+  ShardPlacement placement;
+
+  int64_t first(size_t shard) const {
+    return placement.first_block.empty() ? 0 : placement.first_block[shard];
+  }
+  int64_t slot(size_t shard) const {
+    return placement.host_slot.empty() ? static_cast<int64_t>(shard) : placement.host_slot[shard];
+  }
+  bool read_by_d2h(size_t shard) const { return placement.reads.empty() || placement.reads[shard]; }
+  int64_t held(size_t) const {
+    return placement.shard_blocks > 0 ? placement.shard_blocks : device_blocks;
+  }
   int64_t slots() const;
+  // The last host byte this layer's `host_blocks` blocks reach, plus one.
+  int64_t host_end(int64_t host_blocks) const;
 };
 
 class TransferFuture {

@@ -12,20 +12,13 @@ int TiledLayout::add_digit(Digit d) {
   return static_cast<int>(digits_.size()) - 1;
 }
 
-TiledLayout::TiledLayout(std::vector<int64_t> dims,
-                         std::vector<int64_t> minor_to_major,
-                         std::vector<std::vector<int64_t>> tiles,
-                         int element_bits)
+TiledLayout::TiledLayout(std::vector<int64_t> dims, const Layout& layout, int element_bits)
     : dims_(std::move(dims)), element_bits_(element_bits) {
   const size_t rank = dims_.size();
+  const std::vector<int64_t>& minor_to_major = layout.minor_to_major;
   if (minor_to_major.size() != rank)
-    throw std::invalid_argument("minor_to_major must have one entry per dim");
-  std::vector<bool> seen(rank, false);
-  for (int64_t d : minor_to_major) {
-    if (d < 0 || static_cast<size_t>(d) >= rank || seen[d])
-      throw std::invalid_argument("minor_to_major is not a permutation");
-    seen[d] = true;
-  }
+    throw std::invalid_argument("the layout has " + std::to_string(minor_to_major.size()) +
+                                " dims but the shape has " + std::to_string(dims_.size()));
   if (element_bits <= 0 || element_bits > 64)
     throw std::invalid_argument("element_bits must be in 1..64");
   const bool empty = std::find(dims_.begin(), dims_.end(), 0) != dims_.end();
@@ -44,18 +37,14 @@ TiledLayout::TiledLayout(std::vector<int64_t> dims,
     root.logical_dim = static_cast<int>(*it);
     shape.push_back(add_digit(root));
   }
-  // The arithmetic below walks the tile tree recursively: its depth is the tile count.
-  if (tiles.size() > kMaxTiles)
-    throw std::invalid_argument("a layout of " + std::to_string(tiles.size()) + " tiles; at most " +
-                                std::to_string(kMaxTiles) + " are supported");
-  for (const auto& tile : tiles) {
-    if (tile.empty()) throw std::invalid_argument("a tile has no dims");
+  // The arithmetic below walks the tile tree recursively: its depth is the
+  // tile count, which Layout bounds (kMaxTiles).
+  for (const auto& tile : layout.tiles) {
     while (shape.size() < tile.size()) shape.insert(shape.begin(), add_digit(Digit{}));
     std::vector<int> counts, inner;
     const size_t first = shape.size() - tile.size();
     for (size_t i = 0; i < tile.size(); ++i) {
       const int64_t t = tile[i];
-      if (t <= 0) throw std::invalid_argument("tile sizes must be positive");
       const int parent = shape[first + i];
       Digit count, within;
       count.extent = ceil_div(digits_[parent].extent, t);

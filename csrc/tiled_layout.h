@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "layout.h"
+
 namespace kvref {
 
 struct Digit {
@@ -34,14 +36,10 @@ struct Loop {
   std::vector<std::pair<int, int64_t>> ancestors;  // (digit, multiplier)
 };
 
-// Tiles one layout may apply (kvref.shape.MAX_TILES): recursion over the tile
-// tree is as deep as the tile count.
-constexpr size_t kMaxTiles = 8;
-
 class TiledLayout {
  public:
-  TiledLayout(std::vector<int64_t> dims, std::vector<int64_t> minor_to_major,
-              std::vector<std::vector<int64_t>> tiles, int element_bits);
+  // `element_bits`: what one element takes (the layout's E, else the type's storage size).
+  TiledLayout(std::vector<int64_t> dims, const Layout& layout, int element_bits);
 
   int64_t logical_elements() const { return logical_elements_; }
   int64_t physical_elements() const { return physical_elements_; }

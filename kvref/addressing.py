@@ -60,22 +60,17 @@ def plan_host(views: list[list[DeviceBufferView]], host_blocks: int, policy: str
         # The old manager derived every layer's host stride from layer 0's slice.
         host_slice = slices[0] if mixed_from_layer0 else slices[i]
         addressed = layer[:1] if faults.first_shard_only else layer
-        a = _core.LayerAddressing()
-        a.shards = [v.region for v in addressed]
-        a.device_blocks = layer[0].shape.dims[0]
-        placed = placements[i]
-        if placed:
+        device_blocks = layer[0].shape.dims[0]
+        placement = _core.ShardPlacement([], [], [], 0)
+        if placed := placements[i]:
             placed = placed[: len(addressed)]
-            a.first_block = [p.first_block for p in placed]
-            a.host_slot = [p.host_slot for p in placed]
-            a.reads = [p.reads for p in placed]
-            a.shard_blocks = a.device_blocks
-            a.device_blocks = max(p.first_block for p in placements[i]) + a.shard_blocks
-        a.device_stride = a.copy_bytes = slices[i]
-        a.host_base, a.host_stride = base, host_slice
-        a.host_shard_stride = host_blocks * host_slice
-        layers.append(a)
-        reach = max(reach, base + (slots[i] - 1) * a.host_shard_stride
+            placement = _core.ShardPlacement([p.first_block for p in placed], [p.host_slot for p in placed],
+                                             [p.reads for p in placed], device_blocks)
+            device_blocks += max(p.first_block for p in placements[i])
+        layers.append(_core.LayerAddressing([v.region for v in addressed], device_blocks, slices[i],
+                                            host_base=base, host_stride=host_slice,
+                                            host_shard_stride=host_blocks * host_slice, placement=placement))
+        reach = max(reach, base + (slots[i] - 1) * host_blocks * host_slice
                     + (host_blocks - 1) * host_slice + slices[i])
         base += slots[i] * host_blocks * host_slice
     return HostPlan(layers, tuple(slices), base, max(base, reach), tuple(slots))

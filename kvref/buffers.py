@@ -100,8 +100,18 @@ def _is_jax_array(obj) -> bool:
 
 
 def _unpack_xla(tensor, faults: Faults) -> DeviceBufferView:
-    address, holder, shape, device = xla_tensors.resolve(tensor, faults)
-    return DeviceBufferView(xla_tensors.region(address, holder, shape), shape, device, tensor, address)
+    address, alias, shape, device = xla_tensors.resolve(tensor, faults)
+    return DeviceBufferView(region_of(alias, shape), shape, device, tensor, address)
+
+
+def region_of(array, shape: Shape) -> _core.DeviceRegion:
+    """The memory `array` owns (C++ reads its address and size from it, and
+    holds it), which must be as large as `shape`'s layout says."""
+    region = _core.DeviceRegion.of_array(array)
+    if region.size != shape.physical_size_bytes:
+        raise ValueError(f"a {shape} array whose buffer takes {region.size:,} bytes; its layout takes "
+                         f"{shape.physical_size_bytes:,}, so its blocks cannot be addressed")
+    return region
 
 
 def _unpack_jax(array) -> DeviceBufferView:
@@ -115,6 +125,4 @@ def _unpack_jax(array) -> DeviceBufferView:
     array.block_until_ready()
     shape = Shape(element_type(array.dtype).name, tuple(array.shape),
                   Layout.from_jax(array.format.layout))
-    region = _core.DeviceRegion.of_pointer(array.unsafe_buffer_pointer(), shape.physical_size_bytes,
-                                           array)
-    return DeviceBufferView(region, shape, device, array)
+    return DeviceBufferView(region_of(array, shape), shape, device, array)

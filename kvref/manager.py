@@ -27,7 +27,7 @@ from kvref.limits import check_allocation, memory_available
 from kvref.futures import TransferFuture
 from kvref.offsets import block_list, transfer_lists
 from kvref.settings import check_parallelism, check_timeout
-from kvref.plans import request_bytes
+from kvref.plans import Plan, request_bytes
 from kvref.pulls import PullService
 from kvref.shared_pool import PoolAttachment
 from kvref.staging import Staging
@@ -100,7 +100,7 @@ class KVCacheManager:
         self._lands_before_return = not all(is_simulated(v) for layer in views for v in layer)
         self._plans = _core.PlanRegistry(len(views), min(a.device_blocks for a in plan.layers))
         self._host_slots = plan.host_slots
-        self._addressed_shards = len(plan.layers[0].shards)
+        self._addressed_shards = plan.layers[0].shard_count
         self.host_blocks = int(host_blocks)
         self.host_bytes = plan.host_bytes
         self.layer_bytes_per_block = plan.slice_bytes
@@ -135,11 +135,11 @@ class KVCacheManager:
     def d2h(self, src_offsets, dst_offsets, copy_sizes=None) -> TransferFuture:
         """Device blocks `src_offsets` -> host blocks `dst_offsets`, every layer
         and shard; runs of `copy_sizes` blocks (default 1)."""
-        return self._copy(True, src_offsets, dst_offsets, copy_sizes)
+        return self._copy(_core.Direction.DEVICE_TO_HOST, src_offsets, dst_offsets, copy_sizes)
 
     def h2d(self, src_offsets, dst_offsets, copy_sizes=None) -> TransferFuture:
         """Host blocks `src_offsets` -> device blocks `dst_offsets`."""
-        return self._copy(False, src_offsets, dst_offsets, copy_sizes)
+        return self._copy(_core.Direction.HOST_TO_DEVICE, src_offsets, dst_offsets, copy_sizes)
 
     def d2h_auto_allocate(self, src_blocks, copy_sizes=None) -> tuple[list[int], TransferFuture]:
         """Device blocks `src_blocks` (runs of `copy_sizes`) -> host chunks the
@@ -204,7 +204,8 @@ class KVCacheManager:
     def unregister_active_plan(self, uuid: str) -> None:
         self._plans.remove(uuid)
 
-    def active_plan(self, uuid: str) -> dict:
+    def active_plan(self, uuid: str) -> Plan:
+        """The plan registered under `uuid` (kvref.Plan); ValueError when none is."""
         return self._plans.get(uuid)
 
     # Pulls between managers (kvref.pulls has what each guarantees).
@@ -257,12 +258,12 @@ class KVCacheManager:
         return (f"KVCacheManager({self.num_layers} layers x {self.num_shards} shards, "
                 f"{self.host_blocks} host blocks, {self.host_bytes:,} host bytes)")
 
-    def _copy(self, d2h: bool, src, dst, sizes) -> TransferFuture:
+    def _copy(self, direction: _core.Direction, src, dst, sizes) -> TransferFuture:
         src, dst, sizes = transfer_lists(src, dst, sizes)
         if self.faults.runs_as_single_blocks:
             sizes = np.ones_like(sizes)
         self._bring_up_to_date()
-        return self._future(self._mover.copy(d2h, src, dst, sizes))
+        return self._future(self._mover.copy(direction, src, dst, sizes))
 
     def _future(self, core) -> TransferFuture:
         future = TransferFuture(core, self.timeout_s)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from kvref import _core
 from kvref.proto.transfer_pb2 import StartTransferRequest
 
-__all__ = ["StartTransferRequest", "request_bytes"]
+__all__ = ["Plan", "StartTransferRequest", "request_bytes"]
+
+Plan = _core.Plan  # a registered plan, as the manager parsed it (read-only fields)
 
 
 MAX_PLAN_BYTES = 64 * 2**20  # as csrc/plans.h: a plan is a few block lists

@@ -18,40 +18,34 @@ _TILE_RE = re.compile(r"T((?:\([^()]*\))+)")
 
 # Tiles one layout may apply: the layout arithmetic walks a tile tree whose
 # depth is the tile count, so the input must not choose it freely.
-MAX_TILES = 8
+MAX_TILES = _core.MAX_TILES
 
 
 @dataclass(frozen=True)
 class Layout:
     """minor_to_major, tiles applied in order, and element size in bits
-    (0: the type's natural storage size)."""
+    (0: the type's natural storage size): a face over the C++ value
+    (csrc/layout.h), which checks it, prints it and compares it."""
 
     minor_to_major: tuple[int, ...]
     tiles: tuple[tuple[int, ...], ...] = ()
     element_bits: int = 0
+    _value: _core.Layout = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "minor_to_major", tuple(_as_int(d, "minor_to_major") for d in self.minor_to_major))
         object.__setattr__(self, "tiles", tuple(tuple(_as_int(t, "tile") for t in tile) for tile in self.tiles))
         object.__setattr__(self, "element_bits", _as_int(self.element_bits, "element_bits"))
-        if sorted(self.minor_to_major) != list(range(len(self.minor_to_major))):
-            raise LayoutError(f"minor_to_major {list(self.minor_to_major)} is not a permutation "
-                              f"of 0..{len(self.minor_to_major) - 1}")
-        if len(self.tiles) > MAX_TILES:
-            raise LayoutError(f"a layout of {len(self.tiles)} tiles; at most {MAX_TILES} are supported "
-                              "(XLA's TPU layouts use one or two)")
-        for tile in self.tiles:
-            if not tile or any(t <= 0 for t in tile):
-                raise LayoutError(f"tile {tile} must have one or more positive sizes")
-        if self.element_bits < 0:
-            raise LayoutError(f"element size E({self.element_bits}) must not be negative")
+        try:
+            value = _core.Layout(list(self.minor_to_major), [list(t) for t in self.tiles], self.element_bits)
+        except ValueError as e:
+            raise LayoutError(str(e)) from None
+        object.__setattr__(self, "_value", value)
 
     def equal(self, other: "Layout", *, ignore_element_size: bool = False, ignore_tiles: bool = False) -> bool:
         """Equal as XLA's Layout::Equal() says, optionally ignoring the element
         size (E) or the tiles (T): what a backend reports often lacks one."""
-        return (self.minor_to_major == other.minor_to_major
-                and (ignore_tiles or self.tiles == other.tiles)
-                and (ignore_element_size or self.element_bits == other.element_bits))
+        return self._value.equal(other._value, ignore_element_size, ignore_tiles)
 
     @classmethod
     def default(cls, rank: int) -> "Layout":
@@ -64,10 +58,7 @@ class Layout:
                    layout.sub_byte_element_size_in_bits)
 
     def __str__(self) -> str:
-        text = ",".join(map(str, self.minor_to_major))
-        extra = "".join("(" + ",".join(map(str, t)) + ")" for t in self.tiles)
-        extra = ("T" + extra if extra else "") + (f"E({self.element_bits})" if self.element_bits else "")
-        return "{" + text + (":" + extra if extra else "") + "}"
+        return str(self._value)
 
 
 @dataclass(frozen=True)
@@ -91,18 +82,14 @@ class Shape:
             raise LayoutError(f"dims {list(dims)} must not be negative")
         layout = self.layout if self.layout is not None else Layout.default(len(dims))
         object.__setattr__(self, "layout", layout)
-        if len(layout.minor_to_major) != len(dims):
-            raise LayoutError(f"layout {layout} has {len(layout.minor_to_major)} dims but the "
-                              f"shape {ShapeKey(element.name, dims)} has {len(dims)}")
         _check_element_bits(element, layout.element_bits, self)
         if layout.element_bits == element.storage_bits:
             layout = Layout(layout.minor_to_major, layout.tiles)
             object.__setattr__(self, "layout", layout)
         try:
-            core = _core.TiledLayout(list(dims), list(layout.minor_to_major),
-                                     [list(t) for t in layout.tiles], self.element_bits)
+            core = _core.TiledLayout(list(dims), layout._value, self.element_bits)
         except (ValueError, OverflowError) as e:
-            raise LayoutError(f"{self}: {e}") from None
+            raise LayoutError(f"{ShapeKey(element.name, dims)}{layout}: {e}") from None
         object.__setattr__(self, "_tiled", core)
 
     @classmethod

@@ -144,7 +144,7 @@ class SimDevice:
         layout = self._layout(array.dtype, array.shape, shape)
         if land_after_us < 0:
             raise ValueError(f"land_after_us must not be negative, got {land_after_us}")
-        return self._create(array, layout, "put", int(land_after_us))
+        return self._create(array, layout, _core.Arrival.PUT, int(land_after_us))
 
     def fetch(self, array: DeviceArray) -> np.ndarray:
         """Device -> host: the logical array (materializes and waits first)."""
@@ -168,8 +168,8 @@ class SimDevice:
     def __repr__(self) -> str:
         return f"SimDevice({self.generation!r}, id={self.id})"
 
-    def _mode(self) -> str:
-        return "defer" if self.deferring else "eager"
+    def _mode(self) -> _core.Arrival:
+        return _core.Arrival.DEFERRED if self.deferring else _core.Arrival.COMPUTED
 
     def _layout(self, dtype, dims, shape: Shape | None) -> Shape:
         name = element_type(dtype).name
@@ -188,7 +188,7 @@ class SimDevice:
             raise ValueError(f"array {array.dtype}{list(array.shape)} does not match {shape}")
         return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
-    def _create(self, array: np.ndarray, shape: Shape, mode: str, land_after_us: int = 0) -> DeviceArray:
+    def _create(self, array: np.ndarray, shape: Shape, mode: _core.Arrival, land_after_us: int = 0) -> DeviceArray:
         check_allocation(shape.physical_size_bytes, f"a {shape} device buffer")
         logical = self._logical(array, shape)
         buffer = _core.DeviceBuffer.create(self._core, shape._tiled, logical,

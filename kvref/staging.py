@@ -12,6 +12,7 @@ from typing import Callable
 
 import numpy as np
 
+from kvref import _core
 from kvref.futures import TransferFuture
 
 Parts = dict[tuple[int, int, int], bytes]  # (layer, part, position in the pull) -> one part of one block
@@ -40,7 +41,7 @@ class Staging:
         `block_ids` from `position` on, a slot's worth at a time."""
         for start, piece, base in self._pieces(block_ids, deadline):
             try:
-                self._copy(True, piece, base, deadline)
+                self._copy(_core.Direction.DEVICE_TO_HOST, piece, base, deadline)
                 mover = self._mover()
                 for layer, count in enumerate(self.layer_parts):
                     for part in (range(count) if parts is None else parts):
@@ -63,7 +64,7 @@ class Staging:
                         for j in range(len(piece)):
                             data = np.frombuffer(received[layer, part, start + j], np.uint8)
                             mover.write_host_block(layer, part, base + j, data)
-                self._copy(False, piece, base, deadline)
+                self._copy(_core.Direction.HOST_TO_DEVICE, piece, base, deadline)
             finally:
                 self._release(base)
 
@@ -81,10 +82,10 @@ class Staging:
     def _release(self, base: int) -> None:
         self._free.put(base // self.slot_blocks)
 
-    def _copy(self, d2h: bool, piece: list[int], base: int, deadline: float) -> None:
+    def _copy(self, direction: _core.Direction, piece: list[int], base: int, deadline: float) -> None:
         self._bring_up_to_date()
         device = np.asarray(piece, dtype=np.int64)
         host = np.arange(base, base + len(piece), dtype=np.int64)
-        src, dst = (device, host) if d2h else (host, device)
-        core = self._mover().copy(d2h, src, dst, np.ones_like(device))
+        src, dst = (device, host) if direction == _core.Direction.DEVICE_TO_HOST else (host, device)
+        core = self._mover().copy(direction, src, dst, np.ones_like(device))
         TransferFuture(core).result(timeout=max(0.001, deadline - time.monotonic()))

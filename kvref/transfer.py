@@ -17,13 +17,13 @@ def transfer_d2h_async(device_array, host_array, src_offsets, dst_offsets, copy_
                        *, faults=()) -> TransferFuture:
     """Device blocks -> rows of `host_array` (a writable, C-contiguous array
     whose bytes are whole blocks)."""
-    return _transfer(True, device_array, host_array, src_offsets, dst_offsets, copy_sizes, faults)
+    return _transfer(_core.Direction.DEVICE_TO_HOST, device_array, host_array, src_offsets, dst_offsets, copy_sizes, faults)
 
 
 def transfer_h2d_async(device_array, host_array, src_offsets, dst_offsets, copy_sizes=None,
                        *, faults=()) -> TransferFuture:
     """Blocks of `host_array` -> device blocks."""
-    return _transfer(False, device_array, host_array, src_offsets, dst_offsets, copy_sizes, faults)
+    return _transfer(_core.Direction.HOST_TO_DEVICE, device_array, host_array, src_offsets, dst_offsets, copy_sizes, faults)
 
 
 def transfer_d2h(*args, **kwargs) -> None:
@@ -34,7 +34,7 @@ def transfer_h2d(*args, **kwargs) -> None:
     transfer_h2d_async(*args, **kwargs).result()
 
 
-def _transfer(d2h, device_array, host_array, src, dst, sizes, faults) -> TransferFuture:
+def _transfer(direction, device_array, host_array, src, dst, sizes, faults) -> TransferFuture:
     faults = Faults.parse(faults)
     src, dst, sizes = transfer_lists(src, dst, sizes)
     if not isinstance(host_array, np.ndarray):
@@ -54,4 +54,4 @@ def _transfer(d2h, device_array, host_array, src, dst, sizes, faults) -> Transfe
     # the caller drops, the memory stays until the last copy is done.
     mover = _core.BlockMover(plan.layers, host_blocks, plan.allocate_bytes,
                              host_array.reshape(-1).view(np.uint8))
-    return TransferFuture(mover.copy(d2h, src, dst, sizes))
+    return TransferFuture(mover.copy(direction, src, dst, sizes))

@@ -24,7 +24,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from kvref import _core
 from kvref.dtypes import element_type
 from kvref.faults import Faults
 from kvref.shape import Layout, Shape
@@ -77,10 +76,6 @@ def resolve(tensor, faults: Faults = Faults()):
         raise ValueError(f"a {shape} XLA tensor whose buffer is not dense row-major; expected the "
                          "XLA CPU device's default layout")
     return address, alias, shape, device
-
-
-def region(address: int, holder, shape: Shape):
-    return _core.DeviceRegion.of_pointer(address, shape.physical_size_bytes, holder)
 
 
 def _await_without_materializing(xla, tensor) -> None:

@@ -73,7 +73,7 @@ def test_plan_bytes_accepted_and_refused_by_str_only_binding():
                                          dst_block_ids=[5, 6])
     fixed = kvref.KVCacheManager([dev.zeros((512, 8, 2048), "bf16")], 4)
     fixed.register_active_plan("p1", request.SerializeToString(), is_sender=True)
-    assert fixed.active_plan("p1")["src_block_ids"] == [1, 2]
+    assert fixed.active_plan("p1").src_block_ids == [1, 2]
     faulty = kvref.KVCacheManager([dev.zeros((512, 8, 2048), "bf16")], 4,
                                   faults=["str_only_plan_binding"])
     # The seed bug: the str-only binding refuses the bytes it is handed, whether

@@ -24,8 +24,9 @@ def request(**kw):
 def test_bytes_and_messages_register(manager, as_):
     manager.register_active_plan("u1", as_(request()), is_sender=True)
     plan = manager.active_plan("u1")
-    assert plan["peer"] == "10.0.0.2:9000" and plan["layer_ids"] == [0, 1]
-    assert plan["src_block_ids"] == [3, 4] and plan["dst_block_ids"] == [100, 101]
+    assert isinstance(plan, kvref.Plan) and plan.uuid == "u1" and plan.is_sender
+    assert plan.peer == "10.0.0.2:9000" and plan.layer_ids == [0, 1]
+    assert plan.src_block_ids == [3, 4] and plan.dst_block_ids == [100, 101]
     manager.unregister_active_plan("u1")
     with pytest.raises(ValueError, match="no active plan with uuid 'u1'"):
         manager.active_plan("u1")

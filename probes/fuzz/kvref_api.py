@@ -388,7 +388,7 @@ class PlanBytes:
             raise Mismatch(f"plan {case['kind']} {data.hex()} with is_sender={case['is_sender']} was accepted")
         got = manager.active_plan("p")
         parsed = kvref.StartTransferRequest.FromString(data)
-        if got["src_block_ids"] != list(parsed.src_block_ids) or got["layer_ids"] != list(parsed.layer_ids):
+        if got.src_block_ids != list(parsed.src_block_ids) or got.layer_ids != list(parsed.layer_ids):
             raise Mismatch(f"plan reads back as {got}; registered {parsed}")
         return "accepted"
 

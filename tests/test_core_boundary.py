@@ -1,0 +1,164 @@
+"""What crosses from Python into the C++ core: owners, not addresses; values
+built whole by constructors that check them; enums, not strings and bools;
+sizes checked for overflow before anything is allocated."""
+
+import jax
+import numpy as np
+import pytest
+
+import kvref
+from kvref import _core
+from kvref.buffers import region_of
+
+
+def region(nbytes=4096):
+    return _core.DeviceRegion.of_array(np.zeros(nbytes, np.uint8))
+
+
+def layer(shards=None, device_blocks=4, block_bytes=1024, host_base=0, host_stride=1024,
+          host_shard_stride=8 * 1024, placement=None):
+    shards = [region()] if shards is None else shards
+    return _core.LayerAddressing(shards, device_blocks, block_bytes, host_base, host_stride,
+                                 host_shard_stride, placement or _core.ShardPlacement([], [], [], 0))
+
+
+# -- regions: C++ reads the address and size from the array it holds
+
+def test_a_region_takes_its_size_from_the_array():
+    assert region(4096).size == 4096
+    assert _core.DeviceRegion.of_array(np.zeros((3, 5), np.float32)).size == 60
+
+
+def test_a_jax_region_is_the_buffer_the_runtime_reports():
+    array = jax.device_put(np.arange(64 * 8 * 128, dtype=np.float32).reshape(64, 8, 128))
+    region = _core.DeviceRegion.of_array(array)
+    assert region.size == array.on_device_size_in_bytes() == 64 * 8 * 128 * 4
+
+
+@pytest.mark.parametrize("array, message", [
+    (np.zeros((4, 4), np.float32)[:, ::2], "dense and row-major"),
+    (np.zeros((4, 4), np.float32).T, "dense and row-major"),
+])
+def test_a_region_refuses_memory_it_cannot_address_as_bytes(array, message):
+    with pytest.raises(ValueError, match=message):
+        _core.DeviceRegion.of_array(array)
+
+
+def test_a_region_refuses_what_is_not_an_array_naming_it():
+    with pytest.raises(TypeError, match="got int"):
+        _core.DeviceRegion.of_array(1234)
+
+
+def test_raw_addresses_do_not_cross():
+    assert not hasattr(_core.DeviceRegion, "of_pointer")
+
+
+def test_an_array_smaller_than_its_layout_is_refused():
+    shape = kvref.Shape("f32", (8, 128))
+    with pytest.raises(ValueError, match=r"takes 2,048 bytes; its layout takes 4,096"):
+        region_of(np.zeros((4, 128), np.float32), shape)
+
+
+# -- layer addressing: one constructor, checked there
+
+@pytest.mark.parametrize("name", ["device_blocks", "block_bytes", "host_base", "host_stride",
+                                  "host_shard_stride"])
+def test_layer_addressing_refuses_negative_counts(name):
+    with pytest.raises(ValueError, match=f"{name} is -1; expected a count of zero or more"):
+        layer(**{name: -1})
+
+
+def test_layer_addressing_needs_a_shard():
+    with pytest.raises(ValueError, match="at least one shard"):
+        layer(shards=[])
+
+
+def test_per_shard_placement_needs_one_entry_per_shard():
+    with pytest.raises(ValueError, match="per-shard placement has 1 entries for 2 shards"):
+        layer(shards=[region(), region()], placement=_core.ShardPlacement([0], [0], [True], 2))
+
+
+def test_a_shard_outside_the_layers_blocks_is_refused():
+    with pytest.raises(ValueError, match=r"shard 1's blocks \[2, 4\) lie outside the layer's 3 blocks"):
+        layer(shards=[region(), region()], device_blocks=3,
+              placement=_core.ShardPlacement([0, 2], [0, 0], [True, True], 2))
+
+
+def test_layer_addressing_fields_are_read_only():
+    a = layer()
+    assert (a.device_blocks, a.block_bytes, a.shard_count) == (4, 1024, 1)
+    with pytest.raises(AttributeError):
+        a.block_bytes = 7
+
+
+def test_the_mover_checks_layers_before_it_allocates_its_pool():
+    # 2**60 bytes could never be mapped: a refusal naming the layers shows
+    # they were checked first, and nothing was allocated.
+    mixed = [layer(), layer(shards=[region(), region()])]
+    with pytest.raises(ValueError, match="layer 1 has 2 shards, layer 0 1"):
+        _core.BlockMover(mixed, 4, 2**60)
+    with pytest.raises(ValueError, match="host blocks reach byte 4096, past the 1024-byte host pool"):
+        _core.BlockMover([layer()], 4, 1024)
+    with pytest.raises(ValueError, match="host_blocks is 0; expected at least one"):
+        _core.BlockMover([layer()], 0, 2**60)
+
+
+# -- enums, not strings and bools
+
+def test_a_copy_takes_a_direction_not_a_flag():
+    mover = _core.BlockMover([layer()], 4, 4096)
+    zero, one = np.array([0], np.int64), np.array([1], np.int64)
+    mover.copy(_core.Direction.DEVICE_TO_HOST, zero, zero, one).wait(10)
+    with pytest.raises(TypeError):
+        mover.copy(True, zero, zero, one)
+
+
+def test_a_buffer_arrives_as_an_arrival_not_a_string():
+    device = _core.SimDevice(90)
+    tiled = kvref.Shape("f32", (4, 4))._tiled
+    data = np.zeros(16, np.float32).view(np.uint8)
+    buffer = _core.DeviceBuffer.create(device, tiled, data, 4, _core.Arrival.DEFERRED)
+    assert buffer.state == kvref.BufferState.DEFERRED
+    with pytest.raises(TypeError):
+        _core.DeviceBuffer.create(device, tiled, data, 4, "defer")
+
+
+def test_a_registered_plan_is_a_bound_value():
+    plan_request = kvref.StartTransferRequest(uuid="u", peer="p:1", layer_ids=[0], src_block_ids=[1],
+                                              dst_block_ids=[2])
+    registry = _core.PlanRegistry(1, 8)
+    registry.add("u", plan_request.SerializeToString(), True)
+    plan = registry.get("u")
+    assert isinstance(plan, kvref.Plan) and not isinstance(plan, dict)
+    assert (plan.uuid, plan.peer, plan.layer_ids, plan.src_block_ids, plan.dst_block_ids, plan.is_sender) == \
+        ("u", "p:1", [0], [1], [2], True)
+    with pytest.raises(AttributeError):
+        plan.uuid = "v"
+
+
+# -- sizes that overflow are refused before any allocation
+
+def test_a_logical_size_past_int64_is_an_overflow_not_an_allocation():
+    device = _core.SimDevice(91)
+    huge = _core.TiledLayout([2**59], _core.Layout([0], [], 0), 8)  # 2**59 bytes: fits
+    with pytest.raises(OverflowError, match="logical byte count overflows int64"):
+        _core.DeviceBuffer.create(device, huge, b"", 16, _core.Arrival.COMPUTED)
+
+
+# -- the layout value: checked, printed and compared in one place
+
+def test_the_layout_value_prints_xla_text_and_compares_as_xla_does():
+    tiled = _core.Layout([1, 0], [[8, 128], [2, 1]], 16)
+    assert str(tiled) == "{1,0:T(8,128)(2,1)E(16)}"
+    untiled = _core.Layout([1, 0], [], 0)
+    assert not tiled.equal(untiled, False, False)
+    assert not tiled.equal(untiled, True, False)
+    assert not tiled.equal(untiled, False, True)
+    assert tiled.equal(untiled, True, True)
+    assert str(kvref.Layout((2, 0, 1), ((8, 128),))) == "{2,0,1:T(8,128)}"
+
+
+def test_python_and_cpp_share_the_tile_limit():
+    assert kvref.shape.MAX_TILES == _core.MAX_TILES == 8
+    with pytest.raises(kvref.LayoutError, match="a layout of 9 tiles; at most 8"):
+        kvref.Layout((0,), ((1,),) * 9)

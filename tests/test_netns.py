@@ -17,12 +17,13 @@ from kvref import ShapeKey
 from probes.fuzz.sequences import addressable_shapes, random_sequence
 from probes.iut import registry
 from probes.iut.peer_env import PEER_ENVS
-from probes.run import fuzz_command, netns, runner
+from probes.run import fuzz_command, netns, reproducers, runner
 from probes.run.fuzz_command import Finding
 from probes.run.runner import CaseResult, run_case
 from probes.suite.cases import Case
 from probes.suite.matrix import build_cases, load_matrix
 from probes.suite.verdicts import SKIP, Outcome
+from tests.test_findings import imported
 
 LOOPBACK_IUTS = ("tpu-sync-jax", "tpu-sync-jax-tpu", "tpu-sync-torch-tpu")
 
@@ -171,13 +172,16 @@ def reproducer(tmp_path, case: Case) -> str:
     return fuzz_command.write_reproducer(finding, tmp_path / "findings")
 
 
-def test_a_reproducer_enters_the_namespace_before_anything_else():
-    text = fuzz_command.REPRODUCER.format(
-        title="t", iut="tpu-sync-jax", found_in="f", calls=1, detail="d", python="p", path="x",
-        platforms="cpu", timeout=1, case="{}", namespace=fuzz_command.NAMESPACE)
-    enter = text.index("NO_NAMESPACE = netns.enter()")
-    assert enter < text.index("from probes.run.probe_case") and enter < text.index("faulthandler.dump")
-    assert text.index("sys.exit(netns.SKIP_EXIT)") < text.index("from probes.run.probe_case")
+def test_a_reproducer_enters_the_namespace_before_anything_else(monkeypatch, tmp_path):
+    """The production library's reproducer, and one replaying through the
+    harness for any loopback_only IUT: the opening first, then the library."""
+    alone = reproducers.replay(sequence_case("tpu-sync-jax", "cpu"))
+    standin(monkeypatch, tmp_path, loopback_only=True)
+    harness = reproducers.replay(sequence_case("kvref-sim", "tpu7x"))
+    for text, library in ((alone, "from tpu_sync"), (harness, "from probes.run.probe_case")):
+        assert text.startswith(reproducers.opening())
+        assert text.index("sys.exit(SKIP_EXIT)") < text.index(library) and "faulthandler.dump" not in netns.opening()
+    assert not {m for m in imported(alone) if m in ("probes", "kvref")}
 
 
 def test_a_reproducer_of_another_iut_is_unchanged(tmp_path):
@@ -189,7 +193,7 @@ def test_a_written_reproducer_runs_in_the_namespace_or_skips(monkeypatch, tmp_pa
     needs_namespace()
     standin(monkeypatch, tmp_path, loopback_only=True)  # as kvref-sim's would be written
     script = reproducer(tmp_path, sequence_case("kvref-sim", "tpu7x"))
-    assert "netns.enter()" in script.read_text()
+    assert script.read_text().split('"""\n\n', 1)[1].startswith(reproducers.opening())
     env = {**os.environ, "PYTHONPATH": seen_path(tmp_path)}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
                           env=env, cwd="/")
@@ -228,17 +232,36 @@ def test_a_production_worker_sees_no_interface_but_lo(monkeypatch, tmp_path, pee
     assert result.outcome.iut_version == PEER_ENVS["jax"].version
 
 
+# What a process saw at its exit: a reproducer replaying against the library
+# alone runs none of the harness's code to report it.
+SEEN_AT_EXIT = """\
+import atexit
+
+
+def _seen():
+    from probes.run import netns
+    print(f"SEEN[{' '.join(netns.interfaces())}; lo {'up' if netns.lo_is_up() else 'down'}]", flush=True)
+
+
+atexit.register(_seen)
+"""
+
+
 @pytest.mark.peer
 def test_a_production_reproducer_runs_in_the_namespace(tmp_path, peer_python):
     # One block out and back in (the library crashes on longer random sequences: a finding).
     calls = [{"d2h": True, "src": [1], "dst": [1], "sizes": None},
              {"d2h": False, "src": [1], "dst": [2], "sizes": None}]
     script = reproducer(tmp_path, sequence_case("tpu-sync-jax", "cpu", calls))
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": seen_path(tmp_path)}
+    (tmp_path / "seen").mkdir()
+    (tmp_path / "seen" / "sitecustomize.py").write_text(SEEN_AT_EXIT)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(tmp_path / "seen")}
     done = subprocess.run([peer_python, str(script)], capture_output=True, text=True, timeout=300,
                           env=env, cwd="/")
-    # Whatever verdict the library earns on the sequence, it earned it in the namespace.
-    assert ONLY_LO in done.stdout and not done.stdout.startswith("SKIP"), done.stdout + done.stderr[-2000:]
+    # The sequence held to the model, and it ran in the namespace.
+    assert done.returncode == 0 and done.stdout.startswith("PASS 2 calls held to the model"), \
+        done.stdout + done.stderr[-2000:]
+    assert ONLY_LO in done.stdout, done.stdout
 
 
 @pytest.mark.peer
@@ -250,21 +273,6 @@ def test_the_benchmark_measures_the_production_library_in_the_namespace(peer_pyt
     assert done.returncode == 0, done.stderr[-2000:]
     assert "tpu-sync-jax" in done.stdout and "SKIP" not in done.stdout and "ratio" in done.stdout
     assert "SEEN ['lo'] True" in done.stdout, done.stdout
-
-
-def test_every_committed_reproducer_enters_the_namespace_before_the_library():
-    """Each finding script under reports/ runs the production library only
-    inside a loopback-only namespace: netns.enter() comes before anything
-    that imports tpu_sync (directly, or through the harness's worker)."""
-    scripts = sorted(Path(__file__).resolve().parents[1].glob("reports/*/findings/*.py"))
-    assert scripts
-    for script in scripts:
-        text = script.read_text()
-        loads = [i for i in (text.find("tpu_sync"), text.find("run_case_here")) if i >= 0]
-        if not loads:
-            continue
-        entered = text.find("netns.enter()")
-        assert 0 <= entered < min(loads), f"{script.name} imports the library outside a namespace"
 
 
 def test_both_workers_of_a_two_process_case_share_one_loopback_only_namespace(monkeypatch, tmp_path):

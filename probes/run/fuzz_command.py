@@ -16,9 +16,8 @@ import numpy as np
 
 import kvref
 from probes.fuzz.sequences import addressable_shapes, random_sequence
-from probes.iut.peer_env import REPO, declared_env
 from probes.iut.registry import iut
-from probes.report.paths import file_safe
+from probes.run import reproducers
 from probes.run.runner import CaseResult, run_case, run_cases
 from probes.suite.cases import Case
 from probes.suite.verdicts import PASS
@@ -103,72 +102,9 @@ def shrink(result: CaseResult) -> CaseResult:
     return best
 
 
-REPRODUCER = '''"""{title}
-
-Found by `kvprobe fuzz --iut {iut}` (in {found_in}) and shrunk to {calls} call(s):
-{detail}
-
-Run: {python} {path}
-It replays the sequence through the harness's own adapter, prints the verdict
-and exits non-zero (or crashes, or hangs until its watchdog), as it did then."""
-
-import faulthandler
-import os
-import sys
-{namespace}
-os.environ.setdefault("JAX_PLATFORMS", {platforms!r})
-faulthandler.dump_traceback_later({timeout}, exit=True)
-
-from probes.run.probe_case import run_case_here  # noqa: E402
-
-CASE = {case!r}
-
-outcome = run_case_here(CASE)
-print(outcome.verdict, outcome.detail)
-sys.exit(0 if outcome.verdict == "PASS" else 1)
-'''
-
-# Put first in the reproducer of a loopback_only IUT (probes.run.netns): with
-# none, the reproducer is the same text as for every other IUT.
-NAMESPACE = '''
-# The library listens on every interface and connects to the host's own
-# address: this runs in a network namespace of its own with only lo (it
-# re-executes itself under `unshare -rn` and brings lo up) before importing it.
-from probes.run import netns  # noqa: E402
-
-NO_NAMESPACE = netns.enter()
-if NO_NAMESPACE:
-    print("SKIP", NO_NAMESPACE)
-    sys.exit(netns.SKIP_EXIT)
-'''
-
-
-def _reproducer_python(interpreter) -> str:
-    """The IUT's interpreter as the reproducer names it: relative to the repository where it lies in it."""
-    if interpreter == "main":
-        return ".venv/bin/python"
-    env = declared_env(interpreter)
-    python = Path(interpreter) if env is None else env.venv / "bin" / "python"
-    return str(python.relative_to(REPO)) if python.is_relative_to(REPO) else str(python)
-
-
 def write_reproducer(finding: Finding, directory: Path) -> Path:
-    case, outcome = finding.result.case, finding.result.outcome
-    directory.mkdir(parents=True, exist_ok=True)
-    stem = f"fuzz-{file_safe(case.iut)}-{outcome.verdict.lower()}"
-    index = len(list(directory.glob(f"{stem}-*.py")))
-    path = directory / f"{stem}-{index + 1}.py"
-    declared = iut(case.iut)
-    python = _reproducer_python(declared.interpreter)
-    first = outcome.detail.strip().splitlines()[0] if outcome.detail.strip() else outcome.verdict
-    title = f"{case.iut} {outcome.iut_version} ({case.options_text}): {outcome.verdict}: {first}"[:300]
-    path.write_text(REPRODUCER.format(
-        title=title.replace('"""', "'''"), iut=case.iut, found_in=finding.found_in,
-        calls=len(case.calls["calls"]), detail=outcome.detail.strip()[:1500].replace('"""', "'''"),
-        python=python, path=path, platforms=declared.jax_platforms or "",
-        namespace=NAMESPACE if declared.loopback_only else "",
-        timeout=case.startup_timeout + case.timeout, case=case.to_json()))
-    return path
+    """The finding's standalone reproducer, under `directory` (probes.run.reproducers)."""
+    return reproducers.write_reproducer(finding.result.case, finding.result.outcome, finding.found_in, directory)
 
 
 def reproduces(script: Path, python: str | None = None) -> tuple[int, str]:

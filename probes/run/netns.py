@@ -9,32 +9,46 @@ here before the library is imported. Where none can be made (no `unshare`,
 or the kernel refuses it), `unavailable()` says why, and the callers skip:
 the library never runs outside one.
 
+- `enter()`: the running process re-executes itself inside one, at the top
+  of a script, before it imports the library; returns why it could not;
+- `opening()`: the lines between the markers below (`enter()` and what it
+  needs, with the standard library alone), which every reproducer starts
+  with (probes.run.reproducers): it enters a namespace without this
+  harness installed;
 - `unavailable()`: None, or why no namespace can be made here (asked once);
 - `python_command(python, module, *args)`: `python -m module args` inside a
   new namespace (`python -m probes.run.netns module args` under `unshare
   -rn`: lo up, only lo checked, then the module runs as `__main__`; the
   module `-c` runs the code in its first argument, as `python -c` does);
-- `enter()`: the running process re-executes itself inside one, at the top
-  of a script, before it imports the library;
-- `bring_lo_up()`, `interfaces()`, `only_loopback()`.
+- `bring_lo_up()`, `interfaces()`, `only_loopback()`, `lo_is_up()`.
 
 Standard library only: it runs first in a fresh interpreter."""
 
 from __future__ import annotations
 
-import fcntl
 import functools
-import os
 import runpy
+from pathlib import Path
+
+OPENING_STARTS, OPENING_ENDS = "# >>> the opening", "# <<< the opening"
+
+# >>> the opening: every reproducer starts with the lines from here to "<<<", word for word
+# The library listens on every interface and connects to the host's own
+# address, so this runs in a network namespace whose only interface is lo:
+# outside one, it re-executes itself under `unshare -rn` and brings lo up
+# before the library is imported; where none can be made, it prints SKIP
+# and exits 77, having run nothing. (The standard library alone.)
+import fcntl
+import os
 import shutil
 import socket
 import struct
 import subprocess
 import sys
 
-ENTERED = "KVPROBE_NETNS"  # set in a process `enter()` re-executed inside a namespace
+ENTERED = "KVPROBE_NETNS"  # set in a process re-executed inside a namespace
 SKIP_EXIT = 77  # a script that could not enter one exits with this, having run nothing
-
+NONE_HERE = "no loopback-only network namespace can be made here"
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 IFREQ = "16sH22x"  # struct ifreq: the name, then ifr_flags in the 24-byte union
 
@@ -45,19 +59,14 @@ def interfaces() -> list[str]:
         return [line.split(":", 1)[0].strip() for line in f.readlines()[2:] if ":" in line]
 
 
-def only_loopback() -> bool:
-    return interfaces() == ["lo"]
-
-
-def lo_is_up() -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        return bool(_flags(s) & IFF_UP)
+def lo_flags(s: socket.socket) -> int:
+    return struct.unpack(IFREQ, fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack(IFREQ, b"lo", 0)))[1]
 
 
 def bring_lo_up() -> None:
     """Set IFF_UP on lo (a new namespace's lo is down): an ioctl, else `ip link set lo up`."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        flags = _flags(s)
+        flags = lo_flags(s)
         if flags & IFF_UP:
             return
         try:
@@ -70,8 +79,49 @@ def bring_lo_up() -> None:
         raise OSError(f"could not bring lo up: {failed}")
 
 
-def _flags(s: socket.socket) -> int:
-    return struct.unpack(IFREQ, fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack(IFREQ, b"lo", 0)))[1]
+def enter() -> str | None:
+    """Put this process in a loopback-only network namespace before it imports
+    the library: inside one already, bring lo up and return None; else re-exec
+    this interpreter, its flags and arguments under `unshare -rn` (no return).
+    Returns why none can be made here: the caller then runs nothing of the library."""
+    seen = interfaces()
+    if seen == ["lo"]:
+        try:
+            bring_lo_up()
+        except OSError as e:
+            return f"{NONE_HERE}: {e}"
+        return None
+    if os.environ.get(ENTERED):
+        return f"{NONE_HERE}: re-executed under `unshare -rn`, this process still sees {seen}"
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return f"{NONE_HERE}: `unshare` (util-linux) is not installed"
+    tried = subprocess.run([unshare, "-rn", sys.executable, "-S", "-c", ""], capture_output=True, text=True)
+    if tried.returncode:
+        return f"{NONE_HERE}: `unshare -rn` refused ({' '.join((tried.stderr or '').split())[-300:]})"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(unshare, [unshare, "-rn", sys.executable, *sys.orig_argv[1:]], {**os.environ, ENTERED: "1"})
+# <<< the opening
+
+
+@functools.cache
+def opening() -> str:
+    """The lines between the markers above, word for word: what every
+    reproducer starts with (probes.run.reproducers)."""
+    lines = Path(__file__).read_text().splitlines(keepends=True)
+    start, end = (next(i for i, line in enumerate(lines) if line.startswith(marker))
+                  for marker in (OPENING_STARTS, OPENING_ENDS))
+    return "".join(lines[start + 1:end])
+
+
+def only_loopback() -> bool:
+    return interfaces() == ["lo"]
+
+
+def lo_is_up() -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        return bool(lo_flags(s) & IFF_UP)
 
 
 def check_inside() -> None:
@@ -94,15 +144,15 @@ def unavailable() -> str | None:
     reason. Asked once per process: `unshare -rn` runs this module's check (lo
     up, nothing but lo) with this interpreter."""
     if shutil.which("unshare") is None:
-        return "no loopback-only network namespace can be made here: `unshare` (util-linux) is not installed"
+        return f"{NONE_HERE}: `unshare` (util-linux) is not installed"
     try:
         done = subprocess.run(python_command(sys.executable, "--check"), capture_output=True,
                               text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
-        return f"no loopback-only network namespace can be made here: `unshare -rn` failed: {e}"
+        return f"{NONE_HERE}: `unshare -rn` failed: {e}"
     if done.returncode:
         said = " ".join((done.stderr or done.stdout).split())[-300:]
-        return f"no loopback-only network namespace can be made here: `unshare -rn` refused ({said})"
+        return f"{NONE_HERE}: `unshare -rn` refused ({said})"
     return None
 
 
@@ -110,27 +160,6 @@ def python_command(python: str, module: str, *args: str) -> list[str]:
     """The command running `python -m module args` in a loopback-only network
     namespace of its own, with lo up before the module is imported."""
     return [_unshare(), "-rn", python, "-m", "probes.run.netns", module, *args]
-
-
-def enter() -> str | None:
-    """Put this process in a loopback-only network namespace, before it imports
-    the library: inside one already, bring lo up and return None; else re-exec
-    this interpreter, its flags and arguments under `unshare -rn` (no return).
-    Returns the reason when none can be made: the caller then runs nothing of
-    the library."""
-    if only_loopback():
-        check_inside()
-        return None
-    if os.environ.get(ENTERED):
-        raise RuntimeError(f"re-executed under `unshare -rn`, yet this process sees {interfaces()}")
-    reason = unavailable()
-    if reason:
-        return reason
-    sys.stdout.flush()
-    sys.stderr.flush()
-    unshare = _unshare()
-    os.execve(unshare, [unshare, "-rn", sys.executable, *sys.orig_argv[1:]],
-              {**os.environ, ENTERED: "1"})
 
 
 def main(argv: list[str]) -> int:

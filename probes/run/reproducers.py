@@ -1,0 +1,347 @@
+"""The text of a finding's reproducer (reports/<generation>/findings/*.py): a
+script that replays the finding alone and fails as it did then.
+
+Every reproducer starts, after its docstring, with `opening()`: the lines of
+probes.run.netns that put it in a loopback-only network namespace (standard
+library only), then the call that prints SKIP and exits 77 where none can be
+made. The production library's reproducers import nothing else but the
+library, jax and numpy: handed to the library's authors, they run without
+this harness.
+
+`kvprobe fuzz` writes one per kind of failure (`write_reproducer`). A call
+sequence against tpu-sync-jax on JAX CPU arrays replays against the library
+alone: the block model, the reading of the library's refusals and the
+computation that keeps a cache pending are the harness's own definitions,
+copied in (`copied`); the loop makes the calls probes.suite.call_sequence makes
+through the adapter, with the sequence's lists as they are. Any other IUT's
+replays through the harness's worker code (`probes.run.probe_case`), which
+its library (kvref) ships with.
+
+`python -m probes.run.reproducers SCRIPT...` gives committed reproducers the
+current opening (`--replays`: and writes a sequence's replay anew)."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import kvref
+from probes.iut import jax_arrays, tpu_sync
+from probes.iut.peer_env import REPO, declared_env
+from probes.iut.registry import iut
+from probes.report.paths import file_safe
+from probes.run import netns
+from probes.suite import block_model, refusals
+from probes.suite.cases import Case
+
+# After the opening: where no namespace can be made, nothing of the library runs.
+ENTER = '''
+
+if NO_NAMESPACE := enter():
+    print("SKIP", NO_NAMESPACE)
+    sys.exit(SKIP_EXIT)
+'''
+
+DOCSTRING = '''"""{title}
+
+Found by `kvprobe fuzz --iut {iut}` (in {found_in}) and shrunk to {calls} call(s):
+{detail}
+
+Run: {python} {path}
+{how}"""
+
+'''
+
+THROUGH_THE_HARNESS = """\
+It replays the sequence through the harness's own adapter, prints the verdict
+and exits non-zero (or crashes, or hangs until its watchdog), as it did then."""
+
+ALONE = """\
+It replays the sequence against the library alone (the harness's block model
+and reading of the library's refusals copied in), prints the verdict and
+exits non-zero (or crashes, or hangs until its watchdog), as it did then."""
+
+HARNESS_REPLAY = '''
+import faulthandler  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+os.environ.setdefault("JAX_PLATFORMS", {platforms!r})
+faulthandler.dump_traceback_later({timeout}, exit=True)
+
+from probes.run.probe_case import run_case_here  # noqa: E402
+
+CASE = {case!r}
+
+outcome = run_case_here(CASE)
+print(outcome.verdict, outcome.detail)
+sys.exit(0 if outcome.verdict == "PASS" else 1)
+'''
+
+# A call sequence against tpu-sync-jax's KVCacheManager on JAX CPU arrays, as
+# probes.suite.call_sequence runs it through the adapter (probes.iut.tpu_sync's
+# JaxSyncManager, probes.iut.jax_arrays's JaxCpuArrays): the same caches, calls
+# and checks, one verdict.
+TPU_SYNC_JAX_REPLAY = '''
+import faulthandler  # noqa: E402
+import functools  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+import threading  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+
+os.environ.setdefault("JAX_PLATFORMS", {platforms!r})
+faulthandler.dump_traceback_later({timeout}, exit=True)
+
+CASE = {case!r}
+SEQUENCE = json.loads(CASE)["calls"]
+# How the manager is built: keyword arguments, and (upper case) variables set before the library is imported.
+OPTIONS = dict(json.loads(CASE)["iut_options"])
+os.environ.update({{name: str(value) for name, value in OPTIONS.items() if name.isupper()}})
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from tpu_sync.api.jax.kv_cache_manager import KVCacheManager  # noqa: E402
+
+DIMS, DTYPE = {dims!r}, jnp.dtype({dtype!r})  # SEQUENCE["shape"]
+
+{copied}
+
+
+def finish(verdict: str, detail: str):
+    print(verdict, detail)
+    sys.exit(0 if verdict == "PASS" else 1)
+
+
+# Each layer's contents: small integers, which survive the library's float32 reads of its pool.
+hosts = [np.random.default_rng(json.loads(CASE)["seed"] + layer).integers(-8, 8, DIMS).astype(DTYPE)
+         for layer in range(SEQUENCE["layers"])]
+caches = [jax.device_put(host.copy(), jax.devices("cpu")[0]) for host in hosts]
+if SEQUENCE["mode"] == "deferred":  # the outputs of computations still running when the manager is built
+    for cache in caches:
+        cache.block_until_ready()
+    caches = [_identity_churn()(cache, _rounds(host.nbytes * len(hosts)), _key(host.dtype))
+              for cache, host in zip(caches, hosts)]
+try:
+    manager = KVCacheManager(caches, 0, host_blocks_to_allocate=SEQUENCE["host_blocks"],
+                             **{{name: value for name, value in OPTIONS.items() if not name.isupper()}})
+except Exception as e:  # a clean refusal here is a finding too: these layouts are addressable
+    finish("ERROR", f"construction refused or failed: {{first_line(e)}}")
+block_bytes = layer_block_sizes(manager._impl, int(manager._impl.num_layers))
+
+
+def blocks(array) -> list[bytes]:
+    """A dense CPU array's blocks, as the manager addresses them."""
+    data = np.asarray(array).tobytes()
+    return [data[i:i + block_bytes[0]] for i in range(0, len(data), block_bytes[0])]
+
+
+def host_block(layer: int, block: int) -> bytes:
+    """One block of the pool, read as the jax wheel offers: the first n float32 values of a layer's pool."""
+    floats = block_bytes[layer] // 4
+    values = manager._impl.read_host_memory(layer, 0, (block + 1) * floats)
+    return np.asarray(values[block * floats:], dtype=np.float32).tobytes()
+
+
+def transfer(request: dict) -> None:
+    """The request's lists as they are (JSON's ints, bools and None): the library's bindings judge them."""
+    move = manager.d2h if request["d2h"] else manager.h2d
+    SyncPending(move(request["src"], request["dst"], request["sizes"])).wait()
+
+
+def one(call: dict):
+    """What is wrong with one call (a request, or two at once on two threads), or None."""
+    if "concurrent" in call:
+        errors = []
+
+        def run(request):
+            try:
+                transfer(request)
+            except Exception as e:  # collected: a valid request must not fail
+                errors.append(first_line(e))
+
+        threads = [threading.Thread(target=run, args=(r,)) for r in call["concurrent"]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            return "ERROR", f"a valid request on one of two threads failed: {{errors[0]}}"
+        for request in call["concurrent"]:
+            model.apply(request["d2h"], request["src"], request["dst"], request["sizes"])
+        return None
+    problem = model.problem(call["d2h"], call["src"], call["dst"], call["sizes"])
+    try:
+        transfer(call)
+    except Exception as e:  # a refusal, judged against the model
+        if problem is None:
+            return "ERROR", f"a valid request was refused: {{first_line(e)}}"
+        if not refuses(e):
+            return "ERROR", f"refused with a failure, not a clean refusal: {{first_line(e)}}"
+        return None
+    if problem is not None:
+        return "ERROR", f"accepted silently; it should be refused: {{problem}}"
+    model.apply(call["d2h"], call["src"], call["dst"], call["sizes"])
+    return None
+
+
+def check():
+    """Every device block and every host block written so far, against the model, or None."""
+    for layer, cache in enumerate(caches):
+        wrong = [i for i, (got, want) in enumerate(zip(blocks(np.asarray(cache)), model.device[layer]))
+                 if want is not None and got != want]
+        if wrong:
+            return "CORRUPT", f"layer {{layer}}: device blocks {{wrong[:8]}} differ from the model"
+        host = [i for i in range(model.host_blocks)
+                if model.host[layer][i] is not None and host_block(layer, i) != model.host[layer][i]]
+        if host:
+            return "CORRUPT", f"layer {{layer}}: host blocks {{host[:8]}} differ from the model"
+    return None
+
+
+model = BlockModel([blocks(host) for host in hosts], host_blocks=SEQUENCE["host_blocks"], zeroed_pool=False)
+for index, call in enumerate(SEQUENCE["calls"]):
+    wrong = one(call) or check()
+    if wrong:
+        finish(wrong[0], f"call {{index}} {{call}}: {{wrong[1]}}")
+finish("PASS", f"{{len(SEQUENCE['calls'])}} calls held to the model")
+'''
+
+# What TPU_SYNC_JAX_REPLAY copies from the harness: (module, top-level names).
+COPIED = (
+    (block_model, ("INT64_MIN", "BlockModel")),
+    (tpu_sync, ("AsyncFailure", "REFUSAL_CODES", "POOL_FULL", "JAX_STATUS", "JAX_UNCODED", "TORCH_WRAPPED",
+                "CHECKS", "PYTHON_REFUSALS", "refuses", "layer_block_sizes", "SyncPending")),
+    (refusals, ("first_line",)),
+    (jax_arrays, ("PENDING_BYTES", "_rounds", "_identity_churn", "_key")),
+)
+
+
+def opening() -> str:
+    """What every reproducer starts with after its docstring."""
+    return netns.opening() + ENTER
+
+
+def copied() -> str:
+    """COPIED's definitions, each with the comment lines above it, in their modules' words."""
+    chunks: list[tuple[bool, str]] = []  # (a def or class, its text)
+    for module, names in COPIED:
+        source = Path(module.__file__).read_text()
+        lines, wanted = source.splitlines(keepends=True), set(names)
+        for node in ast.parse(source).body:
+            defined = _names(node) & wanted
+            if not defined:
+                continue
+            wanted -= defined
+            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", ())]) - 1
+            while start and lines[start - 1].startswith("#"):
+                start -= 1
+            defines = isinstance(node, (ast.FunctionDef, ast.ClassDef))
+            chunks.append((defines, "".join(lines[start:node.end_lineno])))
+        if wanted:
+            raise LookupError(f"{module.__name__} no longer defines {sorted(wanted)}")
+    text = (f"# The harness's own definitions ({', '.join(m.__name__ for m, _ in COPIED)}), "
+            "as it judged the sequence:\n" + chunks[0][1])
+    for (before, _), (defines, chunk) in zip(chunks, chunks[1:]):
+        text += ("\n\n" if before or defines else "") + chunk
+    return text.rstrip()
+
+
+def _names(node: ast.stmt) -> set[str]:
+    if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        return {node.name}
+    targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+    return {n.id for t in targets if t is not None for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
+def replays_alone(case: Case) -> bool:
+    """Whether `case` replays against its library alone: tpu-sync-jax's manager on JAX CPU arrays."""
+    declared = iut(case.iut)
+    return issubclass(declared.library, tpu_sync.TpuSyncJaxLibrary) and \
+        issubclass(declared.arrays, jax_arrays.JaxCpuArrays)
+
+
+def replay(case: Case, case_text: str | None = None) -> str:
+    """The code of a call sequence's reproducer, after its docstring (with
+    `case_text`, the case as a committed reproducer spells it)."""
+    declared = iut(case.iut)
+    fields = dict(platforms=declared.jax_platforms or "", timeout=case.startup_timeout + case.timeout,
+                  case=case_text or case.to_json())
+    if replays_alone(case):
+        key = kvref.ShapeKey.parse(case.calls["shape"])
+        return opening() + TPU_SYNC_JAX_REPLAY.format(
+            dims=key.dims, dtype=np.dtype(kvref.element_type(key.dtype).numpy).name, copied=copied(), **fields)
+    text = HARNESS_REPLAY.format(**fields)
+    return opening() + text if declared.loopback_only else text.replace("  # noqa: E402", "").lstrip("\n")
+
+
+def _reproducer_python(interpreter) -> str:
+    """The IUT's interpreter as the reproducer names it: relative to the repository where it lies in it."""
+    if interpreter == "main":
+        return ".venv/bin/python"
+    env = declared_env(interpreter)
+    python = Path(interpreter) if env is None else env.venv / "bin" / "python"
+    return str(python.relative_to(REPO)) if python.is_relative_to(REPO) else str(python)
+
+
+def write_reproducer(case: Case, outcome, found_in: str, directory: Path) -> Path:
+    """The reproducer of `case`'s failure (`outcome`), as directory/fuzz-<iut>-<verdict>-<n>.py."""
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = f"fuzz-{file_safe(case.iut)}-{outcome.verdict.lower()}"
+    path = directory / f"{stem}-{len(list(directory.glob(f'{stem}-*.py'))) + 1}.py"
+    first = outcome.detail.strip().splitlines()[0] if outcome.detail.strip() else outcome.verdict
+    title = f"{case.iut} {outcome.iut_version} ({case.options_text}): {outcome.verdict}: {first}"[:300]
+    path.write_text(DOCSTRING.format(
+        title=title.replace('"""', "'''"), iut=case.iut, found_in=found_in, calls=len(case.calls["calls"]),
+        detail=outcome.detail.strip()[:1500].replace('"""', "'''"),
+        python=_reproducer_python(iut(case.iut).interpreter), path=path,
+        how=ALONE if replays_alone(case) else THROUGH_THE_HARNESS) + replay(case))
+    return path
+
+
+FOUND = re.compile(r"^CASE = (?P<case>.+)$", re.MULTILINE)
+HOW = re.compile(f"({re.escape(THROUGH_THE_HARNESS)}|{re.escape(ALONE)})\"\"\"\n$")
+
+
+def rewrite(text: str, replays: bool = False) -> str:
+    """A committed reproducer with the current opening, its own code kept;
+    with `replays`, a call sequence's (it holds its CASE) written anew from
+    its case by the current writer, its docstring kept but for the paragraph
+    on how it replays."""
+    lines = text.splitlines(keepends=True)
+    docstring = ast.parse(text).body[0]
+    head, code = "".join(lines[:docstring.end_lineno]) + "\n", "".join(lines[docstring.end_lineno:])
+    found = FOUND.search(code)
+    if replays and found and HOW.search(head):
+        case_text = ast.literal_eval(found["case"])
+        case = Case.from_json(case_text)
+        how = ALONE if replays_alone(case) else THROUGH_THE_HARNESS
+        return HOW.sub(lambda _: f'{how}"""\n', head) + replay(case, case_text)
+    if ENTER.strip() not in code:
+        raise ValueError("no opening to replace: it does not end with the call of ENTER")
+    return head + opening() + code[code.index(ENTER.strip()) + len(ENTER.strip()) + 1:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Give committed reproducers the current opening.")
+    parser.add_argument("scripts", nargs="+", type=Path)
+    parser.add_argument("--replays", action="store_true",
+                        help="also write each call sequence's replay anew from its case")
+    args = parser.parse_args(argv)
+    for script in args.scripts:
+        text = script.read_text()
+        new = rewrite(text, args.replays)
+        if new != text:
+            script.write_text(new)
+            print("rewrote", script)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -118,8 +118,7 @@ void bind_mover(nb::module_& m) {
       .def(nb::init<std::vector<DeviceRegion>, int64_t, int64_t, int64_t, int64_t, int64_t,
                     kvref::ShardPlacement>(),
            nb::arg("shards"), nb::arg("device_blocks"), nb::arg("block_bytes"), nb::arg("host_base"),
-           nb::arg("host_stride"), nb::arg("host_shard_stride"),
-           nb::arg("placement") = kvref::ShardPlacement())
+           nb::arg("host_stride"), nb::arg("host_shard_stride"), nb::arg("placement"))
       .def_prop_ro("shard_count", [](const LayerAddressing& a) { return a.shards.size(); })
       .def_ro("device_blocks", &LayerAddressing::device_blocks)
       .def_ro("block_bytes", &LayerAddressing::block_bytes)

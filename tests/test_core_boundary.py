@@ -162,3 +162,16 @@ def test_python_and_cpp_share_the_tile_limit():
     assert kvref.shape.MAX_TILES == _core.MAX_TILES == 8
     with pytest.raises(kvref.LayoutError, match="a layout of 9 tiles; at most 8"):
         kvref.Layout((0,), ((1,),) * 9)
+
+
+def test_the_core_leaks_nothing_at_exit():
+    # nanobind names every bound object still alive when the interpreter ends
+    # (a default argument's instance is one): a worker's stderr must not carry that.
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, kvref\n"
+            "m = kvref.KVCacheManager([kvref.SimDevice('v5e').zeros((64, 8, 128), 'f32')], 4)\n"
+            "m.d2h([0], [1]).result()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "leaked" not in done.stderr, done.stderr[-2000:]

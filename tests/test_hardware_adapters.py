@@ -14,8 +14,6 @@ from probes.iut.registry import check_target
 from probes.run.runner import owns_device, run_case, run_cases
 from probes.suite.cases import Case
 from probes.suite.matrix import build_cases
-from probes.suite.predict import describe
-from probes.suite.verdicts import agrees
 from tests.test_runner import fake_python
 
 TORCH_CASE = Case("roundtrip", "tpu7x", iut="tpu-sync-torch-tpu", shape=ShapeKey("bf16", (512, 16, 2048)))
@@ -187,13 +185,14 @@ def test_jax_hardware_adapter_runs_here_with_a_cpu_standing_in(monkeypatch):
     by_iut = {(r.case.iut, r.case.case_id.split("/", 1)[1]): r.outcome for r in ran}
     for case in standin:
         key = case.case_id.split("/", 1)[1]
-        outcome = by_iut[(standin_iut, key)]
-        assert "standing in for a TPU" in outcome.device_kind or outcome.verdict in ("CRASH", "HANG")
-        reference = by_iut[("tpu-sync-jax", key)]
+        outcome, reference = by_iut[(standin_iut, key)], by_iut[("tpu-sync-jax", key)]
+        # The stand-in's own code ran, on the stand-in: a worker names its device before the probe
+        # runs, so a case the library crashes or hangs in (a deferred cache) says so too.
+        assert "standing in for a TPU" in outcome.device_kind, (key, outcome.verdict, outcome.detail[:500])
         assert outcome.verdict != "SKIP", outcome.detail  # only probes that apply were made
-        agree = agrees(outcome.verdict, describe(case)["predicted"])
-        assert agree == agrees(reference.verdict, describe(cpu[key])["predicted"]), \
-            (key, outcome.verdict, outcome.detail[:500], reference.verdict)
+        # The same verdict, not merely another failure where the CPU adapter's failed.
+        assert outcome.verdict == reference.verdict, \
+            (key, outcome.verdict, outcome.detail[:500], reference.verdict, reference.detail[:500])
 
 
 @pytest.mark.parametrize("wheel, error, refusal", [

@@ -36,7 +36,7 @@ from probes.run import netns as _netns
 _run = _case.run_case_here
 
 
-def _seen(text, on_probe_start=lambda timeout: None):
+def _seen(text, on_probe_start=lambda timeout, described=None: None):
     outcome = _run(text, on_probe_start)
     outcome.detail += f" SEEN[{' '.join(_netns.interfaces())}; lo {'up' if _netns.lo_is_up() else 'down'}]"
     return outcome

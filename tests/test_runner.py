@@ -5,12 +5,14 @@ import os
 import stat
 import sys
 import time
+from importlib import metadata
 
 import pytest
 
 from kvref import ShapeKey
+from kvref.oracle import device_kind
 from probes.run.runner import GRACE_SECONDS, classify, run_case, run_cases
-from probes.run.worker import PHASE_PROBE
+from probes.run.worker import DESCRIBED_PREFIX, PHASE_PROBE
 from probes.suite.cases import Case
 from probes.suite.matrix import build_cases
 
@@ -30,6 +32,14 @@ def alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split()[2] != "Z"
+
+
+def real_worker(tmp_path, patch: str) -> str:
+    """An interpreter stand-in that runs the real worker after `patch`, which
+    may change what it runs through `p` (probes.run.probe_case)."""
+    (tmp_path / "planted.py").write_text("import runpy\nimport probes.run.probe_case as p\n" + patch +
+                                         "runpy.run_module('probes.run.worker', run_name='__main__')\n")
+    return fake_python(tmp_path, f'exec {sys.executable} {tmp_path / "planted.py"}')
 
 
 PROBING = f"echo '{PHASE_PROBE}' >&2"  # a stand-in worker whose start-up is over
@@ -55,6 +65,28 @@ def test_crashing_worker_is_a_crash(tmp_path):
     python = fake_python(tmp_path, "kill -SEGV $$")
     result = run_case(Case("roundtrip", "tpu7x", timeout=5.0), python=python)
     assert result.outcome.verdict == "CRASH" and "SIGSEGV" in result.outcome.detail
+
+
+def test_a_worker_that_dies_in_its_probe_keeps_what_it_said_of_the_iut(tmp_path):
+    """The worker names the IUT (version, backend, device kind) before the
+    probe runs: a crash or hang in the probe keeps it, as a result would."""
+    python = real_worker(tmp_path, "import os, signal\n"
+                                   "declared = p.probe\n"
+                                   "class Dies:\n"
+                                   "    def __init__(self, name):\n"
+                                   "        self.address_space_headroom = declared(name).address_space_headroom\n"
+                                   "    def run(self, case, iut):\n"
+                                   "        os.kill(os.getpid(), signal.SIGSEGV)\n"
+                                   "p.probe = Dies\n")
+    case = build_cases(["tpu7x"], [], probes=("plan_binding",), timeout=10.0)[0]
+    outcome = run_case(case, python=python).outcome
+    assert outcome.verdict == "CRASH" and "SIGSEGV" in outcome.detail, outcome.detail
+    assert (outcome.iut_version, outcome.backend, outcome.device_kind) == \
+        (metadata.version("kvref"), "sim", device_kind("tpu7x"))
+    said = f"{DESCRIBED_PREFIX}{{\"iut_version\": \"1.2\", \"backend\": \"jax-cpu\", \"device_kind\": \"cpu\"}}"
+    outcome = classify(1, said, f"{PHASE_PROBE}\nTimeout (0:00:02)!\n", killed=False, timeout=2.0)
+    assert (outcome.verdict, outcome.iut_version, outcome.device_kind) == ("HANG", "1.2", "cpu")
+    assert classify(-11, "", "", killed=False, timeout=2.0).device_kind == ""  # nothing said: nothing kept
 
 
 def test_exit_without_result_is_an_error(tmp_path):
@@ -87,16 +119,12 @@ def test_a_hang_in_start_up_is_reported_as_start_up(tmp_path):
 def test_the_real_worker_gives_start_up_its_own_limit(tmp_path):
     """The worker's start-up may take longer than the probe's limit: a start-up
     of 2 s under a 1 s probe limit still runs the probe."""
-    (tmp_path / "slow_start.py").write_text(
-        "import runpy, time\n"
-        "import probes.run.probe_case as p\n"
-        "_run = p.run_case_here\n"
-        "def slow(text, on_probe_start):\n"
-        "    time.sleep(2)\n"
-        "    return _run(text, on_probe_start)\n"
-        "p.run_case_here = slow\n"
-        "runpy.run_module('probes.run.worker', run_name='__main__')\n")
-    python = fake_python(tmp_path, f'exec {sys.executable} {tmp_path / "slow_start.py"}')
+    python = real_worker(tmp_path, "import time\n"
+                                   "_run = p.run_case_here\n"
+                                   "def slow(text, on_probe_start):\n"
+                                   "    time.sleep(2)\n"
+                                   "    return _run(text, on_probe_start)\n"
+                                   "p.run_case_here = slow\n")
     case = build_cases(["tpu7x"], [], probes=("plan_binding",), timeout=10.0)[0]
     case = dataclasses.replace(case, startup_timeout=5.0)
     assert run_case(case, python=python).outcome.verdict == "PASS"

@@ -24,7 +24,7 @@ from probes.run import netns
 from probes.run.hosts import this_host
 from probes.run.forked import ZygoteLost, ZygoteUnavailable, kill_live, run_watched, zygote_for
 from probes.run.pair import PAIR_PREFIX
-from probes.run.worker import PHASE_PROBE, RESULT_PREFIX
+from probes.run.worker import DESCRIBED_PREFIX, PHASE_PROBE, RESULT_PREFIX
 from probes.suite.cases import Case
 from probes.suite.registry import probe
 from probes.suite.pull_failures import DIES
@@ -137,8 +137,9 @@ def classify(returncode: int, out: str, err: str, killed: bool, timeout: float,
     reported result stands only if the process then exited cleanly. A crash,
     a non-zero exit or a hang while arrays and managers are released at exit
     is the verdict, "after the probe", with what the probe had reported. A
-    hang before the probe started is one of the start-up, with its own limit."""
-    reported = _reported(out)
+    hang before the probe started is one of the start-up, with its own limit.
+    A failure in the probe keeps what the worker said of the IUT before it."""
+    reported, described = _reported(out), _described(out)
     after, said = "", ""
     if reported is not None:
         after = " after the probe"
@@ -147,19 +148,19 @@ def classify(returncode: int, out: str, err: str, killed: bool, timeout: float,
         return Outcome(HANG, f"start-up (imports, the device runtime, the adapter's checks) did not "
                        f"finish in {startup_timeout}s; stacks:\n{err[-4000:]}", seconds=startup_timeout)
     if killed:
-        return _finding(reported, HANG, f"no answer in {timeout}s{after}; killed{said}\n{err[-4000:]}",
-                        seconds=timeout)
-    if WATCHDOG_FIRED in err and returncode == 1:
-        return _finding(reported, HANG, f"watchdog fired after {timeout}s{after}{said}; stacks:\n"
+        return _finding(reported or described, HANG, f"no answer in {timeout}s{after}; killed{said}\n"
                         f"{err[-4000:]}", seconds=timeout)
+    if WATCHDOG_FIRED in err and returncode == 1:
+        return _finding(reported or described, HANG, f"watchdog fired after {timeout}s{after}{said}; "
+                        f"stacks:\n{err[-4000:]}", seconds=timeout)
     if returncode < 0:
         name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
-        return _finding(reported, CRASH, f"killed by {name}{after}{said}\n{err[-4000:]}")
+        return _finding(reported or described, CRASH, f"killed by {name}{after}{said}\n{err[-4000:]}")
     if returncode != 0 and reported is not None:
         return _finding(reported, CRASH, f"exited {returncode}{after}{said}\n{err[-4000:]}")
     if reported is not None:
         return reported
-    return Outcome(ERROR, f"worker exited {returncode} without a result\n{err[-4000:]}")
+    return _finding(described, ERROR, f"worker exited {returncode} without a result\n{err[-4000:]}")
 
 
 def _reported(out: str) -> Outcome | None:
@@ -169,8 +170,17 @@ def _reported(out: str) -> Outcome | None:
     return None
 
 
+def _described(out: str) -> Outcome | None:
+    """What the worker said of the IUT before the probe ran, as an outcome's fields."""
+    for line in reversed(out.splitlines()):
+        if line.startswith(DESCRIBED_PREFIX):
+            return Outcome(ERROR, "", **json.loads(line[len(DESCRIBED_PREFIX):]))
+    return None
+
+
 def _finding(reported: Outcome | None, verdict: str, detail: str, **fields) -> Outcome:
-    """A failing verdict, keeping what the worker had reported about the IUT."""
+    """A failing verdict, keeping what the worker had reported about the IUT
+    (its result, or what it said before the probe)."""
     if reported is None:
         return Outcome(verdict, detail, **fields)
     return dataclasses.replace(reported, verdict=verdict, detail=detail, **fields)

@@ -7,9 +7,10 @@ so it fires even while C++ holds the GIL, dumps every thread's stack to stderr
 and exits. It has two limits: the IUT's start-up (imports, the device
 runtime coming up, the adapter's own checks) gets `case.startup_timeout`;
 then the line PHASE_PROBE goes to stderr and the probe, and everything up to
-the process's exit, gets `case.timeout`. The parent reads the exit status
-too: a result line counts only if the process then exits cleanly
-(probes.run.runner.classify)."""
+the process's exit, gets `case.timeout`. Before the probe runs, a line says
+what it runs on (the IUT's version, backend and device kind), which a crash or
+a hang then keeps. The parent reads the exit status too: a result line counts
+only if the process then exits cleanly (probes.run.runner.classify)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import sys
 
 RESULT_PREFIX = "KVPROBE-RESULT "
 PHASE_PROBE = "KVPROBE-PHASE probe"
+DESCRIBED_PREFIX = "KVPROBE-IUT "  # what the probe runs on, printed before it runs
 
 
 def main() -> int:
@@ -36,8 +38,12 @@ def run(text: str) -> int:
     return 0
 
 
-def _probe_phase(timeout: float) -> None:
-    """Start-up is over: the probe's own limit runs from here to the exit."""
+def _probe_phase(timeout: float, described: dict | None = None) -> None:
+    """Start-up is over: the probe's own limit runs from here to the exit.
+    What it runs on (`described`: the IUT's version, backend and device kind)
+    goes out first, for the runner to keep if the probe crashes or hangs."""
+    if described:
+        print(DESCRIBED_PREFIX + json.dumps(described), flush=True)
     print(PHASE_PROBE, file=sys.stderr, flush=True)
     faulthandler.dump_traceback_later(timeout, exit=True)
 

@@ -32,3 +32,16 @@ def test_a_fault_is_found_shrunk_and_reproduced_alone(tmp_path):
 def test_sequences_need_a_layout_whose_rows_are_ranges():
     with pytest.raises(ValueError, match="tpu-sync-jax runs on cpu, not 'v5e'"):
         fuzz_command.fuzz_iut("tpu-sync-jax", "v5e", sequences=1)
+
+
+def test_the_production_adapter_passes_what_it_cannot_convert_to_the_library():
+    # A fuzzed block list holds None or a float: the library must be the one
+    # that takes or refuses it, never the adapter failing first.
+    import numpy as np
+
+    from probes.iut.tpu_sync import _ints
+
+    converted = _ints(np.array([3, 4], np.int64))
+    assert converted == [3, 4] and all(type(x) is int for x in converted)
+    kept = _ints([np.int32(1), None, 2.5, "7"])
+    assert kept[0] == 1 and type(kept[0]) is int and kept[1:] == [None, 2.5, "7"]

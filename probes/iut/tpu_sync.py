@@ -73,8 +73,11 @@ def layer_block_sizes(impl, layers: int) -> tuple[int, ...]:
     return (int(impl.slice_byte_size),) * layers
 
 
-def _ints(values) -> list[int]:
-    return [int(x) for x in values]
+def _ints(values) -> list:
+    """A block list as a serving engine passes it: NumPy integers (what the
+    probes make) as Python ints; anything else as it is, for the library to
+    take or refuse (a fuzzed None must reach it, not fail here)."""
+    return [int(x) if isinstance(x, np.integer) else x for x in values]
 
 
 class SyncPending:

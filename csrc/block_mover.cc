@@ -8,6 +8,7 @@
 #include <string>
 
 #include "checked.h"
+#include "stream_copy.h"
 #include "thread_pool.h"
 
 namespace kvref {
@@ -29,12 +30,12 @@ std::string range_text(int64_t start, int64_t count) {
 
 void DeviceRegion::read(int64_t offset, int64_t n, uint8_t* dst, bool fenced) const {
   if (sim) sim->dma_read(offset, n, dst, fenced);
-  else std::memcpy(dst, raw + offset, static_cast<size_t>(n));
+  else stream_copy(dst, raw + offset, static_cast<size_t>(n));
 }
 
 void DeviceRegion::write(int64_t offset, int64_t n, const uint8_t* src, bool fenced) const {
   if (sim) sim->dma_write(offset, n, src, fenced);
-  else std::memcpy(raw + offset, src, static_cast<size_t>(n));
+  else stream_copy(raw + offset, src, static_cast<size_t>(n));
 }
 
 TransferFuture::TransferFuture(int64_t parts)

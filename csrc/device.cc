@@ -1,4 +1,5 @@
 #include "device.h"
+#include "stream_copy.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -244,12 +245,12 @@ void DeviceBuffer::check_dma(int64_t offset, int64_t size, const char* what, boo
 
 void DeviceBuffer::dma_read(int64_t offset, int64_t size, uint8_t* dst, bool fenced) {
   check_dma(offset, size, "device-to-host copy", fenced);
-  std::memcpy(dst, bytes_.data() + offset, static_cast<size_t>(size));
+  stream_copy(dst, bytes_.data() + offset, static_cast<size_t>(size));
 }
 
 void DeviceBuffer::dma_write(int64_t offset, int64_t size, const uint8_t* src, bool fenced) {
   check_dma(offset, size, "host-to-device copy", fenced);
-  std::memcpy(bytes_.data() + offset, src, static_cast<size_t>(size));
+  stream_copy(bytes_.data() + offset, src, static_cast<size_t>(size));
 }
 
 }  // namespace kvref

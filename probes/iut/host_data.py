@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import numpy.random  # noqa: F401  NumPy loads it on first use: a zygote's workers find it loaded
 
 import kvref
 

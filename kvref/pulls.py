@@ -35,8 +35,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import grpc
-
 from kvref.endpoints import Route, address, port_of, routes, with_port
 from kvref.faults import Faults
 from kvref.offsets import block_list
@@ -52,6 +50,15 @@ CLOSE_SECONDS = 5.0  # the longest close() waits for a pull's thread
 SERVER_THREADS = 4
 MAX_PULLS = 1024  # pulls in flight at once on one consumer, each a thread
 MAX_REASONS = 4096  # failure reasons kept, the oldest dropped first
+def _grpc():
+    """gRPC, imported by the first manager that listens or pulls: a manager
+    that only offloads (and every probe worker forked from a warm parent,
+    which carries what it imported to its exit) never loads it."""
+    import grpc
+
+    return grpc
+
+
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
                    ("grpc.enable_http_proxy", 0)]  # never through a proxy: the address given, only
 SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.max_send_message_length", -1),
@@ -138,6 +145,7 @@ class PullService:
         return [{"endpoint": where, "shards": list(parts)} for _, where, parts in self._servers]
 
     def _listen(self, where: str, sub_managers: int) -> None:
+        grpc = _grpc()
         parts = self.layer_parts[0]
         if not 1 <= sub_managers <= parts:
             raise ValueError(f"sub_managers must be in [1, {parts}] (the parts of a block), got {sub_managers}")
@@ -162,6 +170,7 @@ class PullService:
             raise
 
     def _handlers(self, parts: tuple[int, ...]):
+        grpc = _grpc()
         return grpc.method_handlers_generic_handler(SERVICE, {
             "Pull": grpc.unary_stream_rpc_method_handler(
                 lambda request, context: self._serve(request, context, parts),
@@ -172,6 +181,7 @@ class PullService:
                 response_serializer=PullSettledReply.SerializeToString)})
 
     def _serve(self, request: PullRequest, context, served: tuple[int, ...]):
+        grpc = _grpc()
         with self._lock:
             self._expire()
             registration = self._registrations.get(request.uuid)
@@ -295,6 +305,7 @@ class PullService:
                 raise ValueError(f"local blocks {busy[:8]} are still being written by request {other.req_id!r}")
 
     def _run(self, pull: Pull) -> None:
+        grpc = _grpc()
         if pull.refusal:  # late_refusal: accepted, then failed when the deadline passes
             time.sleep(max(0.0, pull.deadline - time.monotonic()))
             return self._settle(pull, False, pull.refusal)
@@ -318,6 +329,7 @@ class PullService:
 
     def _fetch(self, pull: Pull, route: Route) -> dict:
         """Every part of every block this route serves, checked for place and size."""
+        grpc = _grpc()
         with grpc.insecure_channel(route.address, options=CHANNEL_OPTIONS) as channel:
             call = channel.unary_stream(f"/{SERVICE}/Pull", request_serializer=PullRequest.SerializeToString,
                                         response_deserializer=PullReply.FromString)(
@@ -365,6 +377,7 @@ class PullService:
     def _tell_producer(self, pull: Pull) -> None:
         """That the pull landed; best effort: a producer that does not hear it
         settles at its deadline."""
+        grpc = _grpc()
         for route in pull.routes:
             try:
                 with grpc.insecure_channel(route.address, options=CHANNEL_OPTIONS) as channel:

@@ -299,3 +299,19 @@ def test_one_manager_at_a_time_attaches_a_shared_memory_key_and_its_segment_goes
     assert not [p for p in os.listdir("/dev/shm") if key in p]  # a dropped manager lets go too
     with pytest.raises(ValueError, match="shm_key must be"):
         kvref.KVCacheManager(arrays, 8, shm_key="../x")
+
+
+def test_a_manager_that_only_offloads_never_loads_grpc():
+    # Every probe worker carries what its warm parent imported to its exit:
+    # gRPC is loaded by the first manager that listens or pulls, not before.
+    import subprocess
+    import sys
+
+    code = ("import sys, kvref\n"
+            "m = kvref.KVCacheManager([kvref.SimDevice('v5e').zeros((64, 8, 128), 'f32')], 4)\n"
+            "m.d2h([0], [1]).result()\n"
+            "assert 'grpc' not in sys.modules, 'offloading loaded grpc'\n"
+            "kvref.KVCacheManager([kvref.SimDevice('v5e').zeros((64, 8, 128), 'f32')], 4, listen='127.0.0.1:0')\n"
+            "assert 'grpc' in sys.modules, 'a listening manager did not load grpc'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 import kvref
+from probes.report import drawn
 from probes.suite.ownership import PADDING, physical_owners
 
 COLOURS = ("#d9d9d9", "#1f77b4", "#ff7f0e", "#9467bd", "#ffffff")  # other, block a, block b, both, padding
@@ -19,7 +20,15 @@ def draw(shape: kvref.Shape, path, *, title: str = "", remedy: tuple[str, kvref.
     """One column per layout (the shape's, then the remedy's): above, the whole
     buffer in `lines` lines of `width` pixels, each pixel a run of elements
     coloured by which of the two blocks own any of it; below, the same for the
-    span from the two blocks' first element to their last."""
+    span from the two blocks' first element to their last. Drawn only when one
+    of these changed (probes.report.drawn)."""
+    if shape.rank == 0 or shape.logical_elements == 0:
+        raise ValueError(f"{shape} has no dim-0 rows to draw")
+    if not (0 <= min(blocks) and max(blocks) < shape.dims[0]):
+        raise ValueError(f"blocks {blocks} are not both among the {shape.dims[0]} blocks of {shape}")
+    print_ = drawn.fingerprint(str(shape), title, remedy and (remedy[0], str(remedy[1])), blocks, width, lines)
+    if drawn.up_to_date(path, print_):
+        return
     import matplotlib
 
     matplotlib.use("Agg")
@@ -27,10 +36,6 @@ def draw(shape: kvref.Shape, path, *, title: str = "", remedy: tuple[str, kvref.
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    if shape.rank == 0 or shape.logical_elements == 0:
-        raise ValueError(f"{shape} has no dim-0 rows to draw")
-    if not (0 <= min(blocks) and max(blocks) < shape.dims[0]):
-        raise ValueError(f"blocks {blocks} are not both among the {shape.dims[0]} blocks of {shape}")
     panels = [("as laid out", shape)] + ([remedy] if remedy else [])
     fig, axes = plt.subplots(2, len(panels), figsize=(6 * len(panels), 9), constrained_layout=True,
                              squeeze=False, height_ratios=(2, 1))
@@ -56,7 +61,7 @@ def draw(shape: kvref.Shape, path, *, title: str = "", remedy: tuple[str, kvref.
                                Patch(facecolor=COLOURS[PAD], edgecolor="#999999", label="padding")],
                       loc="lower right", fontsize=8)
     fig.suptitle(title or f"{shape.key}: where blocks {blocks[0]} and {blocks[1]} lie", fontsize=10)
-    fig.savefig(path, dpi=100)
+    drawn.save(fig, path, print_, dpi=100)
     plt.close(fig)
 
 

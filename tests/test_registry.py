@@ -8,6 +8,7 @@ import pytest
 
 import kvref
 from probes.iut import protocol
+from probes.iut.protocol import CacheMode
 from probes.iut.registry import adapter_for, iut, usable_iuts
 from probes.suite.matrix import build_cases, load_matrix
 from probes.suite.registry import PROBES, SCOPES, addressable_or_refused, probe
@@ -139,3 +140,18 @@ def test_a_probe_or_outcome_declared_wrong_fails_where_it_is_declared():
         Probe("p", lambda case, iut: None, "generation", always("PASS"), kinds=("a",))
     with pytest.raises(ValueError, match="verdict 'FAIL'; expected one of"):
         Outcome("FAIL")
+
+
+def test_a_cache_mode_is_checked_where_the_adapter_is_asked():
+    """Outside IUTs and probes may name a mode as text; the adapter refuses an
+    unknown one, naming the modes, and hands its half the enum."""
+    adapter = adapter_for("kvref-sim", "v5e")
+    key = kvref.ShapeKey("bf16", (64, 8, 128))
+    with pytest.raises(ValueError, match="cache mode 'lazy'; expected one of put, landing, deferred$"):
+        adapter.make_cache(key, seed=1, mode="lazy")
+    asked = []
+    made = adapter.arrays.make_caches
+    adapter.arrays.make_caches = lambda key, seeds, mode, finite: asked.append(mode) or made(key, seeds, mode, finite)
+    adapter.make_cache(key, seed=1, mode="landing")
+    adapter.make_cache(key, seed=1)
+    assert asked == [CacheMode.LANDING, CacheMode.PUT] and all(type(m) is CacheMode for m in asked)

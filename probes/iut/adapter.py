@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import kvref
-from probes.iut.protocol import CACHE_MODES, PROTOCOL_VERSION, Arrays, Library, ShardedArrays
+from probes.iut.protocol import PROTOCOL_VERSION, Arrays, CacheMode, Library, ShardedArrays
 
 
 STARTUP_SECONDS = 60.0  # a worker's start-up: imports, the device runtime, the adapter's checks
@@ -117,12 +117,13 @@ class Adapter:
     def layout(self, key: kvref.ShapeKey) -> kvref.Shape:
         return self.iut.layout_of(self.generation, key)[0]
 
-    def make_caches(self, key: kvref.ShapeKey, seeds, mode: str = "put", finite: bool = False):
-        if mode not in CACHE_MODES:
-            raise ValueError(f"cache mode {mode!r}; expected one of {CACHE_MODES}")
-        return self.arrays.make_caches(key, list(seeds), mode, finite)
+    def make_caches(self, key: kvref.ShapeKey, seeds, mode: CacheMode | str = CacheMode.PUT, finite: bool = False):
+        if mode not in tuple(CacheMode):
+            raise ValueError(f"cache mode {mode!r}; expected one of {', '.join(CacheMode)}")
+        return self.arrays.make_caches(key, list(seeds), CacheMode(mode), finite)
 
-    def make_cache(self, key: kvref.ShapeKey, seed: int, mode: str = "put", finite: bool = False):
+    def make_cache(self, key: kvref.ShapeKey, seed: int, mode: CacheMode | str = CacheMode.PUT,
+                   finite: bool = False):
         return self.make_caches(key, [seed], mode, finite)[0]
 
     def fetch(self, cache):

@@ -19,7 +19,7 @@ from probes.iut.dense_cpu import DenseCpuArrays
 from probes.iut.hardware import NO_TPU, local_tpu_generation, standin_platform, tpu_device
 from probes.iut.host_data import random_host
 from probes.iut.reference import tpu_layout_of
-from probes.iut.protocol import NoViews
+from probes.iut.protocol import CacheMode, NoViews
 
 
 class JaxSteps:
@@ -99,7 +99,7 @@ class JaxCpuArrays(DenseCpuArrays, JaxSteps):
             return "jax is not installed (pip install 'kvref[oracle]')"
         return None
 
-    def make_caches(self, key, seeds, mode="put", finite=False):
+    def make_caches(self, key, seeds, mode=CacheMode.PUT, finite=False):
         import jax
 
         hosts = [random_host(key, seed, finite) for seed in seeds]
@@ -124,7 +124,7 @@ class JaxCpuArrays(DenseCpuArrays, JaxSteps):
 PENDING_BYTES = 10 * 2**30
 
 
-def jax_caches(hosts: list[np.ndarray], device, mode: str, pending_bytes: int = PENDING_BYTES) -> list:
+def jax_caches(hosts: list[np.ndarray], device, mode: CacheMode, pending_bytes: int = PENDING_BYTES) -> list:
     """put and landing: `jax.device_put`, whose copies may still be in flight;
     deferred: the outputs of computations still running (see the module
     docstring), all dispatched after every input has landed."""
@@ -133,7 +133,7 @@ def jax_caches(hosts: list[np.ndarray], device, mode: str, pending_bytes: int = 
     # A copy: on the CPU, device_put may take the host array's memory as the
     # device buffer itself, and the probes keep `host` as what is expected.
     arrays = [jax.device_put(host.copy(), device) for host in hosts]
-    if mode != "deferred":
+    if mode != CacheMode.DEFERRED:
         return arrays
     for array in arrays:
         array.block_until_ready()
@@ -284,7 +284,7 @@ class JaxTpuArrays(JaxSteps):
     # half second of pending work is a hundred times the bytes.
     TPU_PENDING_BYTES = 100 * PENDING_BYTES
 
-    def make_caches(self, key, seeds, mode="put", finite=False):
+    def make_caches(self, key, seeds, mode=CacheMode.PUT, finite=False):
         hosts = [random_host(key, seed, finite) for seed in seeds]
         caches = jax_caches(hosts, tpu_device(), mode, PENDING_BYTES if standin_platform() else self.TPU_PENDING_BYTES)
         if not standin_platform():

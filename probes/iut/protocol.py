@@ -17,6 +17,7 @@ refused by name. A change that breaks an existing IUT raises the version."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -26,9 +27,14 @@ import kvref
 PROTOCOL_VERSION = 1
 PROTOCOL_VERSIONS = (1,)  # the versions this harness drives
 
-# put: copied from the host; landing: copied from the host and, where the
-# backend allows, still in flight; deferred: a computation not yet done.
-CACHE_MODES = ("put", "landing", "deferred")
+
+class CacheMode(StrEnum):
+    """How `Arrays.make_caches` makes a cache. Members equal their text, so
+    an IUT may compare `mode` with "put" as well as with CacheMode.PUT."""
+
+    PUT = "put"  # copied from the host
+    LANDING = "landing"  # copied from the host and, where the backend allows, still in flight
+    DEFERRED = "deferred"  # a computation not yet done
 
 
 class NoViews(Exception):
@@ -52,10 +58,10 @@ class Arrays(Protocol):
     def skip_reason(self) -> str | None:
         """Why these arrays cannot be made here, or None."""
 
-    def make_caches(self, key: kvref.ShapeKey, seeds: Sequence[int], mode: str = "put",
+    def make_caches(self, key: kvref.ShapeKey, seeds: Sequence[int], mode: CacheMode = CacheMode.PUT,
                     finite: bool = False) -> list[tuple[Any, np.ndarray]]:
-        """(device cache, its logical host contents) per seed; `mode` one of
-        CACHE_MODES. All host contents are made before the first cache, so
+        """(device cache, its logical host contents) per seed, made as `mode`
+        says. All host contents are made before the first cache, so
         caches made pending are all still pending together."""
 
     def views(self, key: kvref.ShapeKey, seeds: Sequence[int]):

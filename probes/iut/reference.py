@@ -14,7 +14,7 @@ from kvref.oracle import device_kind, lookup
 from kvref.sharding import uneven_parts
 from kvref.sim_mesh import SimMesh
 from probes.iut.host_data import random_host
-from probes.iut.protocol import NoViews
+from probes.iut.protocol import CacheMode, NoViews
 
 
 def tpu_layout_of(generation: str, key: kvref.ShapeKey,
@@ -128,14 +128,14 @@ class SimArrays:
     def skip_reason(self) -> str | None:
         return None
 
-    def make_caches(self, key, seeds, mode="put", finite=False):
+    def make_caches(self, key, seeds, mode=CacheMode.PUT, finite=False):
         hosts = [random_host(key, seed, finite) for seed in seeds]
-        if mode == "deferred":
+        if mode == CacheMode.DEFERRED:
             with self.device.defer_and_fuse():
                 caches = [self.device.zeros(key.dims, key.dtype).write_(host) for host in hosts]
             return list(zip(caches, hosts))
         layout = self.layout_of(self.device.generation, key)[0]
-        delays = [self.PUT_DELAY_US if mode == "landing" and i == 0 else 0 for i in range(len(hosts))]
+        delays = [self.PUT_DELAY_US if mode == CacheMode.LANDING and i == 0 else 0 for i in range(len(hosts))]
         return [(self.device.put(host, shape=layout, land_after_us=delay), host)
                 for host, delay in zip(hosts, delays)]
 

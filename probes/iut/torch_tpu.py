@@ -12,7 +12,7 @@ from kvref.generations import TORCH_TPU_NAMES
 from probes.iut.hardware import NO_TPU, TpuUnavailable, tpu_visible
 from probes.iut.host_data import random_host
 from probes.iut.reference import tpu_layout_of
-from probes.iut.protocol import NoViews
+from probes.iut.protocol import CacheMode, NoViews
 
 # torch.tpu.get_device_name() names a chip as TORCH_TPU_NAMES says; it has no v3.
 TORCH_TPU_GENERATIONS = tuple(g for g in kvref.GENERATIONS if g in TORCH_TPU_NAMES.values())
@@ -49,7 +49,7 @@ class TorchTpuArrays:
             return f"this TPU is {self.device_kind} ({found or 'unknown to kvref'}), not {self.generation}"
         return None
 
-    def make_caches(self, key, seeds, mode="put", finite=False):
+    def make_caches(self, key, seeds, mode=CacheMode.PUT, finite=False):
         """put and landing: `cpu_tensor.to("tpu")`, whose copies may still be landing.
         deferred: clones recorded under DEFER_AND_FUSE, not yet run (the
         probes check that they are still pending when the manager is built)."""
@@ -57,7 +57,7 @@ class TorchTpuArrays:
 
         hosts = [random_host(key, seed, finite) for seed in seeds]
         caches = [kvref.to_torch(host).to("tpu") for host in hosts]
-        if mode == "deferred":
+        if mode == CacheMode.DEFERRED:
             with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
                 caches = [cache.clone() for cache in caches]
         return list(zip(caches, hosts))

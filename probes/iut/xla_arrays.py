@@ -25,6 +25,7 @@ import numpy as np
 import kvref
 from probes.iut.dense_cpu import DenseCpuArrays
 from probes.iut.host_data import random_host
+from probes.iut.protocol import CacheMode
 
 # The landing graph's product: n x n f32, about 2 n^3 flops (a few hundred ms
 # on one core), long enough to outlast building the manager.
@@ -45,7 +46,7 @@ class TorchXlaArrays(DenseCpuArrays):
             return "torch_xla is not installed here: run `kvprobe peer-env --lib xla` (`make xla-env`)"
         return None
 
-    def make_caches(self, key, seeds, mode="put", finite=False):
+    def make_caches(self, key, seeds, mode=CacheMode.PUT, finite=False):
         import torch
         import torch_xla
 
@@ -53,10 +54,10 @@ class TorchXlaArrays(DenseCpuArrays):
         device = torch_xla.device()
         placed = [kvref.to_torch(host).to(device) for host in hosts]
         torch_xla.sync(wait=True)
-        if mode == "put":
+        if mode == CacheMode.PUT:
             return list(zip(placed, hosts))
         caches = [t.flip(0).flip(0) for t in placed]
-        if mode == "landing":
+        if mode == CacheMode.LANDING:
             a = torch.rand(LANDING_MATMUL_N, LANDING_MATMUL_N, device=device)
             product = (a @ a).sum()
             gate = product == product  # finite, so true; XLA cannot know that before computing it

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import kvref
 from probes.iut.adapter import Adapter
-from probes.iut.protocol import NoViews
+from probes.iut.protocol import CacheMode, NoViews
 from probes.suite.cases import Case
 from probes.suite.refusals import refused
 from probes.suite.roundtrip import permuted_round_trip
@@ -22,7 +22,7 @@ def deferred_construction(case: Case, iut: Adapter) -> Outcome:
     computation still running on JAX): construction must not hang (the
     watchdog turns a hang into HANG), and every block must then round-trip
     byte-exact as the computation produced it."""
-    pairs = iut.make_caches(case.shape, [case.seed + i for i in range(LAYERS)], mode="deferred")
+    pairs = iut.make_caches(case.shape, [case.seed + i for i in range(LAYERS)], mode=CacheMode.DEFERRED)
     caches, hosts = [c for c, _ in pairs], [h for _, h in pairs]
     ready = sum(not iut.is_pending(c) for c in caches)
     if ready:
@@ -45,7 +45,7 @@ def host_transferred_construction(case: Case, iut: Adapter) -> Outcome:
     built: construction must wait for them, and the first blocks moved must
     be the landed bytes. Where the backend lands copies before handing the
     array back, there is nothing in flight to probe: SKIP."""
-    pairs = iut.make_caches(case.shape, [case.seed + i for i in range(LAYERS)], mode="landing", finite=True)
+    pairs = iut.make_caches(case.shape, [case.seed + i for i in range(LAYERS)], mode=CacheMode.LANDING, finite=True)
     caches = [c for c, _ in pairs]
     landed = sum(not iut.is_pending(c) for c in caches)
     if landed:

@@ -16,7 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from probes.suite.verdicts import SKIP, agrees
+from probes.report.results import disagreements
+from probes.suite.verdicts import SKIP, Prediction
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "example-manager"
@@ -50,8 +51,7 @@ def latest_csv(out: Path) -> pd.DataFrame:
 
 def failing(frame: pd.DataFrame) -> set[str]:
     """The cases whose verdict is not one the reference predicts (a SKIP is no verdict)."""
-    return {c for c, v, p in zip(frame["case_id"], frame["verdict"], frame["predicted"])
-            if v != SKIP and not agrees(v, p)}
+    return set(disagreements(frame)["case_id"])
 
 
 def test_the_example_package_is_qualified_from_outside_through_the_cli_and_the_plugin(outside, tmp_path):
@@ -77,7 +77,7 @@ def test_the_example_package_is_qualified_from_outside_through_the_cli_and_the_p
     properties = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")} for c in cases}
     assert len(properties) == len(latest_csv(tmp_path / "plugin")) > 10
     assert set(properties) == set(latest_csv(tmp_path / "plugin")["case_id"])  # each item is named by its case id
-    assert all(agrees(p["verdict"], p["predicted"]) for p in properties.values())
+    assert all(Prediction.parse(p["predicted"]).admits(p["verdict"]) for p in properties.values())
 
 
 PLANTED = '''

@@ -6,9 +6,8 @@ import pytest
 from probes.iut import peer_env
 from probes.run.runner import run_cases
 from probes.suite.matrix import build_cases, load_matrix
-from probes.suite.predict import describe
+from probes.suite.predict import prediction
 from probes.suite.registry import PROBES
-from probes.suite.verdicts import agrees
 from tests.peer_python import peer_python_or_skip
 
 ROBUSTNESS_PROBES = {name for name, p in PROBES.items() if p.scope == "robustness"}
@@ -109,7 +108,7 @@ def test_reference_earns_its_predictions_beside_it(side_by_side):
                 assert r.case.probe in ("host_transferred_construction", "pending_views"), r.outcome.detail
                 assert "none was in flight" in r.outcome.detail or "no views" in r.outcome.detail
                 continue
-            assert agrees(r.outcome.verdict, describe(r.case)["predicted"]), (r.case.case_id, r.outcome.detail)
+            assert prediction(r.case).admits(r.outcome.verdict), (r.case.case_id, r.outcome.detail)
 
 
 @pytest.mark.timeout(SIDE_BY_SIDE_SECONDS)

@@ -9,9 +9,8 @@ import pytest
 
 from probes.run.runner import run_case
 from probes.suite.matrix import build_cases, load_matrix
-from probes.suite.predict import describe
+from probes.suite.predict import prediction
 from probes.suite.registry import PROBES
-from probes.suite.verdicts import agrees
 
 SEED = load_matrix("seed")
 SEED_CASES = build_cases(["tpu7x"], SEED, probes=tuple(PROBES))
@@ -20,4 +19,4 @@ SEED_CASES = build_cases(["tpu7x"], SEED, probes=tuple(PROBES))
 @pytest.mark.parametrize("case", SEED_CASES, ids=lambda c: c.case_id)
 def test_reference_earns_its_prediction(case):
     result = run_case(case)
-    assert agrees(result.outcome.verdict, describe(case)["predicted"]), result.outcome.detail
+    assert prediction(case).admits(result.outcome.verdict), result.outcome.detail

@@ -12,7 +12,7 @@ from probes.iut.protocol import CacheMode
 from probes.iut.registry import adapter_for, iut, usable_iuts
 from probes.suite.matrix import build_cases, load_matrix
 from probes.suite.registry import PROBES, SCOPES, addressable_or_refused, probe
-from probes.suite.verdicts import VERDICTS
+from probes.suite.verdicts import Prediction, Verdict
 
 
 @pytest.mark.parametrize("name", PROBES)
@@ -29,11 +29,11 @@ def test_each_probe_is_declared_whole(name):
     contiguous, interleaved = (p.predict(kvref.tpu_layout("bf16", dims, "tpu7x"))
                                for dims in ((512, 16, 2048), (512, 3, 2048)))
     for predicted in (contiguous, interleaved):
-        assert predicted and set(predicted) <= set(VERDICTS) - {"SKIP"}, predicted
+        assert isinstance(predicted, Prediction) and not predicted.admits(Verdict.SKIP), predicted
     if p.predict is addressable_or_refused:  # the layout decides: rows that are byte ranges move
-        assert (contiguous, interleaved) == (("PASS",), ("REJECTED",)), name
+        assert (str(contiguous), str(interleaved)) == ("PASS", "REJECTED"), name
     else:  # a fixed prediction says so, whatever the layout
-        assert contiguous == interleaved and p.predict.__doc__.startswith(" or ".join(contiguous)), name
+        assert contiguous == interleaved and p.predict.__doc__.startswith(" or ".join(contiguous.verdicts)), name
 
 
 def test_cases_come_from_the_registry_alone():
@@ -138,8 +138,13 @@ def test_a_probe_or_outcome_declared_wrong_fails_where_it_is_declared():
         Probe("p", lambda case, iut: None, "shapes", always("PASS"))
     with pytest.raises(ValueError, match="only one, has kinds"):
         Probe("p", lambda case, iut: None, "generation", always("PASS"), kinds=("a",))
-    with pytest.raises(ValueError, match="verdict 'FAIL'; expected one of"):
+    with pytest.raises(ValueError, match="verdict 'FAIL'; expected one of PASS, REJECTED, CORRUPT, HANG, CRASH, "
+                                         "ERROR, SKIP$"):
         Outcome("FAIL")
+    with pytest.raises(ValueError, match="verdict 'FAIL'; expected one of PASS, "):
+        always("PASS", "FAIL")
+    # Text naming one is taken, and held as the enum from then on.
+    assert always("PASS")(None).verdicts == (Verdict.PASS,) and Outcome("REJECTED").verdict is Verdict.REJECTED
 
 
 def test_a_cache_mode_is_checked_where_the_adapter_is_asked():

@@ -10,9 +10,8 @@ from kvref import Faults
 from probes.iut import peer_env, registry
 from probes.run.runner import run_cases
 from probes.suite.matrix import build_cases, load_matrix
-from probes.suite.predict import describe
+from probes.suite.predict import prediction
 from probes.suite.registry import PROBES
-from probes.suite.verdicts import agrees
 from tests.peer_python import peer_python_or_skip
 
 pytestmark = [pytest.mark.xla, pytest.mark.timeout(900)]
@@ -66,7 +65,7 @@ def test_every_probe_earns_its_prediction(as_it_is):
         if r.case.shape.dtype.startswith("f8"):  # kvref cannot hold an f8 XLA buffer (no DLPack type)
             assert r.outcome.verdict == "REJECTED" and "DLPack has no f8" in r.outcome.detail
         elif not landed_first(r):
-            assert agrees(r.outcome.verdict, describe(r.case)["predicted"]), (r.case.case_id, r.outcome.detail)
+            assert prediction(r.case).admits(r.outcome.verdict), (r.case.case_id, r.outcome.detail)
 
 
 @pytest.mark.timeout(AS_IT_IS_SECONDS)

@@ -13,10 +13,11 @@ from probes.report import memory_map
 from probes.report.paths import file_safe
 from probes.report.results import implementation
 from probes.suite.registry import PROBES
-from probes.suite.verdicts import VERDICTS
+from probes.suite.verdicts import Verdict
 
-VERDICT_COLOURS = {"PASS": "#4caf50", "REJECTED": "#90a4ae", "CORRUPT": "#e53935", "HANG": "#8e24aa",
-                   "CRASH": "#000000", "ERROR": "#fb8c00", "SKIP": "#ffffff"}
+VERDICT_COLOURS = {Verdict.PASS: "#4caf50", Verdict.REJECTED: "#90a4ae", Verdict.CORRUPT: "#e53935",
+                   Verdict.HANG: "#8e24aa", Verdict.CRASH: "#000000", Verdict.ERROR: "#fb8c00",
+                   Verdict.SKIP: "#ffffff"}
 MAX_MEMORY_MAPS = 4
 
 
@@ -37,11 +38,11 @@ def draw_heatmap(frame: pd.DataFrame, path: Path, title: str) -> None:
     grid = labelled.pivot_table(index="row", columns="column", values="verdict", aggfunc="first")
     order = {p: i for i, p in enumerate(PROBES)}
     grid = grid[sorted(grid.columns, key=lambda c: (order.get(c.split(" / ")[0], 99), c))]
-    codes = grid.apply(lambda col: col.map({v: i for i, v in enumerate(VERDICTS)}))
+    codes = grid.apply(lambda col: col.map({v: i for i, v in enumerate(Verdict)}))
     fig, ax = plt.subplots(figsize=(2 + 1.3 * len(grid.columns), 1 + 0.28 * len(grid)),
                            constrained_layout=True)
-    cmap = ListedColormap([VERDICT_COLOURS[v] for v in VERDICTS])
-    ax.imshow(codes.to_numpy(dtype=float), cmap=cmap, vmin=-0.5, vmax=len(VERDICTS) - 0.5,
+    cmap = ListedColormap([VERDICT_COLOURS[v] for v in Verdict])
+    ax.imshow(codes.to_numpy(dtype=float), cmap=cmap, vmin=-0.5, vmax=len(Verdict) - 0.5,
               aspect="auto")
     ax.set_xticks(range(len(grid.columns)), grid.columns, rotation=30, ha="right", fontsize=8)
     ax.set_yticks(range(len(grid.index)), grid.index, fontsize=7)
@@ -49,7 +50,7 @@ def draw_heatmap(frame: pd.DataFrame, path: Path, title: str) -> None:
         if not isinstance(verdict, str):
             continue  # this probe does not run on this shape
         ax.text(j, i, verdict, ha="center", va="center", fontsize=6,
-                color="white" if verdict in ("CRASH", "HANG") else "black")
+                color="white" if verdict in (Verdict.CRASH, Verdict.HANG) else "black")
     ax.set_title(title, fontsize=10)
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -59,7 +60,7 @@ def draw_refused_maps(frame: pd.DataFrame, gen_dir: Path) -> list[Path]:
     """Memory maps of the smallest few refused layouts, one per reason kind,
     each beside its cheapest remedy's layout where the compiler agreed to one."""
     generation = frame["generation"].iloc[0]
-    refused = frame[(frame["verdict"] == "REJECTED") & (frame["probe"] == "roundtrip")]
+    refused = frame[(frame["verdict"] == Verdict.REJECTED) & (frame["probe"] == "roundtrip")]
     refused = refused.drop_duplicates("layout").sort_values("physical_bytes")
     paths, seen = [], set()
     for text in refused["layout"]:

@@ -14,6 +14,7 @@ import pandas as pd
 
 from probes.report.diff import case_key
 from probes.report.results import disagreements
+from probes.suite.verdicts import Verdict
 
 
 REFERENCE = "kvref-sim"
@@ -33,11 +34,11 @@ def compare(new: pd.DataFrame, old: pd.DataFrame) -> dict[str, pd.DataFrame]:
             ["shape", "slice_bytes_old", "slice_bytes_new"]],
     }
     trips = both[both["probe"] == "roundtrip"]
-    sections["Shapes newly refused"] = trips[(trips["verdict_old"] != "REJECTED")
-                                             & (trips["verdict_new"] == "REJECTED")][
+    sections["Shapes newly refused"] = trips[(trips["verdict_old"] != Verdict.REJECTED)
+                                             & (trips["verdict_new"] == Verdict.REJECTED)][
         ["shape", "verdict_old", "verdict_new", "detail_new"]]
-    sections["Shapes newly accepted"] = trips[(trips["verdict_old"] == "REJECTED")
-                                              & (trips["verdict_new"] != "REJECTED")][
+    sections["Shapes newly accepted"] = trips[(trips["verdict_old"] == Verdict.REJECTED)
+                                              & (trips["verdict_new"] != Verdict.REJECTED)][
         ["shape", "verdict_old", "verdict_new", "detail_new"]]
     sections["Every verdict that differs"] = both[both["verdict_new"] != both["verdict_old"]][
         ["case", "verdict_old", "verdict_new", "detail_old", "detail_new"]]

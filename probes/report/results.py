@@ -9,7 +9,7 @@ import pandas as pd
 
 from kvref.generations import report_name
 
-from probes.suite.verdicts import SKIP, agrees
+from probes.suite.verdicts import Prediction, Verdict
 
 # The results table, declared once: each column and where a case's row takes
 # it from (`run`: the run's id and time; `case`, `outcome`, `result`: the
@@ -106,9 +106,9 @@ def implementation(frame: pd.DataFrame) -> pd.Series:
 def disagreements(frame):
     """Rows of a results table whose verdict is none of the predicted ones. A
     SKIP was not tested, so it neither agrees nor disagrees."""
-    agreeing = [agrees(v, p) for v, p in zip(frame["verdict"], frame["predicted"])]
-    return frame[~pd.Series(agreeing, index=frame.index, dtype=bool) & (frame["verdict"] != SKIP)]
+    agreeing = [Prediction.parse(p).admits(v) for v, p in zip(frame["verdict"], frame["predicted"])]
+    return frame[~pd.Series(agreeing, index=frame.index, dtype=bool) & (frame["verdict"] != Verdict.SKIP)]
 
 
 def skipped(frame):
-    return frame[frame["verdict"] == SKIP]
+    return frame[frame["verdict"] == Verdict.SKIP]

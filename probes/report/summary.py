@@ -14,7 +14,7 @@ from probes.report.explain import remedy_for, remedy_text
 from probes.report.pictures import draw_heatmap, draw_refused_maps, layout_reason
 from probes.report.results import disagreements, implementation, skipped
 from probes.suite.registry import PROBES
-from probes.suite.verdicts import VERDICTS, WATCHDOG_FIRED
+from probes.suite.verdicts import WATCHDOG_FIRED, Verdict
 
 
 def not_applicable(iuts) -> list[str]:
@@ -64,7 +64,7 @@ def write_generation_report(frame: pd.DataFrame, gen_dir: Path) -> Path:
         reasons = skips.groupby("detail", sort=False).size().rename("cases").reset_index()
         lines += ["## Skipped", "", "Cases that could not run here, so were not tested.", "",
                   _table(reasons.rename(columns={"detail": "reason"})), ""]
-    refused = frame[(frame["verdict"] == "REJECTED") & (frame["probe"] == "roundtrip")]
+    refused = frame[(frame["verdict"] == Verdict.REJECTED) & (frame["probe"] == "roundtrip")]
     lines += ["## Refused shapes", "",
               "Shapes whose dim-0 blocks are not contiguous byte ranges on this generation, each with the "
               "cheapest change this generation's compiler agreed makes them so (its memory against the "
@@ -132,7 +132,7 @@ def write_index(frames: dict[str, pd.DataFrame], out: Path) -> Path:
     frames = {(gen if f["implementation"].nunique() == 1 else f"{gen} {name}"): part
               for gen, f in named.items() for name, part in f.groupby("implementation", sort=False)}
     counts = pd.DataFrame({gen: f["verdict"].value_counts() for gen, f in frames.items()})
-    counts = counts.reindex([v for v in VERDICTS if v in counts.index]).fillna(0).astype(int)
+    counts = counts.reindex([v for v in Verdict if v in counts.index]).fillna(0).astype(int)
     shapes = pd.concat([f.assign(column=name) for name, f in frames.items()])
     shapes = shapes[shapes["probe"] == "roundtrip"]
     side = shapes.pivot_table(index="shape", columns="column", values="verdict",
@@ -158,7 +158,7 @@ def write_index(frames: dict[str, pd.DataFrame], out: Path) -> Path:
 
 def _counts(frame: pd.DataFrame, by: str) -> str:
     table = pd.crosstab(frame[by], frame["verdict"])
-    return _table(table.reindex(columns=[v for v in VERDICTS if v in table.columns]).reset_index())
+    return _table(table.reindex(columns=[v for v in Verdict if v in table.columns]).reset_index())
 
 
 def _table(frame: pd.DataFrame) -> str:

@@ -20,7 +20,7 @@ from probes.run.runner import Interrupted, run_cases
 from probes.suite.matrix import build_cases, load_matrix
 from probes.suite.predict import describe
 from probes.suite.registry import DEFAULT_PROBES
-from probes.suite.verdicts import VERDICTS
+from probes.suite.verdicts import Verdict
 
 
 def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, console,
@@ -170,7 +170,7 @@ def summary_table(frame: pd.DataFrame):
     from rich.table import Table
 
     table = Table(title=f"kvprobe run {frame['run_id'].iloc[0]}")
-    verdicts = [v for v in VERDICTS if v in set(frame["verdict"])]
+    verdicts = [v for v in Verdict if v in set(frame["verdict"])]
     for col in ["generation", *verdicts, "disagreements"]:
         table.add_column(col, justify="right")
     for gen, part in frame.groupby("generation", sort=False):

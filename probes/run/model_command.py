@@ -15,8 +15,7 @@ from probes.iut.registry import iut as declared_iut
 from probes.run.runner import CaseResult, run_cases
 from probes.suite.matrix import MatrixRow, build_cases
 from probes.suite.ownership import row_byte_ranges
-from probes.suite.predict import describe
-from probes.suite.verdicts import agrees
+from probes.suite.predict import prediction
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ def probe_caches(cache: ServingCache, name: str, generations: list[str], iut: st
 
 def all_agree(results: list[CaseResult]) -> bool:
     """Whether every round trip earned a verdict the reference predicts."""
-    return all(agrees(r.outcome.verdict, describe(r.case)["predicted"]) for r in results)
+    return all(prediction(r.case).admits(r.outcome.verdict) for r in results)
 
 
 def model_cache(model: str, dtype: str, block_size: int, tp: int, dp: int) -> ServingCache:
@@ -88,8 +87,8 @@ def render(cache: ServingCache, facts: list[ShardFacts], results: list[CaseResul
         if found is None:
             verdict = "not run"
         else:
-            predicted = describe(found.case)["predicted"]
-            verdict = found.outcome.verdict if agrees(found.outcome.verdict, predicted) else \
+            predicted = prediction(found.case)
+            verdict = found.outcome.verdict if predicted.admits(found.outcome.verdict) else \
                 f"[bold red]{found.outcome.verdict}[/] (predicted {predicted}): {found.outcome.detail[:120]}"
         blocks = (f"{f.slice_bytes:,} x {f.host_slots}" if f.host_slots > 1 else f"{f.slice_bytes:,}") \
             if f.slice_bytes else f"not byte ranges: {f.reason}"

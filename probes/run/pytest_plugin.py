@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from probes.suite.verdicts import SKIP, agrees
+from probes.suite.verdicts import SKIP
 
 GROUP = "kvprobe"
 
@@ -137,7 +137,7 @@ class CaseItem(pytest.Item):
         from probes.iut.hardware import NO_TPU, tpu_visible
         from probes.run.forked import kill_live
         from probes.run.runner import run_case
-        from probes.suite.predict import describe
+        from probes.suite.predict import prediction
 
         tpu_here = tpu_visible()
         if self.on_hardware and not tpu_here:
@@ -148,14 +148,14 @@ class CaseItem(pytest.Item):
             kill_live()
             raise
         self.run.found.append(result)
-        outcome, predicted = result.outcome, describe(self.case)["predicted"]
-        self.user_properties += [("verdict", outcome.verdict), ("predicted", predicted),
+        outcome, predicted = result.outcome, prediction(self.case)
+        self.user_properties += [("verdict", str(outcome.verdict)), ("predicted", str(predicted)),
                                  ("detail", outcome.detail.strip()[:4000])]
         if outcome.verdict == SKIP:
             if self.on_hardware and tpu_here:
                 raise CaseFailed(f"SKIP on a machine with a TPU: {outcome.detail.strip()}")
             pytest.skip(outcome.detail.strip()[:1000] or "SKIP")
-        if not agrees(outcome.verdict, predicted):
+        if not predicted.admits(outcome.verdict):
             raise CaseFailed(f"{outcome.verdict}, predicted {predicted}: {outcome.detail.strip()[:4000]}")
 
     def repr_failure(self, excinfo, style=None):

@@ -7,18 +7,14 @@ from probes.iut.registry import iut
 from probes.suite.cases import Case
 from probes.suite.ownership import row_byte_ranges
 from probes.suite.registry import probe
-from probes.suite.verdicts import REJECTED
+from probes.suite.verdicts import REJECTED, Prediction
 
 
 def describe(case: Case) -> dict:
-    """Layout columns and the predicted verdicts for one case: the verdicts a
-    correct manager may earn, `|`-separated, the reference's first. A cache
-    over a mesh is described by one device's shard, whose layout decides."""
-    sharding = kvref.Sharding.parse(case.sharding) if case.sharding else None
-    shape, source = iut(case.iut).layout_of(case.generation, case.shape, sharding)
-    predicted = probe(case.probe).predict(shape)
-    if sharding and sharding.splits_blocks and REJECTED not in predicted:
-        predicted += (REJECTED,)  # refusing a cache split along blocks is right too (probes.suite.sharded)
+    """Layout columns and the predicted verdicts for one case (`PASS|REJECTED`,
+    the reference's first). A cache over a mesh is described by one device's
+    shard, whose layout decides."""
+    shape, source, predicted = _predicted(case)
     return {
         "layout_source": source,
         "dtype": shape.dtype,
@@ -28,5 +24,21 @@ def describe(case: Case) -> dict:
         "physical_bytes": shape.physical_size_bytes,
         "slice_bytes": row_byte_ranges(str(shape)).slice_bytes,
         "legacy_slice_bytes": kvref.legacy_major_slice_byte_size(shape),
-        "predicted": "|".join(predicted),
+        "predicted": str(predicted),
     }
+
+
+def prediction(case: Case) -> Prediction:
+    """The verdicts a correct manager may earn on one case."""
+    return _predicted(case)[2]
+
+
+def _predicted(case: Case) -> tuple[kvref.Shape, str, Prediction]:
+    """The layout the case's IUT gives its cache (and where that answer came
+    from), and the prediction made from it."""
+    sharding = kvref.Sharding.parse(case.sharding) if case.sharding else None
+    shape, source = iut(case.iut).layout_of(case.generation, case.shape, sharding)
+    predicted = probe(case.probe).predict(shape)
+    if sharding and sharding.splits_blocks:  # refusing a cache split along blocks is right too (probes.suite.sharded)
+        predicted = predicted.admitting(REJECTED)
+    return shape, source, predicted

@@ -14,23 +14,24 @@ from probes.suite import (call_sequence, construction, host_budget, host_chunks,
                           shared_pool, sharded)
 from probes.suite.pull_sides import SUBJECT as PULL_SUBJECT
 from probes.suite.ownership import row_byte_ranges
-from probes.suite.verdicts import PASS, REJECTED
+from probes.suite.verdicts import PASS, REJECTED, Prediction, Verdict
 
 SCOPES = ("shape", "generation", "robustness", "fuzz")
-Prediction = tuple[str, ...]  # the verdicts a correct manager may earn, the reference's first
 
 
 def addressable_or_refused(shape: kvref.Shape) -> Prediction:
     """A correct manager moves blocks of a layout whose rows are contiguous
     byte ranges, and refuses any other (found by packing, not by asking
     kvref.major_slice)."""
-    return (PASS,) if row_byte_ranges(str(shape)).contiguous else (REJECTED,)
+    return Prediction((PASS,) if row_byte_ranges(str(shape)).contiguous else (REJECTED,))
 
 
-def always(*verdicts: str) -> Callable[[kvref.Shape], Prediction]:
+def always(*verdicts: Verdict) -> Callable[[kvref.Shape], Prediction]:
+    prediction = Prediction(verdicts)
+
     def predict(shape: kvref.Shape) -> Prediction:
-        return verdicts
-    predict.__doc__ = f"{' or '.join(verdicts)}, whatever the layout"
+        return prediction
+    predict.__doc__ = f"{' or '.join(prediction.verdicts)}, whatever the layout"
     return predict
 
 

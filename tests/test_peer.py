@@ -7,10 +7,10 @@ from probes.iut import peer_env
 from probes.run.runner import run_cases
 from probes.suite.matrix import build_cases, load_matrix
 from probes.suite.predict import prediction
-from probes.suite.registry import PROBES
+from probes.suite.registry import PROBES, Scope
 from tests.peer_python import peer_python_or_skip
 
-ROBUSTNESS_PROBES = {name for name, p in PROBES.items() if p.scope == "robustness"}
+ROBUSTNESS_PROBES = {name for name, p in PROBES.items() if p.scope == Scope.ROBUSTNESS}
 
 pytestmark = pytest.mark.peer
 

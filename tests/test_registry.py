@@ -8,24 +8,24 @@ import pytest
 
 import kvref
 from probes.iut import protocol
-from probes.iut.protocol import CacheMode
 from probes.iut.registry import adapter_for, iut, usable_iuts
 from probes.suite.matrix import build_cases, load_matrix
-from probes.suite.registry import PROBES, SCOPES, addressable_or_refused, probe
+from probes.iut.protocol import CacheMode
+from probes.suite.registry import PROBES, Scope, addressable_or_refused, probe
 from probes.suite.verdicts import Prediction, Verdict
 
 
 @pytest.mark.parametrize("name", PROBES)
 def test_each_probe_is_declared_whole(name):
     p = PROBES[name]
-    assert p.name == name and p.scope in SCOPES
+    assert p.name == name and isinstance(p.scope, Scope)
     assert list(inspect.signature(p.run).parameters) == ["case", "iut"], "probes take (case, iut)"
     assert p.doc, f"{name} says in its docstring what it checks"
-    if p.scope in ("shape", "fuzz"):
+    if p.scope in (Scope.SHAPE, Scope.FUZZ):
         assert p.subject is None and not p.kinds
     else:
         assert isinstance(p.subject, kvref.ShapeKey), f"{name} needs a fixed subject"
-    assert bool(p.kinds) == (p.scope == "robustness")
+    assert bool(p.kinds) == (p.scope == Scope.ROBUSTNESS)
     contiguous, interleaved = (p.predict(kvref.tpu_layout("bf16", dims, "tpu7x"))
                                for dims in ((512, 16, 2048), (512, 3, 2048)))
     for predicted in (contiguous, interleaved):
@@ -39,7 +39,7 @@ def test_each_probe_is_declared_whole(name):
 def test_cases_come_from_the_registry_alone():
     cases = build_cases(["tpu7x"], load_matrix("default"), probes=tuple(PROBES))
     made = {c.probe for c in cases}
-    assert made == {name for name, p in PROBES.items() if p.scope != "fuzz" and iut("kvref-sim").applies(name)}
+    assert made == {name for name, p in PROBES.items() if p.scope != Scope.FUZZ and iut("kvref-sim").applies(name)}
     for c in cases:
         assert c.shape is not None, c.case_id
         assert (c.kind in PROBES[c.probe].kinds) if PROBES[c.probe].kinds else c.kind == ""
@@ -134,7 +134,8 @@ def test_a_probe_or_outcome_declared_wrong_fails_where_it_is_declared():
     from probes.suite.registry import Probe, always
     from probes.suite.verdicts import Outcome
 
-    with pytest.raises(ValueError, match="scope 'shapes'; expected one of"):
+    with pytest.raises(ValueError, match="probe 'p' has scope 'shapes'; expected one of shape, generation, "
+                                         "robustness, fuzz$"):
         Probe("p", lambda case, iut: None, "shapes", always("PASS"))
     with pytest.raises(ValueError, match="only one, has kinds"):
         Probe("p", lambda case, iut: None, "generation", always("PASS"), kinds=("a",))
@@ -144,7 +145,9 @@ def test_a_probe_or_outcome_declared_wrong_fails_where_it_is_declared():
     with pytest.raises(ValueError, match="verdict 'FAIL'; expected one of PASS, "):
         always("PASS", "FAIL")
     # Text naming one is taken, and held as the enum from then on.
-    assert always("PASS")(None).verdicts == (Verdict.PASS,) and Outcome("REJECTED").verdict is Verdict.REJECTED
+    declared = Probe("p", lambda case, iut: None, "generation", always("PASS"))
+    assert declared.scope is Scope.GENERATION and declared.predict(None).verdicts == (Verdict.PASS,)
+    assert Outcome("REJECTED").verdict is Verdict.REJECTED
 
 
 def test_a_cache_mode_is_checked_where_the_adapter_is_asked():

@@ -12,7 +12,7 @@ from probes.report.explain import remedy_for
 from probes.report import memory_map
 from probes.report.paths import file_safe
 from probes.report.results import implementation
-from probes.suite.registry import PROBES
+from probes.suite.registry import PROBES, Scope
 from probes.suite.verdicts import Verdict
 
 VERDICT_COLOURS = {Verdict.PASS: "#4caf50", Verdict.REJECTED: "#90a4ae", Verdict.CORRUPT: "#e53935",
@@ -32,7 +32,7 @@ def draw_heatmap(frame: pd.DataFrame, path: Path, title: str) -> None:
     several = names.nunique() > 1
     # Shape probes are rows by shape; robustness probes by their kind of input.
     by_kind = frame["case_id"].str.rsplit("/", n=1).str[1]
-    robustness = frame["probe"].isin([n for n, p in PROBES.items() if p.scope == "robustness"])
+    robustness = frame["probe"].isin([n for n, p in PROBES.items() if p.scope == Scope.ROBUSTNESS])
     labelled = frame.assign(row=frame["shape"].where(~robustness, by_kind),
                             column=frame["probe"] + (" / " + names if several else ""))
     grid = labelled.pivot_table(index="row", columns="column", values="verdict", aggfunc="first")

@@ -17,7 +17,7 @@ from probes.iut import hardware
 from probes.iut.peer_env import PEER_ENVS
 from probes.iut.registry import usable_iuts
 from probes.run.iuts_command import can_run_here
-from probes.suite.registry import PROBES
+from probes.suite.registry import PROBES, Scope
 
 VERSIONS = ("jax", "jaxlib", "libtpu", "torch", "torch-xla", "torch-tpu", "tpu-sync-jax", "tpu-sync-torch")
 VERSION_SCRIPT = (
@@ -102,7 +102,7 @@ def _iuts(d: Diagnosis, generation: str | None) -> None:
         answers = dict(zip(declared, pool.map(can_run_here, declared.values(), targets)))
     for name, iut in declared.items():
         version, reason = answers[name]
-        applies = [p for p, probe in PROBES.items() if probe.scope != "fuzz" and iut.applies(p)]
+        applies = [p for p, probe in PROBES.items() if probe.scope != Scope.FUZZ and iut.applies(p)]
         d.say(f"  {name} ({iut.library.distribution} {version or '?'}): "
               + ("can start here" if not reason else f"cannot start here: {reason}"))
         d.say(f"    probes: {', '.join(applies)}")

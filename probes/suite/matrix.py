@@ -10,7 +10,7 @@ import kvref
 import kvref.serving
 from probes.iut.registry import iut as declared_iut
 from probes.suite.cases import PROBE_SECONDS, Case
-from probes.suite.registry import DEFAULT_PROBES, PROBES, SHAPE_PROBES
+from probes.suite.registry import DEFAULT_PROBES, PROBES, SHAPE_PROBES, Scope
 
 MATRIX_DIR = Path(__file__).with_name("matrices")
 COLUMNS = "name,shape[,probes][,sharding]"
@@ -148,7 +148,8 @@ def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut
                 cases += [Case(p, gen, iut, row.name, row.shape, sharding=str(row.sharding or ""), **common)
                           for p in row.probes if p in probes]
             for name, p in PROBES.items():
-                if name not in probes or p.scope in ("shape", "fuzz") or (devices is not None and p.devices > devices):
+                if name not in probes or p.scope in (Scope.SHAPE, Scope.FUZZ) \
+                        or (devices is not None and p.devices > devices):
                     continue
                 for kind in p.kinds or ("",):
                     if not makes(declared, name, kind):

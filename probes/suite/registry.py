@@ -6,6 +6,7 @@ table; a probe missing a part is caught by tests/test_registry.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Callable
 
 import kvref
@@ -16,7 +17,14 @@ from probes.suite.pull_sides import SUBJECT as PULL_SUBJECT
 from probes.suite.ownership import row_byte_ranges
 from probes.suite.verdicts import PASS, REJECTED, Prediction, Verdict
 
-SCOPES = ("shape", "generation", "robustness", "fuzz")
+
+class Scope(StrEnum):
+    """Which cases a probe makes."""
+
+    SHAPE = "shape"  # one per matrix row
+    GENERATION = "generation"  # one per generation
+    ROBUSTNESS = "robustness"  # one per kind of input
+    FUZZ = "fuzz"  # none here: they come from `kvprobe fuzz`
 
 
 def addressable_or_refused(shape: kvref.Shape) -> Prediction:
@@ -39,8 +47,7 @@ def always(*verdicts: Verdict) -> Callable[[kvref.Shape], Prediction]:
 class Probe:
     name: str
     run: Callable  # (Case, Adapter) -> Outcome
-    scope: str  # shape: one case per matrix row; generation: one per generation;
-    #             robustness: one per kind of input; fuzz: cases come from `kvprobe fuzz`
+    scope: Scope  # text naming a scope is taken, and checked, here
     predict: Callable[[kvref.Shape], Prediction]  # what a correct manager earns on the subject's layout
     subject: kvref.ShapeKey | None = None  # the fixed subject of generation and robustness probes
     kinds: tuple[str, ...] = ()  # robustness probes: the kinds of input, one case each
@@ -52,9 +59,10 @@ class Probe:
     #                                   for arrays that can (probes.iut.protocol.ShardedArrays)
 
     def __post_init__(self):
-        if self.scope not in SCOPES:
-            raise ValueError(f"probe {self.name!r} has scope {self.scope!r}; expected one of {SCOPES}")
-        if bool(self.kinds) != (self.scope == "robustness"):
+        if self.scope not in tuple(Scope):
+            raise ValueError(f"probe {self.name!r} has scope {self.scope!r}; expected one of {', '.join(Scope)}")
+        object.__setattr__(self, "scope", Scope(self.scope))
+        if bool(self.kinds) != (self.scope == Scope.ROBUSTNESS):
             raise ValueError(f"probe {self.name!r}: a robustness probe, and only one, has kinds of input")
 
     @property
@@ -65,79 +73,79 @@ class Probe:
 PLAN_SHAPE = kvref.ShapeKey("bf16", (512, 8, 2048))
 
 PROBES: dict[str, Probe] = {p.name: p for p in (
-    Probe("roundtrip", roundtrip.roundtrip, "shape", addressable_or_refused),
-    Probe("deferred_construction", construction.deferred_construction, "shape",
+    Probe("roundtrip", roundtrip.roundtrip, Scope.SHAPE, addressable_or_refused),
+    Probe("deferred_construction", construction.deferred_construction, Scope.SHAPE,
           addressable_or_refused),
-    Probe("host_transferred_construction", construction.host_transferred_construction, "shape",
+    Probe("host_transferred_construction", construction.host_transferred_construction, Scope.SHAPE,
           addressable_or_refused),
     # Refusing layers of two block sizes is right; so is moving each exactly.
-    Probe("mixed_slices", roundtrip.mixed_slices, "generation", always(REJECTED, PASS),
+    Probe("mixed_slices", roundtrip.mixed_slices, Scope.GENERATION, always(REJECTED, PASS),
           subject=PLAN_SHAPE),
-    Probe("plan_binding", plan_binding.plan_binding, "generation", always(PASS), subject=PLAN_SHAPE),
+    Probe("plan_binding", plan_binding.plan_binding, Scope.GENERATION, always(PASS), subject=PLAN_SHAPE),
     # Moving the updated contents is right; so is refusing a donated array.
-    Probe("serving_step", serving_step.serving_step, "generation", always(PASS, REJECTED),
+    Probe("serving_step", serving_step.serving_step, Scope.GENERATION, always(PASS, REJECTED),
           subject=PLAN_SHAPE),
     # Views of a stacked cache: refusing them is right; so is moving blocks the stacked cache sees.
-    Probe("pending_views", construction.pending_views, "generation", always(REJECTED, PASS),
+    Probe("pending_views", construction.pending_views, Scope.GENERATION, always(REJECTED, PASS),
           subject=kvref.ShapeKey("bf16", (512, 8, 256)), default=False),
-    Probe("host_budget", host_budget.host_budget, "generation", addressable_or_refused,
+    Probe("host_budget", host_budget.host_budget, Scope.GENERATION, addressable_or_refused,
           subject=kvref.ShapeKey("bf16", (512, 3, 2048)),
           address_space_headroom=host_budget.ADDRESS_SPACE_HEADROOM),
-    Probe("repeated_construction", host_budget.repeated_construction, "generation", always(PASS),
+    Probe("repeated_construction", host_budget.repeated_construction, Scope.GENERATION, always(PASS),
           subject=PLAN_SHAPE),
-    Probe("bad_input", robustness.bad_input, "robustness", always(REJECTED), subject=PLAN_SHAPE,
+    Probe("bad_input", robustness.bad_input, Scope.ROBUSTNESS, always(REJECTED), subject=PLAN_SHAPE,
           kinds=robustness.BAD_INPUTS, default=False),
-    Probe("release_order", robustness.release_order, "robustness", always(PASS), subject=PLAN_SHAPE,
+    Probe("release_order", robustness.release_order, Scope.ROBUSTNESS, always(PASS), subject=PLAN_SHAPE,
           kinds=robustness.RELEASE_ORDERS, default=False),
-    Probe("concurrent_transfers", robustness.concurrent_transfers, "robustness", always(PASS),
+    Probe("concurrent_transfers", robustness.concurrent_transfers, Scope.ROBUSTNESS, always(PASS),
           subject=PLAN_SHAPE, kinds=robustness.CONCURRENCY, default=False),
     # The offload connector's calls: host chunks saved into and unlocked, and
     # transfers overlapping device work and each other.
-    Probe("host_chunks", host_chunks.host_chunks, "robustness", always(PASS), subject=PLAN_SHAPE,
+    Probe("host_chunks", host_chunks.host_chunks, Scope.ROBUSTNESS, always(PASS), subject=PLAN_SHAPE,
           kinds=host_chunks.HOST_CHUNK_KINDS, default=False),
     # Moving what the step leaves is right; so is refusing a donated array by name.
-    Probe("inflight_step", ordering.inflight_step, "generation", always(PASS, REJECTED), subject=PLAN_SHAPE),
+    Probe("inflight_step", ordering.inflight_step, Scope.GENERATION, always(PASS, REJECTED), subject=PLAN_SHAPE),
     # 64 MiB a layer: on a device whose copies cannot be held in flight, the
     # copies themselves must take long enough for the overlap to be real.
-    Probe("unawaited_transfers", ordering.unawaited_transfers, "robustness", always(PASS),
+    Probe("unawaited_transfers", ordering.unawaited_transfers, Scope.ROBUSTNESS, always(PASS),
           subject=kvref.ShapeKey("bf16", (2048, 8, 2048)), kinds=ordering.ORDERING_KINDS, default=False),
-    Probe("transfer_parameters", requests.transfer_parameters, "robustness", always(PASS),
+    Probe("transfer_parameters", requests.transfer_parameters, Scope.ROBUSTNESS, always(PASS),
           subject=PLAN_SHAPE, kinds=requests.TRANSFER_KINDS, default=False),
     # Refusing a setting that means nothing is right; so is clamping a huge
     # parallelism and moving blocks exactly.
-    Probe("settings", settings.settings, "robustness", always(REJECTED, PASS), subject=PLAN_SHAPE,
+    Probe("settings", settings.settings, Scope.ROBUSTNESS, always(REJECTED, PASS), subject=PLAN_SHAPE,
           kinds=settings.SETTING_KINDS, default=False),
     # Caches over a device mesh. Split across heads (or replicated), they must
     # move; split along blocks, refusing them at construction is right too.
-    Probe("sharded_roundtrip", sharded.sharded_roundtrip, "robustness", always(PASS), subject=sharded.SUBJECT,
+    Probe("sharded_roundtrip", sharded.sharded_roundtrip, Scope.ROBUSTNESS, always(PASS), subject=sharded.SUBJECT,
           kinds=sharded.HEAD_KINDS, devices=sharded.MESH_DEVICES),
-    Probe("block_sharded", sharded.block_sharded, "robustness", always(PASS, REJECTED), subject=sharded.SUBJECT,
+    Probe("block_sharded", sharded.block_sharded, Scope.ROBUSTNESS, always(PASS, REJECTED), subject=sharded.SUBJECT,
           kinds=sharded.BLOCK_KINDS, devices=sharded.MESH_DEVICES),
     # Refusing parts of unequal size is right; so is moving each exactly.
-    Probe("uneven_shards", sharded.uneven_shards, "generation", always(REJECTED, PASS), subject=sharded.SUBJECT,
+    Probe("uneven_shards", sharded.uneven_shards, Scope.GENERATION, always(REJECTED, PASS), subject=sharded.SUBJECT,
           devices=sharded.UNEVEN[1]),
     # Pulls between two managers (disaggregated prefill and decode), each a
     # producer and a consumer worker.
-    Probe("pull_blocks", pulls.pull_blocks, "robustness", always(PASS), subject=PULL_SUBJECT,
+    Probe("pull_blocks", pulls.pull_blocks, Scope.ROBUSTNESS, always(PASS), subject=PULL_SUBJECT,
           kinds=pulls.BLOCK_KINDS, default=False, two_process=True, mesh_kinds=pulls.MESH_KINDS),
-    Probe("pull_reuse", pulls.pull_reuse, "generation", always(PASS), subject=PULL_SUBJECT, default=False,
+    Probe("pull_reuse", pulls.pull_reuse, Scope.GENERATION, always(PASS), subject=PULL_SUBJECT, default=False,
           two_process=True),
-    Probe("pull_concurrent", pulls.pull_concurrent, "generation", always(PASS), subject=PULL_SUBJECT,
+    Probe("pull_concurrent", pulls.pull_concurrent, Scope.GENERATION, always(PASS), subject=PULL_SUBJECT,
           default=False, two_process=True),
-    Probe("pull_refusals", pull_failures.pull_refusals, "robustness", always(PASS), subject=PULL_SUBJECT,
+    Probe("pull_refusals", pull_failures.pull_refusals, Scope.ROBUSTNESS, always(PASS), subject=PULL_SUBJECT,
           kinds=pull_failures.REFUSAL_KINDS, default=False, two_process=True),
-    Probe("pull_failures", pull_failures.pull_failures, "robustness", always(PASS), subject=PULL_SUBJECT,
+    Probe("pull_failures", pull_failures.pull_failures, Scope.ROBUSTNESS, always(PASS), subject=PULL_SUBJECT,
           kinds=pull_failures.FAILURE_KINDS, default=False, two_process=True),
-    Probe("pull_sockets", pull_failures.pull_sockets, "generation", always(PASS), subject=PULL_SUBJECT,
+    Probe("pull_sockets", pull_failures.pull_sockets, Scope.GENERATION, always(PASS), subject=PULL_SUBJECT,
           default=False, two_process=True),
     # Refusing the second manager is right; so is sharing one allocator.
-    Probe("shared_pool", shared_pool.shared_pool, "generation", always(PASS), subject=PULL_SUBJECT, default=False,
+    Probe("shared_pool", shared_pool.shared_pool, Scope.GENERATION, always(PASS), subject=PULL_SUBJECT, default=False,
           two_process=True, devices=shared_pool.SHARDED[1].devices, mesh_kinds=("",)),
-    Probe("call_sequence", call_sequence.call_sequence, "fuzz", always(PASS), default=False),
+    Probe("call_sequence", call_sequence.call_sequence, Scope.FUZZ, always(PASS), default=False),
 )}
 
 DEFAULT_PROBES = tuple(name for name, p in PROBES.items() if p.default)
-SHAPE_PROBES = tuple(name for name, p in PROBES.items() if p.scope == "shape")
+SHAPE_PROBES = tuple(name for name, p in PROBES.items() if p.scope == Scope.SHAPE)
 
 
 def probe(name: str) -> Probe:

@@ -9,7 +9,7 @@ import pandas as pd
 
 import kvref
 from probes.report.explain import remedy_for
-from probes.report import memory_map
+from probes.report import drawn, memory_map
 from probes.report.paths import file_safe
 from probes.report.results import implementation
 from probes.suite.registry import PROBES, Scope
@@ -22,12 +22,8 @@ MAX_MEMORY_MAPS = 4
 
 
 def draw_heatmap(frame: pd.DataFrame, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import ListedColormap
-
+    """Each case's verdict, a row per shape (or kind of input) and a column
+    per probe (and implementation); drawn only when the grid or title changed."""
     names = implementation(frame)
     several = names.nunique() > 1
     # Shape probes are rows by shape; robustness probes by their kind of input.
@@ -38,6 +34,16 @@ def draw_heatmap(frame: pd.DataFrame, path: Path, title: str) -> None:
     grid = labelled.pivot_table(index="row", columns="column", values="verdict", aggfunc="first")
     order = {p: i for i, p in enumerate(PROBES)}
     grid = grid[sorted(grid.columns, key=lambda c: (order.get(c.split(" / ")[0], 99), c))]
+    cells = [[str(v) if isinstance(v, str) else None for v in row] for row in grid.to_numpy().tolist()]
+    print_ = drawn.fingerprint(title, list(grid.index), list(grid.columns), cells)
+    if drawn.up_to_date(path, print_):
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
     codes = grid.apply(lambda col: col.map({v: i for i, v in enumerate(Verdict)}))
     fig, ax = plt.subplots(figsize=(2 + 1.3 * len(grid.columns), 1 + 0.28 * len(grid)),
                            constrained_layout=True)
@@ -52,7 +58,7 @@ def draw_heatmap(frame: pd.DataFrame, path: Path, title: str) -> None:
         ax.text(j, i, verdict, ha="center", va="center", fontsize=6,
                 color="white" if verdict in (Verdict.CRASH, Verdict.HANG) else "black")
     ax.set_title(title, fontsize=10)
-    fig.savefig(path, dpi=90)
+    drawn.save(fig, path, print_, dpi=90)
     plt.close(fig)
 
 

@@ -61,12 +61,6 @@ class Prediction:
         return self if self.admits(verdict) else Prediction((*self.verdicts, verdict))
 
 
-def agrees(verdict: str, predicted: str) -> bool:
-    """Whether a verdict is one a prediction's text admits. Kept for
-    tests/test_hardware_adapters.py until it asks a Prediction itself."""
-    return Prediction.parse(predicted).admits(verdict)
-
-
 @dataclass
 class Outcome:
     verdict: Verdict  # text naming a verdict is taken, and checked, here

@@ -157,7 +157,9 @@ def _run(args) -> int:
     frame = command.run(args.generation, args.iut, args.matrix, args.probe, args.jobs,
                         args.timeout, args.faults, args.out, console, args.ray)
     Console().print(command.summary_table(frame))
-    print(f"{len(frame)} cases in {time.monotonic() - start:.1f} s; reports: {args.out / 'README.md'}")
+    seconds = frame.attrs.get("seconds", {})
+    split = f" (runner {seconds['runner']:.1f} s, reports {seconds['reports']:.1f} s)" if seconds else ""
+    print(f"{len(frame)} cases in {time.monotonic() - start:.1f} s{split}; reports: {args.out / 'README.md'}")
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -26,9 +27,11 @@ from probes.suite.verdicts import Verdict
 def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, console,
         ray_address: str | None = None) -> pd.DataFrame:
     """Run the cases here, `jobs` at a time, or as tasks of the Ray cluster at
-    `ray_address` (probes.run.ray_runner); write CSVs and reports."""
+    `ray_address` (probes.run.ray_runner); write CSVs and reports. The
+    frame's attrs["seconds"] has how long the cases and the reports took."""
     cases = prepare(generations, iuts, matrix, probes, timeout, faults, out, console.print)
     run_id = rows.new_run_id()
+    start = time.monotonic()
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
@@ -42,7 +45,10 @@ def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, con
             stop.run_id = f"{run_id}-partial"
             results.write_runs(rows.to_frame(stop.finished, stop.run_id), out)
             raise
-    return record(found, run_id, out)
+    ran = time.monotonic()
+    frame = record(found, run_id, out)
+    frame.attrs["seconds"] = {"runner": ran - start, "reports": time.monotonic() - ran}
+    return frame
 
 
 def prepare(generations, iuts, matrix, probes, timeout, faults, out: Path | None, say=print) -> list:

@@ -148,8 +148,9 @@ class ManagerView(Protocol):
 
     def register_active_plan(self, uuid: str, request, is_sender: bool) -> None: ...
 
-    def active_plan(self, uuid: str) -> dict:
-        """A registered plan's fields; KeyError or ValueError when none is."""
+    def active_plan(self, uuid: str):
+        """A registered plan's fields, as a mapping or as attributes (kvref.Plan);
+        KeyError or ValueError when none is."""
 
 
 @runtime_checkable

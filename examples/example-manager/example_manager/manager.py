@@ -38,5 +38,5 @@ class BlockOffloader:
     def register_active_plan(self, uuid: str, request, is_sender: bool) -> None:
         self._inner.register_active_plan(uuid, request, is_sender)
 
-    def active_plan(self, uuid: str) -> dict:
+    def active_plan(self, uuid: str):
         return self._inner.active_plan(uuid)

@@ -50,6 +50,12 @@ CLOSE_SECONDS = 5.0  # the longest close() waits for a pull's thread
 SERVER_THREADS = 4
 MAX_PULLS = 1024  # pulls in flight at once on one consumer, each a thread
 MAX_REASONS = 4096  # failure reasons kept, the oldest dropped first
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+                   ("grpc.enable_http_proxy", 0)]  # never through a proxy: the address given, only
+SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.max_send_message_length", -1),
+                  ("grpc.max_receive_message_length", -1)]
+
+
 def _grpc():
     """gRPC, imported by the first manager that listens or pulls: a manager
     that only offloads (and every probe worker forked from a warm parent,
@@ -57,12 +63,6 @@ def _grpc():
     import grpc
 
     return grpc
-
-
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
-                   ("grpc.enable_http_proxy", 0)]  # never through a proxy: the address given, only
-SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.max_send_message_length", -1),
-                  ("grpc.max_receive_message_length", -1)]
 
 
 @dataclass

@@ -190,8 +190,11 @@ def test_jax_hardware_adapter_runs_here_with_a_cpu_standing_in(monkeypatch):
         # runs, so a case the library crashes or hangs in (a deferred cache) says so too.
         assert "standing in for a TPU" in outcome.device_kind, (key, outcome.verdict, outcome.detail[:500])
         assert outcome.verdict != "SKIP", outcome.detail  # only probes that apply were made
-        # The same verdict, not merely another failure where the CPU adapter's failed.
-        assert outcome.verdict == reference.verdict, \
+        # Agreeing with the prediction exactly where the CPU adapter does: which failure the library
+        # earns on a deferred cache (SIGSEGV or corrupt rows) depends on timing, whether it fails does not.
+        from probes.suite.predict import prediction
+
+        assert prediction(case).admits(outcome.verdict) == prediction(cpu[key]).admits(reference.verdict), \
             (key, outcome.verdict, outcome.detail[:500], reference.verdict, reference.detail[:500])
 
 

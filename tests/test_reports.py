@@ -32,6 +32,16 @@ def test_fresh_run_reproduces_the_tpu7x_baseline():
     assert_reproduces_baseline("tpu7x")
 
 
+def test_the_main_job_finds_every_layout_in_the_shipped_table(monkeypatch, tmp_path):
+    """On a machine whose layout cache is empty, one generation's default
+    run compiles nothing: a first run after install costs what a warm one does."""
+    monkeypatch.setenv("KVREF_CACHE_DIR", str(tmp_path))
+    frame = fresh_run(["v5e"])
+    sources = frame["layout_source"].fillna("")
+    assert sources.str.startswith("table").all(), sources.value_counts()
+    assert not list(tmp_path.iterdir()), f"the run compiled layouts: {sorted(p.name for p in tmp_path.iterdir())}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("gen", [g for g in kvref.GENERATIONS if g != "tpu7x"])
 def test_fresh_run_reproduces_every_baseline(gen):

@@ -39,15 +39,44 @@ def kv_dims() -> list[tuple[int, ...]]:
     return [tuple(d) for d in dict.fromkeys(dims)]
 
 
+# Small caches over four chips, split each way a serving stack splits one.
+# kvprobe's sharded probes move these whole; shipping their layouts spares a
+# first run on a new machine the compiler.
+FOUR_CHIP_SPLITS = {
+    "heads": "mesh(model=4) spec(None,None,model)",
+    "replicated": "mesh(model=2,replica=2) spec(None,None,model)",
+    "blocks": "mesh(data=4) spec(data)",
+    "blocks_and_heads": "mesh(data=2,model=2) spec(data,None,model)",
+}
+SMALL_CACHES: tuple[tuple[str, tuple[int, ...]], ...] = tuple(("bf16", (64, 16, heads, 128)) for heads in (2, 4, 8))
+
+
 def table_shapes() -> list[tuple[str, tuple[int, ...]]]:
+    """Whole arrays: the seeds, the KV shapes in every table dtype, the small
+    caches, and each serving cache (kvref.serving) on one device."""
+    from kvref.serving import serving_caches
+
     shapes = list(SEED_SHAPES)
     shapes += [(dtype, dims) for dtype in TABLE_DTYPES for dims in kv_dims()]
+    shapes += SMALL_CACHES
+    shapes += [(c.key.dtype, c.key.dims) for _, c in serving_caches()]
     return list(dict.fromkeys(shapes))
 
 
 def sharded_table_shapes() -> list[tuple[str, tuple[int, ...], "Sharding"]]:
-    """The serving caches (kvref.serving) that are split over a mesh: the
-    table holds one device's shard of each, compiled over its mesh."""
+    """The serving caches (kvref.serving) that are split over a mesh, and the
+    small caches under each four-chip split that divides them: the table
+    holds one device's shard of each, compiled over its mesh."""
     from kvref.serving import serving_caches
+    from kvref.sharding import Sharding
 
-    return [(c.key.dtype, c.key.dims, c.sharding) for _, c in serving_caches() if c.sharding is not None]
+    found = [(c.key.dtype, c.key.dims, c.sharding) for _, c in serving_caches() if c.sharding is not None]
+    for dtype, dims in SMALL_CACHES:
+        for text in FOUR_CHIP_SPLITS.values():
+            sharding = Sharding.parse(text)
+            try:
+                sharding.check(dims)
+            except ValueError:  # this split does not divide this cache
+                continue
+            found.append((dtype, dims, sharding))
+    return found

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 import kvref
+from kvref.oracle.table_shapes import FOUR_CHIP_SPLITS
 from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
 from probes.suite.refusals import first_line, refused
@@ -16,12 +17,7 @@ from probes.suite.permutations import expected_after, has_equal_rows, moving_per
 from probes.suite.verdicts import CORRUPT, ERROR, PASS, SKIP, Outcome
 
 SUBJECT = kvref.ShapeKey("bf16", (64, 16, 8, 128))  # addressable per shard on every generation
-SHARDINGS = {
-    "heads": "mesh(model=4) spec(None,None,model)",
-    "replicated": "mesh(model=2,replica=2) spec(None,None,model)",
-    "blocks": "mesh(data=4) spec(data)",
-    "blocks_and_heads": "mesh(data=2,model=2) spec(data,None,model)",
-}
+SHARDINGS = FOUR_CHIP_SPLITS  # by kind of case
 MESH_DEVICES = max(kvref.Sharding.parse(text).devices for text in SHARDINGS.values())
 HEAD_KINDS = ("heads", "replicated")
 BLOCK_KINDS = ("blocks", "blocks_and_heads", "mixed_layers")

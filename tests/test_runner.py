@@ -4,6 +4,7 @@ import dataclasses
 import os
 import stat
 import sys
+import threading
 import time
 from importlib import metadata
 
@@ -191,3 +192,22 @@ def test_the_real_worker_watches_its_own_teardown(tmp_path):
     outcome = run_case(case, python=python).outcome
     assert outcome.verdict == "HANG", outcome.detail
     assert "after the probe" in outcome.detail and "stuck_at_exit" in outcome.detail
+
+
+def test_cases_that_wait_on_the_device_run_beside_the_others(monkeypatch):
+    """Probe.waits sends a case to a pool of its own, so a step's sleep never
+    holds a computing case's place; results still come in input order, and a
+    single job (a device-owning run) keeps one pool."""
+    from probes.run import runner
+    from probes.suite.registry import probe
+
+    def record(case, python=None):
+        return threading.current_thread().name
+
+    monkeypatch.setattr(runner, "run_case", record)
+    cases = build_cases(["v5e"], [], probes=("plan_binding", "inflight_step", "serving_step"))
+    waits = [probe(c.probe).waits for c in cases]
+    assert sorted(waits) == [False, False, True]
+    threads = run_cases(cases, jobs=2)
+    assert [t.split("_")[0] for t in threads] == ["waiting" if w else "working" for w in waits]
+    assert {t.split("_")[0] for t in run_cases(cases, jobs=1)} == {"working"}

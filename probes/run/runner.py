@@ -82,7 +82,7 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
     isolated = declared.loopback_only
     try:
         ran = (_run_fresh(python, text, env, limit, isolated) if fresh
-               else zygote_for(python, declared.preload, env, isolated).run(text, env, limit))
+               else zygote_for(python, case.iut, declared.preload, env, isolated).run(text, env, limit))
     except ZygoteUnavailable:  # no warm parent for it: a fresh interpreter
         ran = _run_fresh(python, text, env, limit, isolated)
     except ZygoteLost as e:
@@ -189,10 +189,16 @@ def _finding(reported: Outcome | None, verdict: str, detail: str, **fields) -> O
 def run_cases(cases: list[Case], jobs: int | None = None, python: str | None = None,
               progress=None) -> list[CaseResult]:
     """All cases, `jobs` at a time (default: the core count), in input order.
-    `progress(result)` is called as each finishes."""
+    Cases whose probe mostly waits on the device (Probe.waits) run `jobs` at
+    a time beside the others, not in their place. `progress(result)` is
+    called as each finishes, in input order."""
     jobs = 1 if owns_device(cases) else jobs or os.cpu_count() or 1
-    pool = ThreadPoolExecutor(max_workers=jobs)
-    futures = [pool.submit(run_case, case, python) for case in cases]
+    working = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="working")
+    # One device, one worker: a device-owning run never runs two at once.
+    waiting = working if jobs == 1 else ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="waiting")
+    pools = (working,) if waiting is working else (working, waiting)
+    futures = [(waiting if probe(case.probe).waits else working).submit(run_case, case, python)
+               for case in cases]
     results = []
     try:
         for future in futures:
@@ -204,10 +210,12 @@ def run_cases(cases: list[Case], jobs: int | None = None, python: str | None = N
         # Ctrl-C: no queued case starts, every running worker ends now, and
         # what had finished is kept (a case killed here earned no verdict).
         finished = [f.result() for f in futures if f.done() and not f.cancelled() and not f.exception()]
-        pool.shutdown(wait=False, cancel_futures=True)
+        for pool in pools:
+            pool.shutdown(wait=False, cancel_futures=True)
         kill_live()
         raise Interrupted(finished) from None
-    pool.shutdown()
+    for pool in pools:
+        pool.shutdown()
     return results
 
 

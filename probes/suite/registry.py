@@ -57,6 +57,8 @@ class Probe:
     two_process: bool = False  # run as a producer and a consumer worker, each with its own manager
     mesh_kinds: tuple[str, ...] = ()  # kinds ("" without kinds) whose caches split over devices: made only
     #                                   for arrays that can (probes.iut.protocol.ShardedArrays)
+    waits: bool = False  # spends most of its time waiting on the device (a step computing, a copy held
+    #                      in flight): the runner runs it beside the cases that compute, not in their place
 
     def __post_init__(self):
         if self.scope not in tuple(Scope):
@@ -104,11 +106,13 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     Probe("host_chunks", host_chunks.host_chunks, Scope.ROBUSTNESS, always(PASS), subject=PLAN_SHAPE,
           kinds=host_chunks.HOST_CHUNK_KINDS, default=False),
     # Moving what the step leaves is right; so is refusing a donated array by name.
-    Probe("inflight_step", ordering.inflight_step, Scope.GENERATION, always(PASS, REJECTED), subject=PLAN_SHAPE),
+    Probe("inflight_step", ordering.inflight_step, Scope.GENERATION, always(PASS, REJECTED), subject=PLAN_SHAPE,
+          waits=True),
     # 64 MiB a layer: on a device whose copies cannot be held in flight, the
     # copies themselves must take long enough for the overlap to be real.
     Probe("unawaited_transfers", ordering.unawaited_transfers, Scope.ROBUSTNESS, always(PASS),
-          subject=kvref.ShapeKey("bf16", (2048, 8, 2048)), kinds=ordering.ORDERING_KINDS, default=False),
+          subject=kvref.ShapeKey("bf16", (2048, 8, 2048)), kinds=ordering.ORDERING_KINDS, default=False,
+          waits=True),
     Probe("transfer_parameters", requests.transfer_parameters, Scope.ROBUSTNESS, always(PASS),
           subject=PLAN_SHAPE, kinds=requests.TRANSFER_KINDS, default=False),
     # Refusing a setting that means nothing is right; so is clamping a huge

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from kvref.errors import NotAnInteger
@@ -13,7 +15,9 @@ def block_list(values, name: str) -> np.ndarray:
     naming the argument and what was wrong (with the value the caller gave)."""
     if isinstance(values, (str, bytes)) or np.isscalar(values):
         raise ValueError(f"{name} must be a list of block numbers, got {values!r}")
-    if isinstance(values, np.ma.MaskedArray):
+    # Only a program that imported numpy.ma holds a masked array; importing it here would cost every caller.
+    masked = sys.modules.get("numpy.ma")
+    if masked is not None and isinstance(values, masked.MaskedArray):
         raise ValueError(f"{name} is a masked array; a block list has no masked entries: pass plain integers")
     if isinstance(values, list) and all(type(v) is int for v in values):
         try:  # the common case, checked at C speed: plain ints that fit in int64

@@ -27,7 +27,7 @@ def planted_zygote(tmp_path, body: str) -> forked.Zygote:
         + "".join(f"    {line}\n" for line in body.splitlines())
         + "p.run_case_here = run\n")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
-    return forked.Zygote(sys.executable, ("planted_run",), env)
+    return forked.Zygote(sys.executable, CASE.iut, ("planted_run",), env)
 
 
 CASE = build_cases(["tpu7x"], [], probes=("plan_binding",), timeout=2.0)[0]

@@ -40,12 +40,14 @@ class ZygoteLost(RuntimeError):
 
 
 class Zygote:
-    def __init__(self, python: str, modules: tuple[str, ...], env: dict, loopback_only: bool = False):
+    def __init__(self, python: str, iut_name: str, modules: tuple[str, ...], env: dict,
+                 loopback_only: bool = False):
         self.dir = tempfile.mkdtemp(prefix="kvprobe-zygote-")
         self.path = os.path.join(self.dir, "socket")
         self.log = open(os.path.join(self.dir, "stderr"), "w+")
-        command = (netns.python_command(python, "probes.run.zygote", self.path, *modules) if loopback_only
-                   else [python, "-m", "probes.run.zygote", self.path, *modules])
+        arguments = (self.path, iut_name, *modules)
+        command = (netns.python_command(python, "probes.run.zygote", *arguments) if loopback_only
+                   else [python, "-m", "probes.run.zygote", *arguments])
         self.proc = subprocess.Popen(command,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                      env=env, start_new_session=True)
@@ -204,11 +206,12 @@ _closing: list[Zygote] = []
 _lock = threading.Lock()
 
 
-def zygote_for(python: str, modules: tuple[str, ...], env: dict, loopback_only: bool = False) -> Zygote:
-    """The warm zygote of this interpreter, preload and environment (the
+def zygote_for(python: str, iut_name: str, modules: tuple[str, ...], env: dict,
+               loopback_only: bool = False) -> Zygote:
+    """The warm zygote of this interpreter, IUT, preload and environment (the
     environment is part of the key: modules read it when imported), in a
     loopback-only network namespace or not (never one zygote for both)."""
-    key = (python, modules, tuple(sorted(env.items())), loopback_only)
+    key = (python, iut_name, modules, tuple(sorted(env.items())), loopback_only)
     with _lock:
         if key in _zygotes:
             _zygotes.move_to_end(key)
@@ -219,7 +222,7 @@ def zygote_for(python: str, modules: tuple[str, ...], env: dict, loopback_only: 
                     old.close(wait=0)
                     _closing.append(old)
             try:
-                _zygotes[key] = Zygote(python, modules, env, loopback_only)
+                _zygotes[key] = Zygote(python, iut_name, modules, env, loopback_only)
             except ZygoteUnavailable:
                 _zygotes[key] = None
                 raise

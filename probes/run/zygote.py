@@ -1,6 +1,7 @@
-"""A warm parent for workers: `python -m probes.run.zygote SOCKET [MODULE...]`
+"""A warm parent for workers: `python -m probes.run.zygote SOCKET IUT [MODULE...]`
 imports what workers need once (the worker, the probes, kvref and its layout
-table, and the named modules), then forks one child per case. Each child is a
+table, the IUT's declaration, resolved from its name as a worker resolves it,
+and the named modules), then forks one child per case. Each child is a
 worker as `python -m probes.run.worker` would be, minus the start-up:
 
 - it runs in its own session (the runner kills its whole group);
@@ -108,20 +109,20 @@ def become_worker(request: dict, fds: list[int]) -> int:
     return worker.run(request["case"])
 
 
-def preload(modules: list[str]) -> None:
+def preload(iut_name: str, modules: list[str]) -> None:
     import probes.run.probe_case  # noqa: F401  the worker's whole import graph
     from kvref.oracle import table
-    from probes.iut.registry import entry_point_names
+    from probes.iut.registry import iut
 
     table.load()
-    entry_point_names()  # the installed IUTs, read once (tens of ms) for every child
+    iut(iut_name)  # the installed IUTs read, and this one's declaration imported and checked, once
     for name in modules:
         importlib.import_module(name)
 
 
 def main(argv: list[str]) -> int:
-    path, *modules = argv
-    preload(modules)
+    path, iut_name, *modules = argv
+    preload(iut_name, modules)
     gc.freeze()  # children's collections skip (and so do not copy) the preloaded objects
     request, fds = serve(path)
     return become_worker(request, fds)

@@ -19,7 +19,7 @@ def block_list(values, name: str) -> np.ndarray:
     masked = sys.modules.get("numpy.ma")
     if masked is not None and isinstance(values, masked.MaskedArray):
         raise ValueError(f"{name} is a masked array; a block list has no masked entries: pass plain integers")
-    if isinstance(values, list) and all(type(v) is int for v in values):
+    if isinstance(values, list) and set(map(type, values)) == {int}:  # bool and NumPy ints are not int
         try:  # the common case, checked at C speed: plain ints that fit in int64
             return np.array(values, dtype=np.int64)
         except OverflowError:

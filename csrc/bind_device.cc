@@ -33,7 +33,8 @@ void check_logical(const kvref::TiledLayout& layout, const ReadOnlyBytes& logica
 
 // An op that packs a logical host array into the buffer's physical bytes.
 DeviceBuffer::Op pack_op(const kvref::TiledLayout& layout, ReadOnlyBytes logical, int itemsize) {
-  auto data = std::make_shared<std::vector<uint8_t>>(logical.data(), logical.data() + logical.size());
+  auto data = std::make_shared<kvref::PageBuffer>(static_cast<int64_t>(logical.size()));
+  if (logical.size()) std::memcpy(data->data(), logical.data(), logical.size());
   return [layout, data, itemsize](uint8_t* dst) { kvref::pack(layout, data->data(), dst, itemsize); };
 }
 

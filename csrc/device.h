@@ -38,6 +38,7 @@ class DeviceError : public std::runtime_error {
 // Page-aligned, zero-filled memory that is only committed when touched.
 class PageBuffer {
  public:
+  static constexpr int64_t kHugePageHintBytes = int64_t{4} << 20;
   explicit PageBuffer(int64_t bytes);
   ~PageBuffer();
   PageBuffer(const PageBuffer&) = delete;

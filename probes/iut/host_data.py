@@ -22,10 +22,18 @@ def random_host(key: kvref.ShapeKey, seed: int, finite: bool = False) -> np.ndar
     if element.is_sub_byte:
         info = ml_dtypes.iinfo(element.numpy)
         return rng.integers(int(info.min), int(info.max) + 1, key.dims).astype(element.numpy)
-    if finite:  # each byte drawn picks one of the sixteen values (a table lookup: no conversion per element)
-        values = np.arange(-8, 8).astype(element.numpy)
-        picks = np.frombuffer(rng.bytes(int(np.prod(key.dims))), np.uint8) & np.uint8(15)
-        return values[picks].reshape(key.dims)
+    if finite:
+        return _small_integers(rng, element.numpy, key.dims)
     count = int(np.prod(key.dims)) * element.numpy.itemsize
     words = rng.integers(0, 2**64 - 1, -(-count // 8), dtype=np.uint64, endpoint=True)  # fastest draw
     return words.view(np.uint8)[:count].view(element.numpy).reshape(key.dims)
+
+
+def _small_integers(rng: np.random.Generator, dtype: np.dtype, dims: tuple[int, ...]) -> np.ndarray:
+    """-8..7 in `dtype`, uniformly: each random byte picks two elements at
+    once from a table of every pair (no conversion per element)."""
+    values = np.arange(-8, 8).astype(dtype)
+    pairs = np.ascontiguousarray(values[np.array(np.divmod(np.arange(256), 16)).T])  # byte b: values b//16, b%16
+    count = int(np.prod(dims))
+    picks = np.frombuffer(rng.bytes(-(-count // 2)), np.uint8)
+    return pairs.view(f"V{2 * values.itemsize}").ravel()[picks].view(dtype)[:count].reshape(dims)

@@ -24,7 +24,7 @@ def has_equal_rows(host: np.ndarray) -> bool:
     rows = _byte_rows(host)
     if len(rows) < 2:
         return False
-    words = rows if rows.shape[1] % 8 else rows.view(np.uint64)
+    words = _words(rows)
     sums = words.sum(axis=1, dtype=np.uint64)  # wraps mod 2**64: a checksum
     order = np.argsort(sums, kind="stable")
     for a, b in zip(order[:-1], order[1:]):
@@ -47,4 +47,10 @@ def _byte_rows(array: np.ndarray) -> np.ndarray:
 def wrong_rows(got: np.ndarray, expected: np.ndarray) -> np.ndarray:
     """Per dim-0 row, whether its bytes differ."""
     rows = expected.shape[0]
-    return (got.view(np.uint8).reshape(rows, -1) != expected.view(np.uint8).reshape(rows, -1)).any(1)
+    return (_words(got.view(np.uint8).reshape(rows, -1)) != _words(expected.view(np.uint8).reshape(rows, -1))).any(1)
+
+
+def _words(rows: np.ndarray) -> np.ndarray:
+    """Byte rows as 8-byte words where they split evenly (an eighth of the
+    elements to sum or compare), else as they are."""
+    return rows if rows.shape[1] % 8 else rows.view(np.uint64)

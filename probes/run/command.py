@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +32,7 @@ def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, con
     frame's attrs["seconds"] has how long the cases and the reports took."""
     cases = prepare(generations, iuts, matrix, probes, timeout, faults, out, console.print)
     run_id = rows.new_run_id()
+    threading.Thread(target=_describe_ahead, args=(cases,), daemon=True).start()
     start = time.monotonic()
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -84,6 +86,17 @@ def prepare(generations, iuts, matrix, probes, timeout, faults, out: Path | None
         if not is_shipped(case.generation) and case.generation != "cpu":
             describe(case)
     return cases
+
+
+def _describe_ahead(cases) -> None:
+    """Each case's layout facts and prediction depend on the case alone: found
+    while the workers run (the parent is idle then), what is slow in them
+    (probes.suite.ownership) is cached for the rows written after the last one."""
+    for case in cases:
+        try:
+            describe(case)
+        except Exception:  # noqa: BLE001  writing the case's row meets it again, and says what it was
+            pass
 
 
 def devices_of(name: str) -> int | None:

@@ -87,7 +87,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args(argv)
-    throughput("bf16[64,128,1024]{2,1,0:T(8,128)(2,1)}", args.repeats)
+    throughput("bf16[64,128,1024]{2,1,0:T(8,128)(2,1)}", args.repeats)  # 16 MiB: the copies stay in cache
+    throughput("bf16[1024,128,1024]{2,1,0:T(8,128)(2,1)}", args.repeats)  # 256 MiB: more than any cache holds
     per_block_overhead("f32[4096,1024]{1,0}", args.repeats)
     auto_allocate("bf16[64,128,1024]{2,1,0:T(8,128)(2,1)}", args.repeats)  # 64 blocks of 256 KiB
     auto_allocate("f32[4096,256]{1,0}", args.repeats)  # many small blocks: the per-chunk cost shows

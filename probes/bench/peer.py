@@ -26,19 +26,27 @@ TARGET = 1.5  # the reference against the production library on the same arrays
 
 def main(argv=None) -> None:
     no_namespace = netns.enter()  # first: nothing of tpu_sync is imported yet
-    import jax.numpy as jnp
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--layers", type=int, nargs="+", default=[2, 16],
+                        help="layers of 16 MiB per run (default: 2, which stay in cache, and 16, which do not)")
     args = parser.parse_args(argv)
+    for layers in args.layers:
+        compare(layers, args.repeats, no_namespace)
+
+
+def compare(layers: int, repeats: int, no_namespace: str | None) -> None:
+    """Both libraries over the same `layers` JAX CPU arrays of 64 blocks of 256 KiB."""
+    import jax.numpy as jnp
+
     rows, dims = 64, (64, 128, 1024)  # 256 KiB blocks
     rng = np.random.default_rng(0)
     caches = [jnp.asarray(rng.integers(-8, 8, dims).astype(kvref.element_type("bf16").numpy))
-              for _ in range(args.layers)]
+              for _ in range(layers)]
     reference = kvref.KVCacheManager(caches, rows)
     perm, host = rng.permutation(rows).tolist(), list(range(rows))
-    total = args.layers * rows * reference.bytes_per_block / 1e9
+    moved = layers * rows * reference.bytes_per_block
+    total = moved / 1e9
 
     timings = {
         ("reference", "d2h"): lambda: reference.d2h(perm, host).result(),
@@ -48,9 +56,9 @@ def main(argv=None) -> None:
         production = JaxSyncManager(caches, rows, {}).manager  # as its users build it
         timings[("tpu-sync-jax", "d2h")] = lambda: production.d2h(perm, host).Await()
         timings[("tpu-sync-jax", "h2d")] = lambda: production.h2d(host, perm).Await()
-    gbps = {key: total / best_seconds(fn, args.repeats) for key, fn in timings.items()}
-    print(f"{args.layers} layers x {rows} blocks of {reference.bytes_per_block // 1024} KiB, "
-          f"JAX CPU arrays, best of {args.repeats}")
+    gbps = {key: total / best_seconds(fn, repeats) for key, fn in timings.items()}
+    print(f"{layers} layers x {rows} blocks of {reference.bytes_per_block // 1024} KiB "
+          f"({moved >> 20} MiB), JAX CPU arrays, best of {repeats}")
     for direction in ("d2h", "h2d"):
         if no_namespace:
             print(f"  {direction}: reference {gbps[('reference', direction)]:6.2f} GB/s   "

@@ -1,5 +1,6 @@
 """kvprobe run/report/diff end to end, and the committed baselines."""
 
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -20,7 +21,7 @@ def fresh_run(generations) -> pd.DataFrame:
 
 
 def _read_baseline(gen):
-    return results.read_run(REPORTS / gen / "baseline.csv")
+    return results.deterministic(results.read_run(REPORTS / gen / results.BASELINE))
 
 
 def assert_reproduces_baseline(gen):
@@ -62,7 +63,7 @@ def test_each_baseline_roundtrip_agrees_with_an_independent_packing_of_its_layou
     checked = 0
     for row in roundtrips.itertuples():
         key = kvref.ShapeKey.parse(row.shape)
-        if table.lookup(gen, str(key)) is None:  # a serving shape the table holds only sharded
+        if table.lookup(gen, str(key)) is None:  # a shape the table does not hold (a row of another matrix)
             continue
         checked += 1
         layout_text, compiler_bytes = table.lookup(gen, str(key))
@@ -171,3 +172,23 @@ def test_user_matrix_errors(tmp_path):
     bad.write_text('name,shape,probes\nx,"bf16[512,8]",roundtrip teleport\n')
     with pytest.raises(ValueError, match=r"unknown probe\(s\) \['teleport'\]"):
         load_matrix(str(bad))
+
+
+def test_the_index_keeps_the_generations_that_ran_elsewhere(tmp_path):
+    """A clone has the committed reports but none of their runs: the index a
+    run there writes still has every generation with a committed baseline
+    (the CPU peers' run among them), the ones that ran here from their runs."""
+    from probes.run.command import latest_frames
+    from probes.report import summary
+
+    out = tmp_path / "reports"
+    shutil.copytree(REPORTS, out, ignore=shutil.ignore_patterns("runs"))
+    committed = sorted(p.parent.name for p in out.glob(f"*/{results.BASELINE}"))
+    assert "cpu" in committed
+    assert not latest_frames(out)
+    frames = latest_frames(out, committed=True)
+    assert sorted(frames) == committed
+    index = summary.write_index(frames, out).read_text()
+    for gen in committed:
+        assert f"[{gen}]({gen}/summary.md)" in index
+    assert "cpu tpu-sync-jax" in index  # one column per implementation of the CPU peers' run

@@ -58,6 +58,9 @@ def write_runs(frame: pd.DataFrame, out: Path) -> list[Path]:
     return paths
 
 
+BASELINE = "baseline.csv"  # in a generation's folder: the deterministic columns of the run its reports show
+
+
 def generation_dir(generation: str) -> str:
     """The folder of a generation's reports: `cpu`, or the TPU type's report name."""
     return generation if generation == "cpu" else report_name(generation)

@@ -15,7 +15,7 @@ from kvref.oracle import compiler
 from probes.iut import builds
 from probes.iut.registry import iut, usable_iuts
 from probes.report import qualification, results, summary
-from probes.report.results import disagreements
+from probes.report.results import BASELINE, disagreements
 from probes.run import rows
 from probes.run.ray_runner import run_cases_on_ray
 from probes.run.runner import Interrupted, run_cases
@@ -117,7 +117,7 @@ def record(found, run_id: str, out: Path) -> pd.DataFrame:
     results.write_runs(frame, out)
     for gen, part in frame.groupby("generation", sort=False):
         summary.write_generation_report(part, Path(out) / results.generation_dir(gen))
-    summary.write_index(latest_frames(out), Path(out))
+    summary.write_index(latest_frames(out, committed=True), Path(out))
     return frame
 
 
@@ -153,8 +153,10 @@ def check_out(out: Path) -> None:
                          "directory for the reports") from None
 
 
-def latest_frames(out: Path) -> dict[str, pd.DataFrame]:
-    """Each generation's latest run under `out`, in generation order."""
+def latest_frames(out: Path, committed: bool = False) -> dict[str, pd.DataFrame]:
+    """Each generation's latest run under `out`, in generation order. With
+    `committed`, a generation that has no run here is read from its baseline
+    (a clone has the committed reports but none of their runs)."""
     out, frames = Path(out), {}
     order = {g: i for i, g in enumerate(GENERATIONS)}
     for gen_dir in sorted((p for p in out.iterdir() if p.is_dir()),
@@ -162,6 +164,8 @@ def latest_frames(out: Path) -> dict[str, pd.DataFrame]:
         latest = results.latest_run(gen_dir)
         if latest:
             frames[gen_dir.name] = results.read_run(latest)
+        elif committed and (gen_dir / BASELINE).exists():
+            frames[gen_dir.name] = results.read_run(gen_dir / BASELINE)
     return frames
 
 
@@ -172,15 +176,16 @@ def write_reports(out: Path) -> dict[str, pd.DataFrame]:
         raise ValueError(f"no runs under {out}; run `kvprobe run` first")
     for gen, frame in frames.items():
         summary.write_generation_report(frame, Path(out) / gen)
-    summary.write_index(frames, Path(out))
+    summary.write_index(latest_frames(out, committed=True), Path(out))
     return frames
 
 
 def update_baselines(out: Path, frames: dict[str, pd.DataFrame]) -> list[Path]:
     paths = []
     for gen, frame in frames.items():
-        path = Path(out) / gen / "baseline.csv"
-        results.deterministic(frame).to_csv(path, index=False)
+        path = Path(out) / gen / BASELINE
+        # In the run's order, so an index drawn from it (latest_frames) is the run's own.
+        frame[results.DETERMINISTIC].to_csv(path, index=False)
         paths.append(path)
     return paths
 

@@ -111,27 +111,25 @@ void HostChunks::unallocate(const std::vector<int64_t>& ids) {
 
 void HostChunks::unlock(const int64_t* ids, size_t n) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<int64_t> seen;
+  const uint64_t call = ++unlocks_;
+  const auto at = [](size_t i) { return " (unlock_blocks index " + std::to_string(i) + ")"; };
   for (size_t i = 0; i < n; ++i) {
     check_id(ids[i], "host chunk");
     if (faults_.unchecked_unlock) continue;
-    const Chunk& c = chunks_[ids[i]];
-    const std::string at = " (unlock_blocks index " + std::to_string(i) + ")";
+    Chunk& c = chunks_[ids[i]];
     if (!c.locked)
       throw std::invalid_argument("host chunk " + std::to_string(ids[i]) + " is not locked (" +
-                                  chunk_state_name(state_locked(c)) + ")" + at +
+                                  chunk_state_name(state_locked(c)) + ")" + at(i) +
                                   "; nothing was unlocked");
     if (c.writers)
       throw std::invalid_argument("host chunk " + std::to_string(ids[i]) +
-                                  " is still being saved (SAVING)" + at +
+                                  " is still being saved (SAVING)" + at(i) +
                                   "; await its future first; nothing was unlocked");
-    seen.push_back(ids[i]);
+    if (c.unlock_seen == call)
+      throw std::invalid_argument("host chunk " + std::to_string(ids[i]) +
+                                  " appears twice in unlock_blocks; nothing was unlocked");
+    c.unlock_seen = call;  // marks only: nothing is unlocked until every id passed
   }
-  std::sort(seen.begin(), seen.end());
-  const auto twice = std::adjacent_find(seen.begin(), seen.end());
-  if (twice != seen.end())
-    throw std::invalid_argument("host chunk " + std::to_string(*twice) +
-                                " appears twice in unlock_blocks; nothing was unlocked");
   for (size_t i = 0; i < n; ++i) {
     Chunk& c = chunks_[ids[i]];
     if (!c.locked) {  // only with faults_.unchecked_unlock

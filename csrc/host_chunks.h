@@ -72,6 +72,7 @@ class HostChunks {
     int32_t writers = 0, readers = 0;
     int64_t prev = -1, next = -1;
     List list = kNone;
+    uint64_t unlock_seen = 0;  // the last unlock() call that named it (a repeat within one is refused)
   };
   struct Ends { int64_t head = -1, tail = -1, size = 0; };
 
@@ -84,6 +85,7 @@ class HostChunks {
   std::string counts_text() const;
 
   mutable std::mutex mu_;
+  uint64_t unlocks_ = 0;  // unlock() calls so far
   std::vector<Chunk> chunks_;
   Ends lists_[2];
   ChunkFaults faults_;

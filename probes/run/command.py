@@ -170,14 +170,16 @@ def latest_frames(out: Path, committed: bool = False) -> dict[str, pd.DataFrame]
 
 
 def write_reports(out: Path) -> dict[str, pd.DataFrame]:
-    """Reports and the index from each generation's latest run."""
-    frames = latest_frames(out)
-    if not frames:
+    """Reports from each generation's latest run, and the index (with the
+    generations that only have a baseline); returns the runs' frames."""
+    frames = latest_frames(out, committed=True)
+    ran = {gen: frame for gen, frame in frames.items() if results.latest_run(Path(out) / gen)}
+    if not ran:
         raise ValueError(f"no runs under {out}; run `kvprobe run` first")
-    for gen, frame in frames.items():
+    for gen, frame in ran.items():
         summary.write_generation_report(frame, Path(out) / gen)
-    summary.write_index(latest_frames(out, committed=True), Path(out))
-    return frames
+    summary.write_index(frames, Path(out))
+    return ran
 
 
 def update_baselines(out: Path, frames: dict[str, pd.DataFrame]) -> list[Path]:

@@ -196,7 +196,7 @@ def run_cases(cases: list[Case], jobs: int | None = None, python: str | None = N
     working = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="working")
     # One device, one worker: a device-owning run never runs two at once.
     waiting = working if jobs == 1 else ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="waiting")
-    pools = (working,) if waiting is working else (working, waiting)
+    pools = {working, waiting}
     futures = [(waiting if probe(case.probe).waits else working).submit(run_case, case, python)
                for case in cases]
     results = []

@@ -1,7 +1,11 @@
 # Two entry points: `make probe` (the main job) and `make test`. Each creates
 # .venv and installs what it needs on first use (torch pinned: 2.13.0 is the
 # CPU build this kind of machine carries).
-PYTHON ?= python3
+# The first Python >= 3.11 on PATH (a TPU VM's stock image ships 3.10).
+FIND_PYTHON = for p in $(1); do $$p -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11))' 2>/dev/null && \
+  { echo $$p; break; }; done
+PYTHON ?= $(shell $(call FIND_PYTHON,python3 python3.13 python3.12 python3.11))
+GET_PYTHON := sudo add-apt-repository -y ppa:deadsnakes/ppa && sudo apt-get install -y python3.12 python3.12-venv python3.12-dev
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvref-installed
@@ -12,10 +16,20 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # libibverbs1: the tpu-sync nightlies' native module links it.
 SYSTEM_PACKAGES := libprotobuf-dev protobuf-compiler libibverbs1
 
-.PHONY: probe peer-probe peer-env peer-env-torch xla-env xla-probe tpu-test test bench fuzz baseline refresh-layouts clean system-deps
+.PHONY: python-check peer-python-check probe peer-probe peer-env peer-env-torch xla-env xla-probe tpu-test test bench fuzz baseline refresh-layouts clean system-deps
+
+python-check:
+	@test -n "$(PYTHON)" || { echo "kvref needs Python >= 3.11 and found none on PATH (python3 is" \
+	  "$$(python3 -V 2>&1 | cut -d' ' -f2)); on Ubuntu, as on a TPU VM: $(GET_PYTHON); then run make again" >&2; exit 1; }
+
+# The peer environments need Python 3.12: pyenv's or python3.12 on PATH (probes.iut.peer_env.base_python).
+peer-python-check:
+	@{ command -v pyenv >/dev/null && pyenv versions --bare | grep -q '^3\.12\.'; } || python3.12 -V >/dev/null 2>&1 || \
+	  { echo "the peer environments need Python 3.12 and found none (no pyenv 3.12, no python3.12);" \
+	  "on Ubuntu, as on a TPU VM: $(GET_PYTHON); then run make again" >&2; exit 1; }
 
 # C++ protobuf for the plan binding comes from Debian.
-system-deps:
+system-deps: python-check
 	@command -v protoc >/dev/null && test -f /usr/include/google/protobuf/message.h && \
 	  ldconfig -p | grep -q libibverbs.so.1 || \
 	  { $(SUDO) apt-get install -y -q $(SYSTEM_PACKAGES) || \
@@ -55,7 +69,7 @@ peer-env-torch: $(STAMP)
 	$(BIN)/kvprobe peer-env --lib torch
 
 # On a TPU VM: both production libraries on this TPU's arrays and tensors.
-tpu-test: $(PEER_STAMP) peer-env-torch
+tpu-test: peer-python-check $(PEER_STAMP) peer-env-torch
 	$(BIN)/python -m pytest -m tpu
 
 # The reference and the production library side by side on JAX CPU arrays.

@@ -135,9 +135,15 @@ void DeviceBuffer::defer(Op op) {
 }
 
 void DeviceBuffer::run(const Op& op) {
+  bool placed = false;  // whether it waited for earlier copies (its place in program order taken)
   {  // copies issued before this op was launched come first
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return dma_reads_ == 0 && dma_writes_ == 0; });
+    if (dma_reads_ || dma_writes_) {
+      placed = true;
+      ++ops_placed_;
+      cv_.notify_all();
+      cv_.wait(lock, [this] { return dma_reads_ == 0 && dma_writes_ == 0; });
+    }
   }
   std::string error;
   try {
@@ -148,6 +154,7 @@ void DeviceBuffer::run(const Op& op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!error.empty()) error_ = error;
+    if (!placed) ++ops_placed_;  // it ran past every copy: a hold until the next op ends here
     // Ready only when no launched op is left; an op recorded meanwhile keeps it DEFERRED.
     if (--in_flight_ == 0 && state_ != BufferState::kDeferred)
       state_ = error_.empty() ? BufferState::kMaterialized : BufferState::kFailed;
@@ -199,10 +206,12 @@ void DeviceBuffer::fail_dma_in(int64_t start, int64_t end) {
   failing_ranges_.emplace_back(start, end);
 }
 
-void DeviceBuffer::hold_next_dma(int64_t delay_us) {
+void DeviceBuffer::hold_next_dma(int64_t delay_us, bool until_next_op) {
   if (delay_us < 0) throw std::invalid_argument("a DMA hold must not be negative");
   std::lock_guard<std::mutex> lock(mu_);
   hold_us_ = delay_us;
+  hold_until_op_ = until_next_op;
+  hold_ops_ = ops_placed_;
 }
 
 void DeviceBuffer::begin_dma(bool write) {
@@ -229,7 +238,7 @@ void DeviceBuffer::wait_dma_writes() {
 void DeviceBuffer::check_dma(int64_t offset, int64_t size, const char* what, bool fenced) {
   int64_t delay_us = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (!fenced && state_ != BufferState::kMaterialized)
       throw DeviceError(std::string(what) + " of a buffer that is not materialized");
     if (offset < 0 || size < 0 || offset + size > bytes_.size())
@@ -241,8 +250,13 @@ void DeviceBuffer::check_dma(int64_t offset, int64_t size, const char* what, boo
                           ") touches failing range [" + std::to_string(start) + ", " +
                           std::to_string(end) + ")");
     std::swap(delay_us, hold_us_);
+    if (delay_us) {
+      const bool until_op = std::exchange(hold_until_op_, false);
+      const int64_t placed = hold_ops_;
+      cv_.wait_for(lock, std::chrono::microseconds(delay_us),
+                   [&] { return until_op && ops_placed_ > placed; });
+    }
   }
-  if (delay_us) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
   device_->before_dma(what);
 }
 

@@ -121,8 +121,11 @@ class DeviceBuffer : public std::enable_shared_from_this<DeviceBuffer> {
   // Any later DMA touching [start, end) of this buffer fails.
   void fail_dma_in(int64_t start, int64_t end);
   // The next DMA of this buffer first waits `delay_us` (a slow link that
-  // holds one copy in flight).
-  void hold_next_dma(int64_t delay_us);
+  // holds one copy in flight). `until_next_op`: it waits only until an op
+  // launched after the hold has reached its place in program order (it
+  // waits for the copies issued before it, or it has run), at most `delay_us`:
+  // a window that opens and closes on events, not on the machine's speed.
+  void hold_next_dma(int64_t delay_us, bool until_next_op = false);
 
   // Program order between copies and ops: a copy issued before an op is
   // launched is registered here (the buffer must be MATERIALIZED then), and
@@ -149,6 +152,9 @@ class DeviceBuffer : public std::enable_shared_from_this<DeviceBuffer> {
   std::string error_;
   std::vector<std::pair<int64_t, int64_t>> failing_ranges_;
   int64_t hold_us_ = 0;
+  bool hold_until_op_ = false;
+  int64_t ops_placed_ = 0;  // ops that have waited for earlier copies or run past them
+  int64_t hold_ops_ = 0;    // ops_placed_ when the hold was set
 };
 
 }  // namespace kvref

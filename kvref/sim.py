@@ -17,7 +17,7 @@ from kvref.placement import unpack
 from kvref.shape import Shape
 from kvref.shape_key import ShapeKey
 from kvref.torch_interop import as_numpy
-from kvref.values import integer
+from kvref.values import flag, integer
 
 BufferState = _core.BufferState
 DeviceError = _core.DeviceError
@@ -76,10 +76,14 @@ class DeviceArray:
         """Any later DMA touching bytes [start, end) of this array fails."""
         self._buffer.fail_dma_in(start, end)
 
-    def hold_next_dma(self, delay_us: int) -> None:
+    def hold_next_dma(self, delay_us: int, until_next_op: bool = False) -> None:
         """The next DMA of this array first waits `delay_us`: a slow link that
-        holds one copy in flight, so what is issued after it overlaps it."""
-        self._buffer.hold_next_dma(int(delay_us))
+        holds one copy in flight, so what is issued after it overlaps it.
+        `until_next_op`: it waits only until an op launched after this call
+        has taken its place in program order (waiting for the copies before
+        it, or run past them), at most `delay_us`: a window opened by events,
+        whatever the machine's load."""
+        self._buffer.hold_next_dma(integer(delay_us, "delay_us", 0), flag(until_next_op, "until_next_op"))
 
     def physical_bytes(self) -> np.ndarray:
         """A copy of the physical bytes (materialized arrays only)."""

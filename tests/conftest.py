@@ -13,9 +13,13 @@ def pytest_configure(config):
     # IUT that owns real hardware, through the kvprobe plugin like any team's CI.
     if "tpu" in (config.getoption("markexpr") or "") and not config.getoption("kvprobe_iut"):
         from probes.iut.registry import usable_iuts
+        from probes.run.options import OPTIONS
 
         config.option.kvprobe_iut = ",".join(n for n, i in usable_iuts().items() if i.owns_device)
-        config.option.kvprobe_matrix, config.option.kvprobe_probe = "seed", "all"
+        # The seed matrix and every probe, unless the run asks for others.
+        for name, value in (("matrix", "seed"), ("probe", "all")):
+            if config.getoption(f"kvprobe_{name}") == OPTIONS[name].default:
+                setattr(config.option, f"kvprobe_{name}", value)
     # This process never opens a TPU: JAX arrays in the tests live on the CPU
     # (the TPU compiler is used ahead of time through explicit topologies,
     # which this does not affect), and hardware cases run in workers that the

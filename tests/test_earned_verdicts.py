@@ -212,3 +212,66 @@ class TrustingPlansLibrary(KvrefLibrary):
 def test_plan_binding_needs_invalid_plans_refused():
     outcome = plan_binding(case("plan_binding", PLAN_SHAPE), stand_in(library=TrustingPlansLibrary))
     assert outcome.verdict == "ERROR" and "out-of-range block plan was accepted" in outcome.detail
+
+
+class UnheldArrays(SimArrays):
+    """The simulated device, whose copies cannot be held from outside (as a TPU's)."""
+
+    def hold_copies(self, cache, seconds, until_step=False):
+        return False
+
+
+class LandedLibrary(KvrefLibrary):
+    """The reference, whose every transfer has landed when its call returns."""
+
+    def start(self, manager, d2h, src, dst, sizes=None):
+        pending = super().start(manager, d2h, src, dst, sizes)
+        pending.wait()
+        return pending
+
+
+class SilentFutures(KvrefLibrary):
+    """The reference, whose futures cannot say whether they are done."""
+
+    def start(self, manager, d2h, src, dst, sizes=None):
+        return _Opaque(super().start(manager, d2h, src, dst, sizes))
+
+
+class _Opaque:
+    def __init__(self, pending):
+        self.pending = pending
+
+    def wait(self):
+        self.pending.wait()
+
+
+ORDERING_KINDS = ("h2d_then_step", "d2h_then_h2d_same_chunk", "d2h_then_overwrite")
+
+
+@pytest.mark.parametrize("kind", ORDERING_KINDS)
+def test_unawaited_transfers_that_never_overlapped_are_an_error(kind):
+    """Copies that land before the next thing is issued exercise no ordering:
+    ERROR "nothing in flight", whatever the bytes say; and where the future
+    cannot tell, the overlap is not assumed."""
+    from probes.suite.ordering import unawaited_transfers
+
+    probe_case = dataclasses.replace(case("unawaited_transfers"), kind=kind)
+    landed = unawaited_transfers(probe_case, stand_in(UnheldArrays, LandedLibrary))
+    assert landed.verdict == "ERROR" and landed.detail.startswith("nothing in flight: "), landed.detail
+    silent = unawaited_transfers(probe_case, stand_in(UnheldArrays, SilentFutures))
+    assert silent.verdict == "ERROR" and "cannot say whether it is done" in silent.detail, silent.detail
+    held = unawaited_transfers(probe_case, stand_in())
+    assert held.verdict == "PASS", held.detail
+
+
+def test_a_save_against_a_step_that_has_ended_is_an_error():
+    from probes.suite.ordering import inflight_step
+
+    class DoneSteps(SimArrays):
+        def dispatch_step(self, cache, new):
+            cache = super().dispatch_step(cache, new)
+            cache.await_buffer()
+            return cache
+
+    outcome = inflight_step(case("inflight_step"), stand_in(DoneSteps))
+    assert outcome.verdict == "ERROR" and outcome.detail.startswith("nothing in flight"), outcome.detail

@@ -129,14 +129,15 @@ def test_a_visible_tpu_that_does_not_start_is_an_error(monkeypatch):
     from probes.iut import hardware
 
     monkeypatch.setattr(hardware, "tpu_visible", lambda: True)
-    monkeypatch.setattr(hardware, "ASK_JAX", "raise SystemExit('TPU initialization failed: busy')")
-    hardware.local_generation.cache_clear()
+    monkeypatch.setattr(hardware, "ASK_RUNTIME", "raise SystemExit('TPU initialization failed: busy')")
+    monkeypatch.setattr(hardware, "runtime_environment", lambda: ())
+    hardware.local_runtime.cache_clear()
     try:
         with pytest.raises(hardware.TpuUnavailable, match="a TPU is here, but JAX could not open it: "
                            "TPU initialization failed: busy"):
             hardware.local_generation()
     finally:
-        hardware.local_generation.cache_clear()
+        hardware.local_runtime.cache_clear()
 
 
 def test_no_tpu_on_this_machine_is_one_clear_reason():
@@ -216,7 +217,19 @@ def test_jax_hardware_adapter_runs_here_with_a_cpu_standing_in(monkeypatch):
     ("jax", ValueError("cannot create std::vector larger than max_size()"), False),
     ("jax", ValueError("jax.Array was deleted"), False),
     ("jax", AttributeError("'list' object has no attribute 'addressable_shards'"), False),
-    ("jax", TypeError("d2h(): incompatible function arguments. The following argument types are supported"), True),
+    # a call that reached no check: the binding's type error, not a refusal
+    ("jax", TypeError("d2h(): incompatible function arguments. The following argument types are supported"), False),
+    ("torch", TypeError("d2h(): incompatible function arguments. The following argument types are supported"), False),
+    # both constructors' uncoded refusals of a cache they cannot split into blocks
+    ("jax", RuntimeError("Layer 0 on-device size 6291456 is not a whole number of blocks at major dimension 5"), True),
+    ("torch", RuntimeError("Layer 0 on-device size 6291456 is not a whole number of blocks at major dimension 5"),
+     True),
+    ("torch", RuntimeError("Layer 1 has major dimension 8 but layer 0 has 16; every layer must hold ..."), True),
+    ("torch", RuntimeError("KVCacheManager init failed: Layer 1 has major dimension 8 but layer 0 has 16"), True),
+    # runtime errors: a donated buffer, the DMA engine
+    ("jax", RuntimeError("INVALID_ARGUMENT: Array has been deleted with shape=bf16[512,8,2048]."), False),
+    ("jax", RuntimeError("Array has been deleted with shape=bf16[512,8,2048]."), False),
+    ("torch", RuntimeError("KVCacheManager D2h failed: buffer was donated"), False),
     ("jax", ValueError("Must specify either (max_blocks, num_slots) or host_blocks_to_allocate."), True),
     ("torch", RuntimeError("KVCacheManager register_active_plan failed: invalid StartTransferRequest bytes"), True),
     ("torch", RuntimeError("KVCacheManager D2h failed: Copy range exceeds source device buffer size"), True),

@@ -51,6 +51,9 @@ GVNIC = ("0x1ae0", "0x0042")  # a plain GCE VM's network card: Google's vendor i
     ({"0000:00:04.0": GVNIC, "0000:00:05.0": ("0x1ae0", "0x0063")}, (), ["v5e"]),
     ({"0000:00:05.0": ("0x1ae0", "0x006f"), "0000:00:06.0": ("0x1ae0", "0x006f")}, (), ["v6e", "v6e"]),
     ({"0000:00:05.0": ("0x1ae0", "0x0076")}, ("vfio/0",), ["tpu7x"]),
+    # tpu7x shows a function per TensorCore: one chip, as tpu-info and jax count it
+    ({"0000:00:05.0": ("0x1ae0", "0x0076"), "0000:00:05.1": ("0x1ae0", "0x0076")}, (), ["tpu7x"]),
+    ({f"0000:00:0{c}.{f}": ("0x1ae0", "0x0076") for c in (5, 6) for f in (0, 1)}, (), ["tpu7x", "tpu7x"]),
     ({"0000:00:05.0": ("0x8086", "0x0063")}, ("accel0",), []),  # another vendor's accelerator
     ({"0000:00:05.0": ("0x1ae0", "0x0099")}, ("accel0",), ["0x0099"]),  # a chip the table does not know
     ({"0000:00:05.0": ("0x1ae0", "0x0099")}, (), []),
@@ -124,12 +127,12 @@ def test_the_report_lists_the_probes_that_do_not_apply():
 def test_a_hardware_worker_inherits_no_tpu_environment(monkeypatch):
     """The parent's jax and libtpu set these; a worker opening the TPU would
     load the parent's libtpu, or a test's CPU stand-in, with them."""
-    for name in runner.TPU_ENVIRONMENT:
+    for name in hardware.TPU_ENVIRONMENT:
         monkeypatch.setenv(name, "leaked")
     hardware_case = Case("roundtrip", "v6e", "tpu-sync-jax-tpu", "row", kvref.ShapeKey("bf16", (512, 8, 2048)))
     cpu_case = dataclasses.replace(hardware_case, generation="cpu", iut="tpu-sync-jax")
     env = runner._worker_env(hardware_case)
-    assert not set(runner.TPU_ENVIRONMENT) & set(env) and "JAX_PLATFORMS" not in env
+    assert not set(hardware.TPU_ENVIRONMENT) & set(env) and "JAX_PLATFORMS" not in env
     assert runner._worker_env(cpu_case)["TPU_LIBRARY_PATH"] == "leaked"  # a CPU worker's are its own business
     standin = dataclasses.replace(hardware_case, iut="tests.hardware_standins:JAX_TPU_ON_CPU")
     assert runner._worker_env(standin)[hardware.STANDIN_VARIABLE] == "cpu"  # declared, so set
@@ -302,12 +305,12 @@ def test_doctor_on_a_tpu_vm_fails_for_the_harness_reasons(monkeypatch, tmp_path,
 
     fake_bus(monkeypatch, tmp_path, {"0000:00:05.0": ("0x1ae0", "0x006f")})
 
-    def local_generation():
+    def local_runtime():
         if isinstance(opens, Exception):
             raise opens
-        return opens
+        return opens, 1
 
-    monkeypatch.setattr(hardware, "local_generation", local_generation)
+    monkeypatch.setattr(hardware, "local_runtime", local_runtime)
     missing = "the jax peer environment (tpu-sync-jax) is not installed"
     monkeypatch.setattr(doctor, "can_run_here", lambda declared, target=None:
                         ("1.0", "" if starts or not declared.owns_device else missing))
@@ -322,14 +325,14 @@ def test_doctor_on_a_tpu_vm_fails_for_the_harness_reasons(monkeypatch, tmp_path,
 def test_one_host_of_a_multi_host_slice_is_refused_at_once(monkeypatch, tmp_path):
     fake_bus(monkeypatch, tmp_path, {"0000:00:05.0": ("0x1ae0", "0x0063")})
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "10.0.0.2,10.0.0.3")
-    hardware.local_generation.cache_clear()
+    # At once: no runtime is started, which would wait for every host to join.
+    monkeypatch.setattr(hardware.subprocess, "run", lambda *a, **k: pytest.fail("the runtime was started"))
+    hardware.local_runtime.cache_clear()
     try:
-        start = time.monotonic()
         with pytest.raises(hardware.TpuUnavailable, match="one of 2 hosts of a slice"):
             hardware.local_generation()
-        assert time.monotonic() - start < 5
     finally:
-        hardware.local_generation.cache_clear()
+        hardware.local_runtime.cache_clear()
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")
     assert hardware.multi_host() is None
 
@@ -350,6 +353,8 @@ def test_a_wheel_without_the_allocator_says_so_by_name():
     ({"0000:00:05.0": ("0x1ae0", "0x006f")}, 1, False),  # a single v6e chip: nothing to split a cache over
     ({f"0000:00:0{i}.0": ("0x1ae0", "0x006f") for i in range(4, 8)}, 4, True),
     ({"0000:00:05.0": ("0x1ae0", "0x0076"), "0000:00:06.0": ("0x1ae0", "0x0076")}, 4, True),  # 2 per tpu7x chip
+    # one tpu7x chip, a function per TensorCore: its two devices, not four
+    ({"0000:00:05.0": ("0x1ae0", "0x0076"), "0000:00:05.1": ("0x1ae0", "0x0076")}, 2, False),
 ])
 def test_caches_over_more_devices_than_the_tpu_has_are_not_made(monkeypatch, tmp_path, chips, devices, sharded):
     """On a TPU VM the sharded probes and sharded rows are made only where the
@@ -367,11 +372,142 @@ def test_caches_over_more_devices_than_the_tpu_has_are_not_made(monkeypatch, tmp
     assert any(c.sharding for c in made) == (devices > 1)
 
 
-def test_a_two_process_probe_on_a_device_one_process_holds_is_skipped_with_the_reason():
-    from probes.run.runner import run_case
-    from probes.suite.registry import probe
+def test_a_two_process_probe_is_never_made_where_one_process_holds_the_device():
+    """A pull's producer and consumer would each open the TPU, which one
+    process holds at a time: such probes are not made for a hardware IUT
+    (a SKIP there fails its item), and the report and doctor say why."""
+    from probes.report.summary import not_applicable
+    from probes.suite.matrix import ONE_HOLDER, not_applicable as inapplicable
 
-    case = Case("pull_blocks", "v6e", "tpu-sync-jax-tpu", "pull_blocks-subset", probe("pull_blocks").subject,
-                kind="subset")
-    outcome = run_case(case).outcome
-    assert outcome.verdict == "SKIP" and "one process at a time may hold it" in outcome.detail, outcome.detail
+    two_process = {name for name, p in PROBES.items() if p.two_process}
+    assert two_process
+    for name in ("tpu-sync-jax-tpu", "tpu-sync-torch-tpu"):
+        made = {c.probe for c in build_cases(["v6e"], load_matrix("seed"), tuple(PROBES), name, devices=8)}
+        assert not made & two_process, made & two_process
+        assert {(p, ONE_HOLDER) for p in two_process} <= set(inapplicable(registry.iut(name)))
+    assert two_process <= {c.probe for c in build_cases(["cpu"], [], tuple(PROBES), "tpu-sync-jax")}
+    lines = "\n".join(not_applicable(["tpu-sync-jax-tpu"]))
+    assert re.search(r"\|\s*tpu-sync-jax-tpu\s*\|\s*pull_blocks\s*\|\s*its producer and its consumer", lines)
+
+
+def test_a_device_worker_gets_the_users_variables_not_the_harness_ones():
+    """What the user started kvprobe with passes to a device-owning worker
+    (their LIBTPU_INIT_ARGS); what jax or the harness set in the parent since
+    (jax appends to LIBTPU_INIT_ARGS on a TPU VM and sets TPU_SKIP_MDS_QUERY
+    where it counts no chip) does not."""
+    script = ("import os, json\n"
+              "os.environ['LIBTPU_INIT_ARGS'] += ' --xla_tpu_use_enhanced_launch_barrier=true'\n"
+              "os.environ['TPU_SKIP_MDS_QUERY'] = '1'\n"
+              "os.environ['ALLOW_MULTIPLE_LIBTPU_LOAD'] = '1'\n"
+              "from probes.iut.hardware import device_env\n"
+              "print(json.dumps(device_env(dict(os.environ))))\n")
+    env = {**os.environ, "LIBTPU_INIT_ARGS": "--xla_user_flag=1"}
+    for name in ("ALLOW_MULTIPLE_LIBTPU_LOAD", "TPU_SKIP_MDS_QUERY"):  # this test process's jax set them
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    import json
+
+    given = json.loads(done.stdout.strip().splitlines()[-1])
+    assert given["LIBTPU_INIT_ARGS"] == "--xla_user_flag=1"
+    assert "TPU_SKIP_MDS_QUERY" not in given and "ALLOW_MULTIPLE_LIBTPU_LOAD" not in given
+
+
+def test_the_runtimes_environment_is_read_once_in_the_parent_and_handed_to_the_worker(monkeypatch, tmp_path):
+    """tpu-env, read from the metadata server, becomes the variables libtpu
+    takes when it skips the server: the worker's namespace cannot reach it."""
+    from probes.iut import standin_vm
+
+    vm = standin_vm.build(tmp_path / "vm", "v5e", 1)
+    monkeypatch.setenv(standin_vm.VM_VARIABLE, str(vm.root))
+    hardware.runtime_environment.cache_clear()
+    try:
+        with standin_vm.MetadataServer(vm) as server:
+            monkeypatch.setenv(standin_vm.METADATA_HOST_VARIABLE, server.host)
+            given = dict(hardware.runtime_environment())
+            env = runner._worker_env(Case("roundtrip", "v5e", "tpu-sync-jax-tpu", "row",
+                                          kvref.ShapeKey("bf16", (512, 8, 2048))))
+    finally:
+        hardware.runtime_environment.cache_clear()
+    assert given["TPU_ACCELERATOR_TYPE"] == "v5e-1" and given["TPU_WORKER_ID"] == "0"
+    assert given["TPU_SKIP_MDS_QUERY"] == "1" and given["TPU_HOST_BOUNDS"] == "1,1,1"
+    assert {k: env[k] for k in given} == given
+    cpu = runner._worker_env(Case("roundtrip", "cpu", "tpu-sync-jax", "row", kvref.ShapeKey("bf16", (8, 128))))
+    assert "TPU_ACCELERATOR_TYPE" not in cpu
+
+
+def test_a_runtime_in_a_loopback_only_namespace_cannot_reach_its_metadata(monkeypatch, tmp_path):
+    """Why the variables are handed in: the stand-in runtime, as libtpu,
+    reads its metadata from a server that a worker under `unshare -rn` cannot
+    reach; given the variables, it starts there."""
+    from probes.iut import standin_vm
+    from probes.run import netns
+
+    if netns.unavailable():
+        pytest.skip(netns.unavailable())
+    vm = standin_vm.build(tmp_path / "vm", "v6e", 1, metadata_wait_seconds=1.0, cold_start_seconds=0.0)
+    script = "from probes.iut import hardware; print(hardware.tpu_device_kind())"
+    with standin_vm.MetadataServer(vm) as server:
+        env = {**os.environ, standin_vm.VM_VARIABLE: str(vm.root), standin_vm.METADATA_HOST_VARIABLE: server.host}
+        env.pop("TPU_SKIP_MDS_QUERY", None)
+        outside = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+        inside = subprocess.run(netns.python_command(sys.executable, "-c", script), capture_output=True, text=True,
+                                env=env, timeout=120)
+        monkeypatch.setenv(standin_vm.VM_VARIABLE, str(vm.root))
+        monkeypatch.setenv(standin_vm.METADATA_HOST_VARIABLE, server.host)
+        hardware.runtime_environment.cache_clear()
+        try:
+            given = dict(env, **dict(hardware.runtime_environment()))  # as the parent hands them in
+        finally:
+            hardware.runtime_environment.cache_clear()
+        handed = subprocess.run(netns.python_command(sys.executable, "-c", script), capture_output=True,
+                                text=True, env=given, timeout=120)
+    assert outside.returncode == 0 and outside.stdout.strip() == "TPU v6 lite", outside.stderr[-2000:]
+    assert inside.returncode != 0 and "Failed to get TPU metadata" in inside.stderr, inside.stderr[-2000:]
+    assert handed.returncode == 0 and handed.stdout.strip() == "TPU v6 lite", handed.stderr[-2000:]
+
+
+def test_doctor_asks_an_iut_with_the_start_up_limit_of_its_cases(monkeypatch):
+    from probes.run import iuts_command
+
+    limits = []
+
+    def run(command, **kwargs):
+        limits.append(kwargs["timeout"])
+        raise subprocess.TimeoutExpired(command, kwargs["timeout"])
+
+    monkeypatch.setattr(iuts_command.subprocess, "run", run)
+    monkeypatch.setattr(iuts_command, "interpreter_python", lambda interpreter: (sys.executable, ""))
+    monkeypatch.setattr(iuts_command.netns, "unavailable", lambda: None)
+    declared = registry.iut("tpu-sync-jax-tpu")
+    assert iuts_command.can_run_here(declared, "v6e") == ("", "its interpreter did not answer in 300 s")
+    assert limits == [declared.startup_seconds] and declared.startup_seconds >= 300
+
+
+def test_the_jax_peer_environment_pins_jax_and_the_layout_tables_libtpu():
+    from probes.iut.peer_env import PEER_ENVS, PEER_JAX
+
+    pins = PEER_ENVS["jax"].pins
+    assert pins["jax"] == pins["jaxlib"] == PEER_JAX
+    assert pins["libtpu"] == table.load()["versions"]["libtpu"]
+    assert next(iter(pins)) == "tpu-sync-jax"
+
+
+def test_make_stops_at_once_without_a_python_it_can_use(tmp_path):
+    """A TPU VM's stock image ships Python 3.10: make names the command that
+    gets one, before installing anything."""
+    import shutil
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("make", "sh", "cut", "test"):
+        if shutil.which(tool):
+            (bin_dir / tool).symlink_to(shutil.which(tool))
+    (bin_dir / "python3").write_text("#!/bin/sh\ncase \"$*\" in *-V*) echo 'Python 3.10.12';; *) exit 1;; esac\n")
+    (bin_dir / "python3").chmod(0o755)
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run(["make", "-C", str(repo), "python-check"], capture_output=True, text=True, timeout=60,
+                          env={"PATH": str(bin_dir), "HOME": str(tmp_path)})
+    assert done.returncode != 0
+    assert "kvref needs Python >= 3.11 and found none on PATH (python3 is 3.10.12)" in done.stderr, done.stderr
+    assert "sudo apt-get install -y python3.12 python3.12-venv" in done.stderr

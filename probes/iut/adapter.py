@@ -144,8 +144,20 @@ class Adapter:
     def read_by_step(self, cache):
         return self.arrays.read_by_step(cache)
 
-    def hold_copies(self, cache, seconds: float) -> bool:
+    def hold_copies(self, cache, seconds: float, until_step: bool = False) -> bool:
+        if until_step:
+            return self.arrays.hold_copies(cache, seconds, until_step=True)
         return self.arrays.hold_copies(cache, seconds)
+
+    @staticmethod
+    def in_flight(pending) -> bool | None:
+        """Whether a transfer is still running, asked without waiting; None
+        where its future cannot say (Pending's optional done())."""
+        done = getattr(pending, "done", None)
+        try:
+            return None if done is None else not done()
+        except NotImplementedError:
+            return None
 
     def refuses(self, e: BaseException) -> bool:
         return self.library.refuses(e)

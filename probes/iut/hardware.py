@@ -9,25 +9,44 @@ GCE VM's network card (gVNIC) is one. Then every failure to open the TPU (a
 missing runtime, a TPU another process holds, JAX falling back to the CPU) is
 an error, never "no TPU here".
 
+Chips are counted as tpu-info and JAX count them: one per PCI base address
+(domain:bus:device), whatever functions it shows (tpu7x shows one per
+TensorCore).
+
 The TPU runtime lets one process hold the chips at a time. The parent (pytest,
 `kvprobe run`) asks in a short-lived child, so the workers that probe the TPU
-can open it afterwards, and runs hardware cases one at a time."""
+can open it afterwards, and runs hardware cases one at a time.
+
+The runtime reads its environment (`tpu-env`) from the metadata server at
+start-up, which a worker in a loopback-only network namespace cannot reach.
+So the parent reads it once (`runtime_environment`) and hands it to every
+device-owning process as the variables libtpu takes instead, with
+TPU_SKIP_MDS_QUERY set: the workers stay in their namespace, where the
+production library's listener, which binds every interface, reaches
+nothing but lo. On a stand-in VM (probes.iut.standin_vm) the bus, the device
+nodes, the metadata and the runtime are the stand-in's."""
 
 from __future__ import annotations
 
 import functools
 import glob
+import json
 import os
 import re
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from kvref.generations import (DEVICES_PER_CHIP, GENERATIONS, GOOGLE_PCI_VENDOR, chip_of_device_kind,
                                chip_of_pci_device)
 from kvref.oracle import generation_of_device_kind
+from probes.iut import standin_vm
+from probes.iut.started_with import started_with
 
-ASK_JAX = "import jax; print(jax.devices('tpu')[0].device_kind)"
+ASK_RUNTIME = ("import json; from probes.iut import hardware; devices = hardware.tpu_jax_devices(); "
+               "print(json.dumps([hardware.tpu_device_kind(), len(devices)]))")
 ASK_SECONDS = 300  # a cold TPU runtime can take minutes to come up
 NO_TPU = "no TPU here: no Google PCI device with a TPU's device id, and no accelerator device node"
 PCI_DEVICES = Path("/sys/bus/pci/devices")
@@ -40,34 +59,55 @@ STANDIN_VARIABLE = "KVPROBE_TPU_STANDIN"
 
 
 def standin_platform() -> str | None:
-    """The JAX platform standing in for the TPU, or None on real hardware."""
-    return os.environ.get(STANDIN_VARIABLE) or None
+    """The JAX platform standing in for the TPU's device (a stand-in VM's is
+    the CPU), or None on real hardware."""
+    return os.environ.get(STANDIN_VARIABLE) or ("cpu" if standin_vm.active() else None)
+
+
+def device_only_standin() -> bool:
+    """Whether a CPU stands in for the device alone, with no machine around
+    it (no PCI bus, no runtime): what the stand-in IUTs of the tests declare."""
+    return bool(os.environ.get(STANDIN_VARIABLE)) and standin_vm.active() is None
+
+
+def _machine_path(path: str) -> Path:
+    """A path of this machine's, or of the stand-in VM's folder."""
+    vm = standin_vm.active()
+    return vm.root / path.lstrip("/") if vm else Path(path)
 
 
 class TpuUnavailable(RuntimeError):
     """A TPU is visible, but its runtime could not be started."""
 
 
-def google_pci_devices() -> list[str]:
-    """The device ids of this machine's Google PCI functions ("0x0063")."""
-    found = []
-    for vendor in sorted(PCI_DEVICES.glob("*/vendor")):
+def google_pci_functions() -> dict[str, str]:
+    """This machine's Google PCI functions: address ("0000:00:05.1") -> device id ("0x0076")."""
+    found = {}
+    for vendor in sorted(_machine_path(str(PCI_DEVICES)).glob("*/vendor")):
         try:
             if vendor.read_text().strip().lower() == GOOGLE_PCI_VENDOR:
-                found.append((vendor.parent / "device").read_text().strip().lower())
+                found[vendor.parent.name] = (vendor.parent / "device").read_text().strip().lower()
         except OSError:
             continue
     return found
 
 
+def google_pci_devices() -> list[str]:
+    """The device ids of this machine's Google PCI functions ("0x0063")."""
+    return list(google_pci_functions().values())
+
+
 def tpu_chips() -> list[str]:
-    """The TPU chips the PCI bus shows, by name (an unknown Google device id as itself)."""
-    devices = google_pci_devices()
-    known = [chip for chip in map(chip_of_pci_device, devices) if chip]
+    """The TPU chips the PCI bus shows, by name (an unknown Google device id as
+    itself): one per base address, as tpu-info groups a chip's functions."""
+    chips: dict[str, str] = {}
+    for address, device in google_pci_functions().items():
+        chips.setdefault(address.rsplit(".", 1)[0], device)
+    known = [chip for chip in map(chip_of_pci_device, chips.values()) if chip]
     if known:
         return known
-    if devices and any(glob.glob(pattern) for pattern in DEVICE_NODES):
-        return devices  # a chip the table does not know yet, beside its device nodes
+    if chips and any(glob.glob(str(_machine_path(pattern))) for pattern in DEVICE_NODES):
+        return list(chips.values())  # a chip the table does not know yet, beside its device nodes
     return []
 
 
@@ -96,29 +136,100 @@ def multi_host() -> str | None:
     return None
 
 
+METADATA_URL = "http://{host}/computeMetadata/v1/instance/attributes/tpu-env"
+METADATA_SECONDS = 10.0
+
+
+def read_tpu_env() -> dict[str, str]:
+    """This TPU VM's `tpu-env` metadata (`KEY: 'value'` lines), read once from
+    the metadata server as libtpu reads it (GCE_METADATA_HOST naming another
+    host, as libtpu allows); TpuUnavailable when it does not answer."""
+    host = os.environ.get(standin_vm.METADATA_HOST_VARIABLE) or "metadata.google.internal"
+    url = METADATA_URL.format(host=host)
+    request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=METADATA_SECONDS) as answer:
+            text = answer.read().decode()
+    except (urllib.error.URLError, OSError, UnicodeDecodeError) as e:
+        raise TpuUnavailable(f"a TPU is here, but its runtime's environment (tpu-env) could not be read from "
+                             f"the metadata server ({url}): {e}; set {standin_vm.SKIP_METADATA}=1 and "
+                             f"{', '.join(standin_vm.RUNTIME_VARIABLES)} yourself to start without it") from None
+    fields = {}
+    for line in text.splitlines():
+        key, colon, value = line.partition(":")
+        if colon and key.strip():
+            fields[key.strip()] = value.strip().strip("'\"")
+    return fields
+
+
 @functools.cache
-def local_generation() -> str | None:
-    """This machine's TPU generation; None when it has no TPU; TpuUnavailable
-    when it has one that JAX cannot open, or that is one host of a multi-host
-    slice (refused at once, not a start-up hang)."""
+def runtime_environment() -> tuple[tuple[str, str], ...]:
+    """What a process that opens this machine's TPU must be given so that its
+    runtime starts without the metadata server: every field of tpu-env as
+    the TPU_ variable libtpu reads for it (ACCELERATOR_TYPE ->
+    TPU_ACCELERATOR_TYPE), and TPU_SKIP_MDS_QUERY. Empty without a TPU, and
+    where the user started kvprobe with TPU_SKIP_MDS_QUERY (theirs pass)."""
+    if not tpu_visible() or started_with().get(standin_vm.SKIP_METADATA):
+        return ()
+    fields = read_tpu_env()
+    named = {(key if key.startswith("TPU_") else f"TPU_{key}"): value for key, value in fields.items()}
+    return tuple(sorted({**named, standin_vm.SKIP_METADATA: "1"}.items()))
+
+
+# What the parent's own jax and libtpu (or a test) set, which a process that
+# opens the real TPU must not inherit: it would load the parent's libtpu, share
+# its lockfile, skip the metadata without the variables that stand for it
+# (jax sets TPU_SKIP_MDS_QUERY where it counts no chip) or stand a CPU in for
+# the TPU. What the user started kvprobe with passes (their own LIBTPU_INIT_ARGS).
+TPU_ENVIRONMENT = ("TPU_LIBRARY_PATH", "LIBTPU_INIT_ARGS", "ALLOW_MULTIPLE_LIBTPU_LOAD", standin_vm.SKIP_METADATA,
+                   STANDIN_VARIABLE)
+
+
+def device_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` as a process that opens this machine's TPU gets it: TPU_ENVIRONMENT
+    as the user started kvprobe with it (a test's CPU stand-in never), and the
+    runtime's environment (runtime_environment): its worker stays in a
+    loopback-only namespace, where the metadata server is out of reach."""
+    users = started_with()
+    for name in TPU_ENVIRONMENT:
+        env.pop(name, None)
+        if name in users and name != STANDIN_VARIABLE:
+            env[name] = users[name]
+    env.update(runtime_environment())
+    return env
+
+
+@functools.cache
+def local_runtime() -> tuple[str, int] | None:
+    """(this machine's TPU generation, the devices its runtime opened); None
+    without a TPU; TpuUnavailable when it has one that its runtime cannot
+    open (asked in a child given what a worker is given), or that is one
+    host of a multi-host slice (refused at once, not a start-up hang)."""
     if not tpu_visible():
         return None
     if reason := multi_host():
         raise TpuUnavailable(reason)
-    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env = device_env({k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"})
     try:
-        done = subprocess.run([sys.executable, "-c", ASK_JAX], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-c", ASK_RUNTIME], capture_output=True, text=True,
                               timeout=ASK_SECONDS, env=env)
     except subprocess.TimeoutExpired:
-        raise TpuUnavailable(f"a TPU is here, but JAX did not open it within {ASK_SECONDS} s") from None
+        raise TpuUnavailable(f"a TPU is here, but its runtime did not open it within {ASK_SECONDS} s") from None
     lines = done.stdout.strip().splitlines()
     if done.returncode or not lines:
         raise TpuUnavailable(f"a TPU is here, but JAX could not open it: {done.stderr.strip()[-1500:]}")
-    generation = generation_of_kind(lines[-1])
+    kind, devices = json.loads(lines[-1])
+    generation = generation_of_kind(kind)
     if generation is None:
-        raise TpuUnavailable(f"a TPU is here ({lines[-1]}), but neither kvref's layout table nor the "
+        raise TpuUnavailable(f"a TPU is here ({kind}), but neither kvref's layout table nor the "
                              "installed libtpu knows that device kind")
-    return generation
+    return generation, devices
+
+
+def local_generation() -> str | None:
+    """This machine's TPU generation (see local_runtime)."""
+    found = local_runtime()
+    return found[0] if found else None
 
 
 def generation_of_kind(kind: str) -> str | None:
@@ -142,12 +253,27 @@ def generation_of_kind(kind: str) -> str | None:
     return None
 
 
-def tpu_device():
-    """This process's first TPU device (a worker's, never the parent's), or
-    the stand-in platform's first device."""
+def tpu_jax_devices() -> list:
+    """This process's TPU devices, its runtime started (a worker's, never the
+    parent's): the stand-in VM's runtime, the stand-in platform's devices, or
+    the TPU's."""
     import jax
 
-    return jax.devices(standin_platform() or "tpu")[0]
+    if vm := standin_vm.active():
+        return standin_vm.open_runtime(vm)
+    return jax.devices(standin_platform() or "tpu")
+
+
+def tpu_device():
+    """This process's first TPU device (see tpu_jax_devices)."""
+    return tpu_jax_devices()[0]
+
+
+def tpu_device_kind() -> str:
+    """The device kind this process's TPU reports (a stand-in VM's, its chip's)."""
+    vm = standin_vm.active()
+    kind = tpu_device().device_kind
+    return vm.device_kind if vm else kind
 
 
 def local_tpu_generation() -> str | None:
@@ -155,4 +281,4 @@ def local_tpu_generation() -> str | None:
     none. Where it has one, a failure to open it is raised, not hidden."""
     if not tpu_visible():
         return None
-    return generation_of_kind(tpu_device().device_kind)
+    return generation_of_kind(tpu_device_kind())

@@ -16,10 +16,15 @@ import numpy as np
 import kvref
 from kvref.sharding import uneven_parts
 from probes.iut.dense_cpu import DenseCpuArrays
-from probes.iut.hardware import NO_TPU, local_tpu_generation, standin_platform, tpu_device
+from probes.iut.hardware import NO_TPU, device_only_standin, local_tpu_generation, standin_platform, tpu_device, tpu_device_kind, tpu_jax_devices
 from probes.iut.host_data import random_host
 from probes.iut.reference import tpu_layout_of
 from probes.iut.protocol import CacheMode, NoViews
+
+
+# Bytes a deferred cache's computation churns through: about half a second
+# on one core, long enough to be still running when the manager is built.
+PENDING_BYTES = 10 * 2**30
 
 
 class JaxSteps:
@@ -35,10 +40,12 @@ class JaxSteps:
     def serving_step(self, cache, new):
         return donating_step(cache, new)
 
-    def dispatch_step(self, cache, new):
-        return dispatched_step(cache, new)
+    pending_bytes: int  # what a pending computation churns through on this device (see PENDING_BYTES)
 
-    def hold_copies(self, cache, seconds):
+    def dispatch_step(self, cache, new):
+        return dispatched_step(cache, new, self.pending_bytes)
+
+    def hold_copies(self, cache, seconds, until_step=False):
         return False  # no way to slow this device's copies from outside
 
     def read_by_step(self, cache):
@@ -87,6 +94,7 @@ class JaxCpuArrays(DenseCpuArrays, JaxSteps):
     backend = "jax-cpu"
     scrambles_in_place = True
     platform = "JAX"
+    pending_bytes = PENDING_BYTES
 
     @classmethod
     def sharded_layout_of(cls, generation, key, sharding):
@@ -118,10 +126,6 @@ class JaxCpuArrays(DenseCpuArrays, JaxSteps):
         ctypes.memset(cache.unsafe_buffer_pointer(), 0, cache.nbytes)
 
 
-
-# Bytes a deferred cache's computation churns through: about half a second
-# on one core, long enough to be still running when the manager is built.
-PENDING_BYTES = 10 * 2**30
 
 
 def jax_caches(hosts: list[np.ndarray], device, mode: CacheMode, pending_bytes: int = PENDING_BYTES) -> list:
@@ -155,16 +159,17 @@ def donating_step(cache, new: np.ndarray):
     return updated
 
 
-def dispatched_step(cache, new: np.ndarray):
+def dispatched_step(cache, new: np.ndarray, pending_bytes: int):
     """The same step still running when it returns: it computes (about half a
-    second on one core; see PENDING_BYTES) before its output holds `new`, and
-    the cache it took is already gone, as a donated array is."""
+    second; `pending_bytes` sized for the device, see PENDING_BYTES) before its
+    output holds `new`, and the cache it took is already gone, as a donated
+    array is."""
     import jax
 
     device = list(cache.devices())[0]
     fresh = jax.device_put(new.copy(), device)
     fresh.block_until_ready()
-    updated = _identity_churn()(fresh, _rounds(new.nbytes), _key(new.dtype))
+    updated = _identity_churn()(fresh, _rounds(new.nbytes, pending_bytes), _key(new.dtype))
     cache.delete()  # the output was allocated while the cache was held: never its buffer
     return updated
 
@@ -267,11 +272,11 @@ class JaxTpuArrays(JaxSteps):
 
     @property
     def device_kind(self) -> str:
-        kind = tpu_device().device_kind
+        kind = tpu_device_kind()
         return f"{kind} (standing in for a TPU)" if standin_platform() else kind
 
     def skip_reason(self):
-        if standin_platform():
+        if device_only_standin():
             return None
         found = local_tpu_generation()
         if found is None:
@@ -284,18 +289,20 @@ class JaxTpuArrays(JaxSteps):
     # half second of pending work is a hundred times the bytes.
     TPU_PENDING_BYTES = 100 * PENDING_BYTES
 
+    @property
+    def pending_bytes(self) -> int:
+        return PENDING_BYTES if standin_platform() else self.TPU_PENDING_BYTES
+
     def make_caches(self, key, seeds, mode=CacheMode.PUT, finite=False):
         hosts = [random_host(key, seed, finite) for seed in seeds]
-        caches = jax_caches(hosts, tpu_device(), mode, PENDING_BYTES if standin_platform() else self.TPU_PENDING_BYTES)
+        caches = jax_caches(hosts, tpu_device(), mode, self.pending_bytes)
         if not standin_platform():
             for cache in caches:
                 check_compiled_layout(cache, self.generation)
         return list(zip(caches, hosts))
 
     def mesh_devices(self):
-        import jax
-
-        return jax.devices(standin_platform() or "tpu")
+        return tpu_jax_devices()
 
     def make_sharded_caches(self, key, sharding, seeds):
         pairs = super().make_sharded_caches(key, sharding, seeds)

@@ -26,6 +26,9 @@ SYNC_VERSION = "0.0.1rc20261023185136"
 # An unrelated package holds the old name on PyPI: it must never be installed.
 FORBIDDEN_PREFIXES = ("tpu-raiden", "tpu_raiden")
 REPO = Path(__file__).resolve().parents[2]
+# How to get the Python the project and its peer environments need where the image has none.
+GET_PYTHON = ("sudo add-apt-repository -y ppa:deadsnakes/ppa && sudo apt-get install -y python3.12 "
+              "python3.12-venv python3.12-dev")
 BUILD_REQUIREMENTS = ["scikit-build-core>=0.10", "nanobind>=2.4"]
 
 CHECK_SCRIPT = """
@@ -71,9 +74,21 @@ class PeerEnv:
                 f"{self.venv}: run `kvprobe peer-env {create}`{also}")
 
 
+# The jax peer environment's JAX, exactly (tpu-sync-jax asks for >= 0.11), and
+# the libtpu the shipped layout table was compiled with, so the hardware
+# workers' compiler is the one the predictions were read from.
+PEER_JAX = "0.12.0.1"
+
+
+def table_libtpu() -> str:
+    from kvref.oracle import table
+
+    return table.load()["versions"]["libtpu"]
+
+
 PEER_ENVS = {
-    "jax": PeerEnv("jax", REPO / ".venv-peer", {"tpu-sync-jax": SYNC_VERSION},
-                   "KVPROBE_PEER_PYTHON", report=("jax", "libtpu")),
+    "jax": PeerEnv("jax", REPO / ".venv-peer", {"tpu-sync-jax": SYNC_VERSION, "jax": PEER_JAX, "jaxlib": PEER_JAX,
+                                                "libtpu": table_libtpu()}, "KVPROBE_PEER_PYTHON"),
     # torch 2.13.0 is one of the ABIs tpu-sync-torch ships an extension for and
     # inside the range TorchTPU 0.2.0 accepts.
     "torch": PeerEnv("torch", REPO / ".venv-peer-torch",
@@ -132,7 +147,7 @@ def base_python(version: str = "3.12") -> list[str]:
         if done.returncode == 0 and done.stdout.strip() == "True":
             return cmd
     raise PeerEnvError(f"this environment needs Python {version}, and neither a pyenv {version} nor "
-                       f"a working python{version} was found")
+                       f"a working python{version} was found; on Ubuntu (a TPU VM's image): {GET_PYTHON}")
 
 
 def create(env: PeerEnv) -> dict:

@@ -92,9 +92,12 @@ class Arrays(Protocol):
         serving step donates it and gives a fresh buffer); returns the cache to
         use from now on."""
 
-    def hold_copies(self, cache, seconds: float) -> bool:
+    def hold_copies(self, cache, seconds: float, until_step: bool = False) -> bool:
         """Hold the next copy between this cache and the host in flight for
-        `seconds` where the device allows it (the simulated link); whether it could."""
+        `seconds` where the device allows it (the simulated link); whether it
+        could. `until_step`: only until the step dispatched after it has taken
+        its place in program order (waited for that copy, or run past it),
+        at most `seconds`."""
 
     def read_by_step(self, cache) -> np.ndarray:
         """The cache's contents as the next computation dispatched on it sees
@@ -134,6 +137,10 @@ class ShardedArrays(Protocol):
 class Pending(Protocol):
     def wait(self) -> None:
         """Until the transfer has ended; raises the library's error if it failed."""
+
+    # Optional: `done() -> bool`, whether the transfer has ended, asked without
+    # waiting. A probe whose property needs a transfer still in flight confirms
+    # the overlap with it; without it such a probe cannot, and says so (ERROR).
 
 
 @runtime_checkable

@@ -101,6 +101,9 @@ class KvrefPending:
     def wait(self) -> None:
         self.future.result(timeout=60)
 
+    def done(self) -> bool:
+        return self.future.done()
+
 
 class SimArrays:
     """Caches on the simulated TPU of the case's generation, laid out as that
@@ -188,6 +191,6 @@ class SimArrays:
     def read_by_step(self, cache):
         return cache.device.fetch(cache)
 
-    def hold_copies(self, cache, seconds):
-        cache.hold_next_dma(int(seconds * 1e6))
+    def hold_copies(self, cache, seconds, until_step=False):
+        cache.hold_next_dma(int(seconds * 1e6), until_next_op=until_step)
         return True

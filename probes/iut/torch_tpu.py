@@ -100,7 +100,7 @@ class TorchTpuArrays:
         cache.copy_(kvref.to_torch(new).to("tpu"))
         return cache
 
-    def hold_copies(self, cache, seconds):
+    def hold_copies(self, cache, seconds, until_step=False):
         return False  # no way to slow this device's copies from outside
 
     def read_by_step(self, cache):

@@ -33,33 +33,42 @@ POOL_FULL = re.compile(r"Insufficient available blocks|exceed total blocks")
 # The jax wheel: the call's absl status, after "absl::StatusOr not ok: " (d2h, h2d),
 # "absl::Status not ok: " (unlock_blocks) or nothing (d2h_auto_allocate).
 JAX_STATUS = re.compile(r"(?:absl::Status(?:Or)? not ok: )?([A-Z][A-Z_]+[A-Z]): ")
-JAX_UNCODED = re.compile(r"Layer \d+ has major dimension \d+ but layer 0 has \d+")  # mixed layers, at construction
+# Both wheels' constructors refuse a cache they cannot split into blocks with
+# no status code (the shared C++ that sizes a layer's blocks).
+UNCODED = re.compile(r"Layer \d+ has major dimension \d+ but layer 0 has \d+|"
+                     r"is not a whole number of blocks at major dimension \d+")
 # The torch wheel: "KVCacheManager <Method> failed: <the check's message>", no code.
 TORCH_WRAPPED = re.compile(r"KVCacheManager \w+ failed: (.*)", re.DOTALL)
 CHECKS = re.compile(r"must have the same length|must be non-negative|Copy range exceeds|Invalid block ID|"
                     r"Cannot unlock unallocated block ID|invalid StartTransferRequest bytes|"
                     r"Insufficient available blocks|exceed total blocks|Lengths of offset and size lists must match")
-# Their Python layers' own refusals, and the bindings' refusal of an argument of the wrong type.
+# What the runtime says of a buffer that is gone or a copy that broke, whatever
+# status code it carries: a failure, never a refusal of the input.
+RUNTIME_FAILURES = re.compile(r"(?:has been|was) deleted|donated|\bDMA\b|DmaMap")
+# Their Python layers' own refusals. A binding's "incompatible function
+# arguments" is not one: it is what a call that reached no check says.
 PYTHON_REFUSALS = re.compile(r"Must specify either \(max_blocks, num_slots\) or host_blocks_to_allocate|"
-                             r"request must be bytes or a protobuf message|incompatible function arguments")
+                             r"request must be bytes or a protobuf message")
 
 
 def refuses(e: BaseException, wheel: str = "jax") -> bool:
     """Whether `e` is one of the wheel's ("jax" or "torch") clean refusals of
     the input given."""
     message = str(e)
-    if isinstance(e, AsyncFailure):
+    if isinstance(e, AsyncFailure) or RUNTIME_FAILURES.search(message):
         return False
     if isinstance(e, (ValueError, TypeError)):
         return bool(PYTHON_REFUSALS.search(message))
     if type(e) is not RuntimeError:
         return False
+    if UNCODED.search(message):
+        return True
     if wheel == "torch":
         wrapped = TORCH_WRAPPED.match(message)
         return bool(wrapped and CHECKS.search(wrapped.group(1)))
     status = JAX_STATUS.match(message)
     if status is None:
-        return bool(JAX_UNCODED.match(message))
+        return False
     code = status.group(1)
     return code in REFUSAL_CODES or (code == "RESOURCE_EXHAUSTED" and bool(POOL_FULL.search(message)))
 
@@ -97,6 +106,14 @@ class SyncPending:
         if ok is not None and not ok():
             raise AsyncFailure(f"Await returned, but the future reports an error: "
                                f"{self.future.error_message()}")
+
+    def done(self) -> bool:
+        """The wheel's future asked without waiting: IsReady, which the jax
+        wheel's RaidenFuture has (NotImplementedError where it is missing)."""
+        ready = getattr(self.future, "IsReady", None)
+        if ready is None:
+            raise NotImplementedError(f"{type(self.future).__name__} cannot say whether it is done")
+        return bool(ready())
 
 
 class SyncManagerView:

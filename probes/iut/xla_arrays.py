@@ -111,7 +111,7 @@ class TorchXlaArrays(DenseCpuArrays):
         cache.copy_(kvref.to_torch(new).to(cache.device).flip(0).flip(0))
         return cache
 
-    def hold_copies(self, cache, seconds):
+    def hold_copies(self, cache, seconds, until_step=False):
         return False  # no way to slow this device's copies from outside
 
     def read_by_step(self, cache):

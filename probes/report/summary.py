@@ -21,11 +21,12 @@ def not_applicable(iuts) -> list[str]:
     """The probes each IUT declares it cannot exercise, and why: never run, so
     neither passed nor skipped."""
     from probes.iut.registry import IUTError, iut
+    from probes.suite.matrix import not_applicable as inapplicable
 
     rows = []
     for name in iuts:
         try:
-            rows += [{"iut": name, "probe": probe, "why": why} for probe, why in iut(name).not_applicable]
+            rows += [{"iut": name, "probe": probe, "why": why} for probe, why in inapplicable(iut(name))]
         except IUTError:  # an outside IUT no longer installed: its rows still report
             continue
     if not rows:

@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     doc = sub.add_parser("doctor", help="what this machine offers the hardware path, and whether "
                          "`make tpu-test` would fail for the harness's reasons (exit 1)")
+    doc.add_argument("--iut", default=None, metavar="IUT",
+                     help="only these IUTs (comma-separated; default: every one kvprobe finds)")
     doc.set_defaults(run=_doctor)
 
     iuts = sub.add_parser("iuts", help="every implementation under test kvprobe can see, where each "
@@ -259,7 +261,7 @@ def _fuzz(args) -> int:
 def _doctor(args) -> int:
     from probes.run.doctor import diagnose
 
-    found = diagnose()
+    found = diagnose([n for n in args.iut.split(",") if n] if args.iut else None)
     print("\n".join(found.lines))
     return 1 if found.problems else 0
 

@@ -104,9 +104,9 @@ def devices_of(name: str) -> int | None:
     TPU devices for an IUT that owns one (the parent does not open the TPU:
     it counts chips on the PCI bus); unbounded for the others, which make
     their own (a mesh of simulated chips, JAX CPU devices)."""
-    from probes.iut.hardware import standin_platform, tpu_devices
+    from probes.iut.hardware import device_only_standin, tpu_devices
 
-    if not iut(name).owns_device or standin_platform():
+    if not iut(name).owns_device or device_only_standin():
         return None
     return tpu_devices()
 

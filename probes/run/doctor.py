@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 from probes.iut import hardware
 from probes.iut.peer_env import PEER_ENVS
-from probes.iut.registry import usable_iuts
+from probes.iut.registry import iut as resolve, usable_iuts
 from probes.run.iuts_command import can_run_here
+from probes.suite import matrix
 from probes.suite.registry import PROBES, Scope
 
 VERSIONS = ("jax", "jaxlib", "libtpu", "torch", "torch-xla", "torch-tpu", "tpu-sync-jax", "tpu-sync-torch")
@@ -41,11 +42,12 @@ class Diagnosis:
         self.lines.append(f"  PROBLEM: {text}")
 
 
-def diagnose() -> Diagnosis:
+def diagnose(names: list[str] | None = None) -> Diagnosis:
+    """Everything, or only the IUTs `names` (each resolved, so a wrong name is an IUTError)."""
     d = Diagnosis()
     generation = _tpu(d)
     _environments(d)
-    _iuts(d, generation)
+    _iuts(d, generation, names)
     if d.problems:
         d.say(f"`make tpu-test` would fail for the harness's reasons ({len(d.problems)}):")
         d.lines += [f"  - {p}" for p in d.problems]
@@ -62,13 +64,17 @@ def _tpu(d: Diagnosis) -> str | None:
     if not chips:
         d.say(f"  {hardware.NO_TPU}")
         return None
-    d.say(f"  TPU chips on the PCI bus: {', '.join(chips)}")
+    counted = hardware.tpu_devices()
+    d.say(f"  TPU chips on the PCI bus: {', '.join(chips)} ({counted} devices)")
     try:
-        generation = hardware.local_generation()
+        generation, opened = hardware.local_runtime()
     except hardware.TpuUnavailable as e:
         d.problem(str(e))
         return None
-    d.say(f"  generation: {generation}")
+    d.say(f"  generation: {generation}; its runtime opened {opened} devices")
+    if counted > opened:  # sharded cases would be made for devices that are not there
+        d.problem(f"the PCI bus was counted as {counted} devices ({len(chips)} chips), and the runtime "
+                  f"opened {opened}: kvprobe would make caches over devices this TPU does not have")
     return generation
 
 
@@ -91,9 +97,9 @@ def _environments(d: Diagnosis) -> None:
         d.say(f"  {name:6} {python}: {listed}")
 
 
-def _iuts(d: Diagnosis, generation: str | None) -> None:
+def _iuts(d: Diagnosis, generation: str | None, names: list[str] | None) -> None:
     d.say("IUTs")
-    declared = usable_iuts()
+    declared = usable_iuts() if names is None else {name: resolve(name) for name in names}
     # The IUTs that would probe this TPU are asked about it; the others about their first target.
     on_this_tpu = {name: generation is not None and i.owns_device and i.runs_on(generation)
                    for name, i in declared.items()}
@@ -102,11 +108,11 @@ def _iuts(d: Diagnosis, generation: str | None) -> None:
         answers = dict(zip(declared, pool.map(can_run_here, declared.values(), targets)))
     for name, iut in declared.items():
         version, reason = answers[name]
-        applies = [p for p, probe in PROBES.items() if probe.scope != Scope.FUZZ and iut.applies(p)]
+        applies = [p for p, probe in PROBES.items() if probe.scope != Scope.FUZZ and matrix.applies(iut, p)]
         d.say(f"  {name} ({iut.library.distribution} {version or '?'}): "
               + ("can start here" if not reason else f"cannot start here: {reason}"))
         d.say(f"    probes: {', '.join(applies)}")
-        for probe, why in iut.not_applicable:
+        for probe, why in matrix.not_applicable(iut):
             d.say(f"    not {probe}: {why}")
         if on_this_tpu[name] and reason:
             d.problem(f"{name} targets this {generation} TPU but cannot start: {reason}")

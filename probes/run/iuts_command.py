@@ -16,9 +16,10 @@ from probes.iut.adapter import IUT
 from probes.iut.peer_env import interpreter_python
 from probes.iut.registry import IUTError, iut, known_iuts, source_of_iut
 from probes.run import netns
+from probes.iut.hardware import TpuUnavailable
 from probes.run.runner import iut_env
 
-CHECK_SECONDS = 120.0  # a cold JAX or torch import in the IUT's interpreter
+CHECK_SECONDS = 120.0  # a cold JAX or torch import in the IUT's interpreter; never less than a case's start-up
 
 
 def can_run_here(declared: IUT, target: str | None = None) -> tuple[str, str]:
@@ -32,11 +33,13 @@ def can_run_here(declared: IUT, target: str | None = None) -> tuple[str, str]:
     target = target or declared.targets[0]
     command = ([*netns.python_command(python, "probes.run.iuts_command", declared.name, target)]
                if declared.loopback_only else [python, "-m", "probes.run.iuts_command", declared.name, target])
+    limit = max(CHECK_SECONDS, declared.startup_seconds)  # it starts as a case's worker starts
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=CHECK_SECONDS,
-                              env=iut_env(declared))
+        done = subprocess.run(command, capture_output=True, text=True, timeout=limit, env=iut_env(declared))
     except subprocess.TimeoutExpired:
-        return "", f"its interpreter did not answer in {CHECK_SECONDS:.0f} s"
+        return "", f"its interpreter did not answer in {limit:.0f} s"
+    except TpuUnavailable as e:
+        return "", str(e)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
         return "", f"its interpreter failed: {' '.join(done.stderr.split())[-400:]}"

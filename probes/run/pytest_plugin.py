@@ -55,18 +55,22 @@ class KvprobeRun:
     def __init__(self, config):
         self.config = config
         self.found = []  # CaseResult, in the order the items ran
+        self.not_run: list[tuple[str, str]] = []  # (IUT, why) for an IUT this TPU is no target of
 
     def cases(self) -> list:
         from probes.run import command
 
+        from probes.iut.hardware import TpuUnavailable
+
         iuts = [name for name in self.config.getoption("kvprobe_iut").split(",") if name]
         try:
             option = self._option
-            return [case for name in iuts
-                    for case in command.prepare(self._generations(name), [name], option("kvprobe_matrix"),
+            chosen = {name: self._generations(name) for name in iuts}
+            return [case for name, generations in chosen.items() if generations
+                    for case in command.prepare(generations, [name], option("kvprobe_matrix"),
                                                 option("kvprobe_probe"), option("kvprobe_timeout"),
                                                 option("kvprobe_faults"), option("kvprobe_out"))]
-        except (ValueError, argparse.ArgumentTypeError) as e:
+        except (ValueError, argparse.ArgumentTypeError, TpuUnavailable) as e:
             raise pytest.UsageError(f"kvprobe: {e}") from None
 
     def _option(self, dest: str):
@@ -86,7 +90,14 @@ class KvprobeRun:
         declared, given = iut(name), self.config.getoption("kvprobe_generation")
         if declared.owns_device and (given is None or given == "local"):
             # Without a TPU its items are made on a target anyway, to skip with the one reason.
-            return [local_generation()] if tpu_visible() else [declared.targets[0]]
+            if not tpu_visible():
+                return [declared.targets[0]]
+            local = local_generation()
+            if not declared.runs_on(local):  # this TPU is not one of its targets: one skipped item says so
+                self.not_run.append((name, f"{name} does not run on this {local} TPU: it runs on "
+                                     f"{', '.join(declared.targets)}"))
+                return []
+            return [local]
         return options.generations(given) if given else list(declared.targets)
 
     @pytest.hookimpl(tryfirst=True)  # before -m and -k deselect: they apply to these items too
@@ -97,6 +108,9 @@ class KvprobeRun:
             if label not in groups:
                 groups[label] = CaseGroup.from_parent(session, name=label, nodeid=label)
             items.append(CaseItem.from_parent(groups[label], name=case.case_id, case=case, run=self))
+        for name, why in self.not_run:
+            group = CaseGroup.from_parent(session, name=f"kvprobe/{name}", nodeid=f"kvprobe/{name}")
+            items.append(NotATarget.from_parent(group, name="this-tpu", why=why))
 
     def pytest_sessionfinish(self, session):
         out = self.config.getoption("kvprobe_out")
@@ -119,6 +133,21 @@ class CaseGroup(pytest.Collector):
 
     def collect(self):
         return []
+
+
+class NotATarget(pytest.Item):
+    """An IUT whose targets leave out this machine's TPU: skipped, with why."""
+
+    def __init__(self, *, why: str, **kwargs):
+        super().__init__(**kwargs)
+        self.why = why
+        self.add_marker("tpu")
+
+    def runtest(self):
+        pytest.skip(self.why)
+
+    def reportinfo(self):
+        return self.path, None, self.why
 
 
 class CaseItem(pytest.Item):

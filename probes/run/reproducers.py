@@ -216,7 +216,7 @@ finish("PASS", f"{{len(SEQUENCE['calls'])}} calls held to the model")
 # What TPU_SYNC_JAX_REPLAY copies from the harness: (module, top-level names).
 COPIED = (
     (block_model, ("INT64_MIN", "BlockModel")),
-    (tpu_sync, ("AsyncFailure", "REFUSAL_CODES", "POOL_FULL", "JAX_STATUS", "JAX_UNCODED", "TORCH_WRAPPED",
+    (tpu_sync, ("AsyncFailure", "REFUSAL_CODES", "POOL_FULL", "JAX_STATUS", "UNCODED", "TORCH_WRAPPED", "RUNTIME_FAILURES",
                 "CHECKS", "PYTHON_REFUSALS", "refuses", "layer_block_sizes", "SyncPending")),
     (refusals, ("first_line",)),
     (jax_arrays, ("PENDING_BYTES", "_rounds", "_identity_churn", "_key")),

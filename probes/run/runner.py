@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from probes.iut.adapter import STARTUP_SECONDS
 from probes.iut.builds import BUILDS_DIR, build_dir, installed_version
-from probes.iut.hardware import STANDIN_VARIABLE
+from probes.iut.hardware import TpuUnavailable, device_env
 from probes.iut.peer_env import interpreter_python
 from probes.iut.tpu_sync import BUILD_VARIABLE
 from probes.iut.registry import iut
@@ -70,14 +70,14 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
                                         "`kvprobe run` installs it first"), 0.0, "", *this_host())
     if declared.loopback_only and (reason := netns.unavailable()):
         return CaseResult(case, Outcome(SKIP, f"{case.iut}: {reason}"), 0.0, "", *this_host())
+    try:
+        env = _worker_env(case)
+    except TpuUnavailable as e:  # the runtime's environment could not be read
+        return CaseResult(case, Outcome(ERROR, f"{case.iut}: {e}"), 0.0, "", *this_host())
     if probe(case.probe).two_process:
-        if declared.owns_device:
-            return CaseResult(case, Outcome(SKIP, f"{case.iut}: a pull's producer and consumer each need the "
-                                            "device, and one process at a time may hold it: run them on two "
-                                            "hosts"), 0.0, "", *this_host())
-        return _run_two(case, python)
+        return _run_two(case, python, env)
     start = time.monotonic()
-    env, text = _worker_env(case), case.to_json()
+    text = case.to_json()
     limit = case.startup_timeout + case.timeout + GRACE_SECONDS
     isolated = declared.loopback_only
     try:
@@ -92,7 +92,7 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
     return CaseResult(case, outcome, time.monotonic() - start, err, *this_host())
 
 
-def _run_two(case: Case, python: str) -> CaseResult:
+def _run_two(case: Case, python: str, env: dict) -> CaseResult:
     """A two-process case: its producer and consumer workers side by side
     (probes.run.pair), in one loopback-only network namespace of their own
     where one can be made (a loopback_only IUT's cases are SKIP where none
@@ -105,7 +105,7 @@ def _run_two(case: Case, python: str) -> CaseResult:
         isolated = netns.unavailable() is None
         command = netns.python_command(python, PAIR) if isolated else [python, "-m", PAIR]
         request = json.dumps({"cases": cases, "limit": limit})
-        returncode, out, err, _ = run_watched(command, request, limit + PAIR_GRACE_SECONDS, _worker_env(case))
+        returncode, out, err, _ = run_watched(command, request, limit + PAIR_GRACE_SECONDS, env)
         dying = {role for role in ROLES if posted_by(folder, role, DIES)}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -237,23 +237,15 @@ def _build_installed(declared) -> bool:
     return installed_version(build_dir(library, declared.build), library) == declared.build
 
 
-# What the parent's own jax and libtpu (or a test) set, which a worker that
-# opens the real TPU must not inherit: it would load the parent's libtpu, share
-# its lockfile or stand a CPU in for the TPU. Its IUT's `environment` may set them.
-TPU_ENVIRONMENT = ("TPU_LIBRARY_PATH", "LIBTPU_INIT_ARGS", "ALLOW_MULTIPLE_LIBTPU_LOAD", STANDIN_VARIABLE)
-
-
 def _worker_env(case: Case) -> dict:
     return iut_env(iut(case.iut))
 
 
 def iut_env(declared) -> dict:
     """The environment every process of this IUT runs with (its workers, and
-    `kvprobe iuts` asking whether it can start)."""
-    env = dict(os.environ)
-    if declared.owns_device:
-        for name in TPU_ENVIRONMENT:
-            env.pop(name, None)
+    `kvprobe iuts` asking whether it can start). One that owns the TPU is
+    given what its TPU runtime needs (probes.iut.hardware.device_env)."""
+    env = device_env(dict(os.environ)) if declared.owns_device else dict(os.environ)
     env.update(declared.environment)
     if declared.build:  # the build first on the path, over the pinned library, sharing its jax
         path = str(build_dir(declared.library.distribution, declared.build))

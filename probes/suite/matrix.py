@@ -116,11 +116,29 @@ def _names_a_case_kind(name: str) -> bool:
     return probe in PROBES and (not kind or kind in PROBES[probe].kinds)
 
 
+# Why a two-process probe is never made for an IUT whose worker holds a real TPU.
+ONE_HOLDER = ("its producer and its consumer each open the device, and one process at a time may hold "
+              "a TPU host's chips (libtpu's lockfile); kvprobe does not run a pull between two hosts yet")
+
+
+def not_applicable(declared) -> tuple[tuple[str, str], ...]:
+    """(probe or probe/kind, why) for each probe an IUT never gets: what it
+    declares, and the two-process probes where its worker owns the device."""
+    derived = tuple((name, ONE_HOLDER) for name, p in PROBES.items()
+                    if p.two_process and declared.owns_device and declared.applies(name))
+    return (*declared.not_applicable, *derived)
+
+
+def applies(declared, probe_name: str) -> bool:
+    return declared.applies(probe_name) and not (PROBES[probe_name].two_process and declared.owns_device)
+
+
 def makes(declared, probe_name: str, kind: str = "") -> bool:
-    """Whether an IUT gets a probe's case of `kind`: the IUT does not declare
-    it inapplicable, and its arrays can split a cache where the kind needs it."""
+    """Whether an IUT gets a probe's case of `kind`: the probe applies to it
+    (not_applicable), and its arrays can split a cache where the kind needs it."""
     p = PROBES[probe_name]
-    return declared.applies(probe_name, kind) and (kind not in p.mesh_kinds or declared.shards)
+    return (applies(declared, probe_name) and declared.applies(probe_name, kind)
+            and (kind not in p.mesh_kinds or declared.shards))
 
 
 def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut="kvref-sim",
@@ -136,7 +154,7 @@ def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut
     if unknown:
         raise ValueError(f"{iut} declares unknown probe(s) {unknown} not applicable; probes are "
                          f"{', '.join(PROBES)}, a kind of one written probe/kind")
-    probes = [p for p in probes if declared.applies(p)]
+    probes = [p for p in probes if applies(declared, p)]
     cases = []
     for gen in generations:
         for options in declared.library.OPTION_SETS:

@@ -22,6 +22,10 @@ UNHELD_ROUNDS = 8  # rounds where copies cannot be held in flight
 # How long the simulated link holds a copy in flight: longer than a step
 # computes, with room for a loaded machine to be slow issuing the next call.
 HOLD_SECONDS = 2.0
+# The bound of a copy held until the step after it takes its place (an
+# event ends it; this only keeps a manager that waits for the copy from
+# waiting for ever).
+GATE_SECONDS = 30.0
 ORDERING_KINDS = ("h2d_then_step", "d2h_then_h2d_same_chunk", "d2h_then_overwrite")
 
 
@@ -81,7 +85,10 @@ def unawaited_transfers(case: Case, iut: Adapter) -> Outcome:
     copies (d2h_then_overwrite). Where the device allows, the first layer's
     first copy is held in flight (HOLD_SECONDS) while the rest go on, so the
     second thing really overlaps the first; elsewhere the first two kinds
-    are repeated UNHELD_ROUNDS times."""
+    are repeated UNHELD_ROUNDS times. A PASS needs the overlap seen: the
+    first transfer still running (its future, asked without waiting) when
+    the second thing was issued, in some round; ERROR "nothing in flight"
+    where it never was."""
     pairs = iut.make_caches(case.shape, [case.seed + i for i in range(LAYERS)], finite=True)
     caches, hosts = [c for c, _ in pairs], [h for _, h in pairs]
     rows = case.shape.dims[0]
@@ -99,29 +106,43 @@ def unawaited_transfers(case: Case, iut: Adapter) -> Outcome:
     # A copy that cannot be held may still win its race: then try again, each
     # round leaving other bytes than the round before, so a stale read shows.
     rounds = 1 if held else UNHELD_ROUNDS
+    overlapped = []  # per round: the first transfer still running when the second thing was issued
     for r in range(rounds):
         before = [iut.fetch(c) for c in caches]
         if case.kind == "h2d_then_step":
             targets = shifted if r % 2 == 0 else every
             load = iut.start(manager, False, every, targets)
+            overlapped.append(iut.in_flight(load))
             seen = [iut.read_by_step(c) for c in caches]
             load.wait()
             expected = [_moved(host, targets) for host in hosts]
-            what = "the step after an un-awaited h2d"
+            what, second = "the step after an un-awaited h2d", "the step was issued"
         else:
             save = iut.start(manager, True, every, every)
+            overlapped.append(iut.in_flight(save))
             load = iut.start(manager, False, every, shifted)
             save.wait()
             load.wait()
             seen = [iut.fetch(c) for c in caches]
             expected = [_moved(b, shifted) for b in before]
-            what = "an h2d from host blocks whose d2h was not awaited"
+            what, second = "an h2d from host blocks whose d2h was not awaited", "the h2d was issued"
         for layer, (got, want) in enumerate(zip(seen, expected)):
             wrong = _wrong_rows(got, want)
             if wrong:
                 return Outcome(CORRUPT, f"{what}: {len(wrong)} of {rows} blocks of layer {layer} wrong in "
                                f"round {r + 1} (first: block {wrong[0]})")
-    return Outcome(PASS, f"{what}: every block as program order says, {rounds} round(s){_held(held)}")
+    if not any(overlapped):
+        return Outcome(ERROR, nothing_in_flight(overlapped, f"the first transfer had ended before {second}"))
+    return Outcome(PASS, f"{what}: every block as program order says, {rounds} round(s), "
+                   f"{sum(map(bool, overlapped))} with the first still in flight{_held(held)}")
+
+
+def nothing_in_flight(overlapped: list, why: str) -> str:
+    """The ERROR of a probe that could not see the overlap its property needs."""
+    if None in overlapped:
+        return ("nothing in flight confirmed: this library's transfer future cannot say whether it is "
+                "done without waiting (no done()), so the overlap the property needs went unseen")
+    return f"nothing in flight: {why}, in each of {len(overlapped)} round(s); the property was not exercised"
 
 
 def _moved(blocks: np.ndarray, targets: list[int]) -> np.ndarray:
@@ -133,12 +154,16 @@ def _moved(blocks: np.ndarray, targets: list[int]) -> np.ndarray:
 
 def _d2h_then_overwrite(case, iut, manager, caches, hosts) -> Outcome:
     """A d2h of every block, then at once a step overwriting the cache: the
-    host blocks must hold the bytes from before the step."""
+    host blocks must hold the bytes from before the step. A PASS needs the
+    d2h seen still copying when the step was dispatched."""
     rows = case.shape.dims[0]
-    held = iut.hold_copies(caches[0], HOLD_SECONDS)
+    new = [random_host(case.shape, case.seed + 100 + i, finite=True) for i in range(len(caches))]
+    # Held until the step has taken its place: a correct manager's step waits
+    # for the copy, a wrong one's overwrites it first, on any machine.
+    held = iut.hold_copies(caches[0], GATE_SECONDS, until_step=True)
     every = list(range(rows))
     save = iut.start(manager, True, every, every)
-    new = [random_host(case.shape, case.seed + 100 + i, finite=True) for i in range(len(caches))]
+    overlapped = iut.in_flight(save)  # still copying as the step is dispatched
     caches = [iut.dispatch_step(c, n) for c, n in zip(caches, new)]
     save.wait()
     old = [_packed(iut, case.shape, h) for h in hosts]
@@ -154,6 +179,8 @@ def _d2h_then_overwrite(case, iut, manager, caches, hosts) -> Outcome:
     for layer, (cache, n) in enumerate(zip(caches, new)):
         if _wrong_rows(iut.fetch(cache), n):
             return Outcome(CORRUPT, f"the step after a d2h did not leave its bytes in layer {layer}")
+    if not overlapped:
+        return Outcome(ERROR, nothing_in_flight([overlapped], "the d2h had ended before the step was dispatched"))
     return Outcome(PASS, f"a d2h then a step overwriting the cache: {len(checked)} host blocks checked "
                    f"per layer hold the bytes from before the step{_held(held)}")
 

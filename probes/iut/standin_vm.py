@@ -1,0 +1,235 @@
+"""A stand-in TPU VM: a folder that behaves, for the harness, as a TPU VM's
+machine does, so that the whole hardware path (`pytest -m tpu`, `kvprobe
+doctor`) can be rehearsed off one. With KVPROBE_TPU_VM naming the folder,
+probes.iut.hardware reads the PCI bus and device nodes there and starts this
+runtime in place of libtpu's; the devices it opens are JAX CPU devices. Each
+behaviour is read from the wheel that has it:
+
+- PCI functions: one per chip, one per TensorCore on tpu7x, each with an
+  iommu group and its /dev/vfio node (tpu-info 0.7.1, tpu_info/device.py,
+  groups functions into chips by base address; jax 0.12,
+  jax/_src/hardware_utils.py, counts function .0 of each).
+- Device kinds as jax 0.12 reports them (the first of kvref.generations'
+  names for a chip); a chip the table does not know under an unknown PCI id.
+- Metadata: libtpu 0.0.52 (libtpu.so) reads `tpu-env` from
+  http://metadata.google.internal/computeMetadata/v1/instance/attributes/
+  (GCE_METADATA_HOST names another host) and keeps retrying with "Failed to
+  get TPU metadata" until it answers; with TPU_SKIP_MDS_QUERY set it takes
+  TPU_ACCELERATOR_TYPE, TPU_WORKER_ID and the bounds from the environment.
+  The stand-in's server listens on loopback, so a worker in a network
+  namespace of its own cannot reach it, as none reaches the real one.
+- One opener at a time: libtpu's /tmp/libtpu_lockfile, "The TPU is already
+  in use by process with pid ...".
+- A cold runtime: the first start after boot takes a while (compiles,
+  loads); later ones do not."""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import http.server
+import json
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvref.generations import CHIPS, GOOGLE_PCI_VENDOR
+from probes.iut.started_with import started_with
+
+VM_VARIABLE = "KVPROBE_TPU_VM"
+METADATA_HOST_VARIABLE = "GCE_METADATA_HOST"  # libtpu's own override of the metadata server's host
+METADATA_PATH = "/computeMetadata/v1/instance/attributes/tpu-env"
+SKIP_METADATA = "TPU_SKIP_MDS_QUERY"
+# What libtpu needs of the environment when it skips the metadata server.
+RUNTIME_VARIABLES = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
+UNKNOWN_PCI_ID = "0x0099"  # no chip kvref or jax knows has it
+RETRY_SECONDS = 0.5
+_HELD = []  # the lock file of the runtime this process opened, held until it exits
+
+
+@dataclass(frozen=True)
+class StandinVm:
+    root: Path
+    chip: str  # the generation the runtime reports
+    chips: int
+    pci_id: str
+    device_kind: str
+    devices_per_chip: int  # JAX devices (TensorCores) per chip
+    cold_start_seconds: float
+    metadata_wait_seconds: float  # how long the runtime retries the metadata server (libtpu: for ever)
+
+    @property
+    def devices(self) -> int:
+        return self.chips * self.devices_per_chip
+
+    @property
+    def accelerator_type(self) -> str:
+        return f"{self.chip}-{self.devices}"
+
+    @property
+    def lockfile(self) -> Path:
+        return self.root / "tmp" / "libtpu_lockfile"
+
+    def tpu_env(self) -> str:
+        """The VM's `tpu-env` metadata, in the YAML lines a TPU VM's has."""
+        fields = {"ACCELERATOR_TYPE": self.accelerator_type, "CHIPS_PER_HOST_BOUNDS": f"{self.chips},1,1",
+                  "HOST_BOUNDS": "1,1,1", "WORKER_ID": "0", "ZONE": "standin-zone-a"}
+        return "".join(f"{key}: '{value}'\n" for key, value in fields.items())
+
+
+def build(root: Path, chip: str, chips: int = 1, *, known: bool = True, cold_start_seconds: float = 2.0,
+          metadata_wait_seconds: float = 600.0, functions_per_chip: int | None = None,
+          devices_per_chip: int | None = None) -> StandinVm:
+    """A stand-in VM of `chips` chips of `chip` in `root`. `known=False`: under a
+    PCI id no table knows (a new chip). `functions_per_chip` overrides the
+    PCI functions each chip shows (tpu7x: one per TensorCore) and
+    `devices_per_chip` the devices its runtime opens for each (a VM at odds
+    with its own bus)."""
+    declared = {c.name: c for c in CHIPS}[chip]
+    pci_id = (declared.pci_device_ids or (UNKNOWN_PCI_ID,))[0] if known else UNKNOWN_PCI_ID
+    vm = StandinVm(Path(root), chip, chips, pci_id, declared.device_kinds[0],
+                   devices_per_chip or declared.devices_per_chip, cold_start_seconds, metadata_wait_seconds)
+    functions = functions_per_chip or (declared.devices_per_chip if chip == "tpu7x" else 1)  # tpu-info's V7X
+    pci = vm.root / "sys" / "bus" / "pci" / "devices"
+    group = 0
+    for number in range(chips):
+        for function in range(functions):
+            address = pci / f"0000:00:{4 + number:02x}.{function}"
+            address.mkdir(parents=True)
+            (address / "vendor").write_text(GOOGLE_PCI_VENDOR + "\n")
+            (address / "device").write_text(vm.pci_id + "\n")
+            (address / "iommu_group").symlink_to(f"../../../../kernel/iommu_groups/{group}")
+            (vm.root / "dev" / "vfio").mkdir(parents=True, exist_ok=True)
+            (vm.root / "dev" / "vfio" / str(group)).write_text("")
+            group += 1
+    (vm.root / "tmp").mkdir(exist_ok=True)
+    fields = dataclasses.asdict(vm)
+    fields["root"] = str(vm.root)
+    (vm.root / "vm.json").write_text(json.dumps(fields))
+    return vm
+
+
+def active() -> StandinVm | None:
+    """The stand-in VM this process runs on (KVPROBE_TPU_VM), or None."""
+    root = os.environ.get(VM_VARIABLE)
+    if not root:
+        return None
+    fields = json.loads((Path(root) / "vm.json").read_text())
+    return StandinVm(**{**fields, "root": Path(fields["root"])})
+
+
+def open_runtime(vm: StandinVm) -> list:
+    """Start the VM's TPU runtime, as libtpu starts: the lock, then the
+    metadata (or the variables that stand for it), then a cold start the
+    first time; its devices, which are this process's JAX CPU devices."""
+    _lock(vm)
+    _metadata(vm)
+    warm = vm.root / "tmp" / "runtime-warm"
+    if not warm.exists():
+        time.sleep(vm.cold_start_seconds)
+        warm.write_text("")
+    import jax
+
+    devices = jax.devices("cpu")
+    if len(devices) < vm.devices:
+        raise RuntimeError(f"the stand-in {vm.chip} VM has {vm.devices} devices and this process has "
+                           f"{len(devices)} JAX CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count="
+                           f"{vm.devices})")
+    return devices[: vm.devices]
+
+
+def _lock(vm: StandinVm) -> None:
+    if _HELD:
+        return
+    handle = open(vm.lockfile, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise RuntimeError(f"Unable to initialize backend 'tpu': ABORTED: The TPU is already in use by process "
+                           f"with pid {holder}. Not attempting to load libtpu.so in this process.") from None
+    handle.truncate(0)
+    handle.write(str(os.getpid()))
+    handle.flush()
+    _HELD.append(handle)
+
+
+def _metadata(vm: StandinVm) -> None:
+    # What the process was given: the jax in it reads this machine's real PCI
+    # bus, finds no chip and sets TPU_SKIP_MDS_QUERY itself, as it never does on a TPU VM.
+    given = started_with()
+    if given.get(SKIP_METADATA):
+        missing = [name for name in RUNTIME_VARIABLES if not given.get(name)]
+        if missing:
+            raise RuntimeError(f"{SKIP_METADATA} is set but {', '.join(missing)} is not: the TPU runtime "
+                               "cannot tell which TPU this host has")
+        if given["TPU_ACCELERATOR_TYPE"] != vm.accelerator_type:
+            raise RuntimeError(f"TPU_ACCELERATOR_TYPE is {given['TPU_ACCELERATOR_TYPE']}, and this host "
+                               f"is a {vm.accelerator_type}")
+        return
+    deadline = time.monotonic() + vm.metadata_wait_seconds
+    while True:
+        error = fetch_tpu_env_error()
+        if error is None:
+            return
+        print(f"Failed to get TPU metadata (tpu-env) from the metadata server: {error}", file=sys.stderr,
+              flush=True)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Failed to get TPU metadata (tpu-env) in {vm.metadata_wait_seconds:.0f} s: {error}")
+        time.sleep(RETRY_SECONDS)
+
+
+def fetch_tpu_env_error() -> str | None:
+    """Why the stand-in's metadata server did not answer, or None. Only a
+    loopback host is tried: a stand-in never sends traffic beyond it."""
+    host = os.environ.get(METADATA_HOST_VARIABLE, "")
+    if not host.startswith("127."):
+        return f"no stand-in metadata server ({METADATA_HOST_VARIABLE}={host or 'unset'})"
+    request = urllib.request.Request(f"http://{host}{METADATA_PATH}", headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=2.0) as answer:
+            answer.read()
+    except (urllib.error.URLError, OSError) as e:
+        return str(e)
+    return None
+
+
+class MetadataServer:
+    """The stand-in VM's metadata server on 127.0.0.1: its `tpu-env`, to a
+    request that carries the header the real one requires."""
+
+    def __init__(self, vm: StandinVm):
+        text = vm.tpu_env().encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                found = self.path == METADATA_PATH and self.headers.get("Metadata-Flavor") == "Google"
+                self.send_response(200 if found else 404)
+                self.end_headers()
+                if found:
+                    self.wfile.write(text)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()

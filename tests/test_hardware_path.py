@@ -429,7 +429,7 @@ def test_the_runtimes_environment_is_read_once_in_the_parent_and_handed_to_the_w
                                           kvref.ShapeKey("bf16", (512, 8, 2048))))
     finally:
         hardware.runtime_environment.cache_clear()
-    assert given["TPU_ACCELERATOR_TYPE"] == "v5e-1" and given["TPU_WORKER_ID"] == "0"
+    assert given["TPU_ACCELERATOR_TYPE"] == "v5litepod-1" and given["TPU_WORKER_ID"] == "0"
     assert given["TPU_SKIP_MDS_QUERY"] == "1" and given["TPU_HOST_BOUNDS"] == "1,1,1"
     assert {k: env[k] for k in given} == given
     cpu = runner._worker_env(Case("roundtrip", "cpu", "tpu-sync-jax", "row", kvref.ShapeKey("bf16", (8, 128))))

@@ -54,9 +54,7 @@ def test_a_forked_worker_that_hangs_after_its_result_is_killed_with_all_it_start
             f"child = subprocess.Popen(['sleep', '1000'])\n"
             f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
             "time.sleep(1000)")
-    start = time.monotonic()
     outcome, out, err = run_planted(tmp_path, body, timeout=2.0)
-    assert time.monotonic() - start < 2.0 + forked.DRAIN_SECONDS
     assert outcome.verdict == "HANG" and "after the probe" in outcome.detail, outcome.detail
     assert "the probe had reported PASS: ok" in outcome.detail and PHASE_PROBE in err
     time.sleep(0.2)

@@ -26,6 +26,12 @@ NO_TORCH_ALLOCATOR = tuple((case, "tpu-sync-torch has no d2h_auto_allocate or un
 # The torch arrays make each cache on one device.
 NO_TORCH_MESH = tuple((probe, "these torch arrays make every cache on one device, never split over a mesh")
                       for probe in ("sharded_roundtrip", "block_sharded", "uneven_shards"))
+# kvref cannot order a raw copy against a framework's computations, so on
+# framework arrays it returns from each transfer once it has landed.
+LANDS_BEFORE_RETURN = ("unawaited_transfers",
+                       "kvref returns from each transfer on these arrays once it has landed (it cannot order "
+                       "a raw copy against their framework's computations otherwise): nothing is ever in flight "
+                       "to overlap")
 # JAX CPU workers get enough devices for the sharded probes and the serving matrix (TP 8).
 JAX_CPU_MESH = ("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 LANDS_AT_ONCE = ("host_transferred_construction",
@@ -35,12 +41,13 @@ LANDS_AT_ONCE = ("host_transferred_construction",
 KVREF_SIM = IUT("kvref-sim", SimArrays, KvrefLibrary, targets=kvref.GENERATIONS, any_tpu_type=True,
                 not_applicable=(NO_SIM_VIEWS,))
 KVREF_JAX = IUT("kvref-jax", JaxCpuArrays, KvrefLibrary, targets=("cpu",), preload=("jax",),
-                environment=(JAX_CPU_MESH,), not_applicable=(NO_JAX_VIEWS,))
+                environment=(JAX_CPU_MESH,), not_applicable=(NO_JAX_VIEWS, LANDS_BEFORE_RETURN))
 TPU_SYNC_JAX = IUT("tpu-sync-jax", JaxCpuArrays, TpuSyncJaxLibrary, targets=("cpu",), interpreter="jax",
                    preload=("jax",), environment=(JAX_CPU_MESH,), loopback_only=True,
                    not_applicable=(NO_JAX_VIEWS, NO_JAX_PLANS))
 KVREF_TORCH_XLA = IUT("kvref-torch-xla", TorchXlaArrays, KvrefLibrary, targets=("cpu",), interpreter="xla",
-                      preload=("torch_xla",), environment=(("PJRT_DEVICE", "CPU"),), not_applicable=NO_TORCH_MESH)
+                      preload=("torch_xla",), environment=(("PJRT_DEVICE", "CPU"),),
+                      not_applicable=(*NO_TORCH_MESH, LANDS_BEFORE_RETURN))
 TPU_SYNC_JAX_TPU = IUT("tpu-sync-jax-tpu", JaxTpuArrays, TpuSyncJaxLibrary, targets=kvref.GENERATIONS,
                        interpreter="jax", jax_platforms=None, owns_device=True, startup_seconds=300.0,
                        any_tpu_type=True, loopback_only=True,

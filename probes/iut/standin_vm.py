@@ -38,7 +38,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvref.generations import CHIPS, GOOGLE_PCI_VENDOR
+from kvref.generations import CHIPS, GOOGLE_PCI_VENDOR, RAY_ACCELERATOR_TYPES
 from probes.iut.started_with import started_with
 
 VM_VARIABLE = "KVPROBE_TPU_VM"
@@ -69,7 +69,8 @@ class StandinVm:
 
     @property
     def accelerator_type(self) -> str:
-        return f"{self.chip}-{self.devices}"
+        """As a TPU VM names its type in tpu-env: Cloud's name of the chip, and its cores."""
+        return f"{RAY_ACCELERATOR_TYPES[self.chip].lower().removeprefix('tpu-')}-{self.devices}"
 
     @property
     def lockfile(self) -> Path:

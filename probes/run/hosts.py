@@ -36,6 +36,13 @@ def generation_of_accelerator(name: str) -> str:
 
 def this_host(labels: dict | None = None) -> tuple[str, str]:
     """(hostname, TPU generation or ""): from a Ray node's labels when given,
-    else from the TPU VM's environment."""
+    else from the TPU VM's environment, else from its tpu-env metadata."""
     accelerator = (labels or {}).get(RAY_ACCELERATOR_LABEL) or os.environ.get(TPU_TYPE_VARIABLE, "")
+    if not accelerator:
+        from probes.iut.hardware import TpuUnavailable, runtime_environment
+
+        try:
+            accelerator = dict(runtime_environment()).get(TPU_TYPE_VARIABLE, "")
+        except TpuUnavailable:  # the case that needed it says why
+            accelerator = ""
     return socket.gethostname(), generation_of_accelerator(accelerator)

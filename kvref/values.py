@@ -24,7 +24,10 @@ def integer(value, name: str, low: int = INT64_MIN, high: int = INT64_MAX, *,
     if not is_integer(value):
         raise NotAnInteger(f"{name} must be {expected}, got {_shown(value)}")
     if not low <= int(value) <= high:
-        raise out_of_range(f"{name} must be {expected}, got {int(value)}")
+        # Past int64 the bound goes unsaid in "a non-negative integer": name it.
+        unsaid = int(value) > high and high == INT64_MAX and "int64" not in expected
+        bound = f" no larger than {high} (int64)" if unsaid else ""
+        raise out_of_range(f"{name} must be {expected}{bound}, got {int(value)}")
     return int(value)
 
 

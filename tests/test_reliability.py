@@ -218,6 +218,9 @@ def test_plan_roles_and_budgets_take_only_what_they_mean():
         kvref.KVCacheManager([cache], 2**32, host_budget_bytes=2**62)
     with pytest.raises(ValueError, match="host_budget_bytes must be a non-negative integer, got -1"):
         kvref.KVCacheManager([cache], 8, host_budget_bytes=-1)
+    with pytest.raises(ValueError, match=r"host_budget_bytes must be a non-negative integer no larger than "
+                       r"9223372036854775807 \(int64\), got 1180591620717411303424"):
+        kvref.KVCacheManager([cache], 8, host_budget_bytes=2**70)
 
 
 def test_a_layout_of_tens_of_thousands_of_tiles_is_refused_at_parse_not_a_stack_overflow():

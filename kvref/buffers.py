@@ -10,6 +10,16 @@ meanwhile (a serving step writes the cache in place, or donates it, and an
 XLA tensor updated in place gets a new buffer). Before every transfer
 `check_live` brings each view up to date (a re-resolved view where the
 storage moved), or refuses.
+
+Donation (jax.Array, simulated arrays): what PJRT guarantees is that a
+donated array is deleted when the step is dispatched, and that the step's
+output either aliases the donated buffer (XLA's input-output alias: the same
+device memory, written in place) or lives in fresh memory while the donated
+buffer is freed. So a deleted array's storage is the cache's still exactly
+when a live array on the same device holds that storage with the same shape
+and layout: the step's output, which the view then follows (waiting for the
+step to end). Where none does, the storage was given up and the view is
+refused, before any byte is moved.
 """
 
 from __future__ import annotations
@@ -71,13 +81,11 @@ def check_live(view: DeviceBufferView, faults: Faults = Faults()) -> DeviceBuffe
     view). A jax.Array deleted since (donated to a computation) no longer owns
     its storage: ValueError."""
     array = view.keepalive
+    if _deleted(array) and not faults.stale_storage_address:
+        return _donation_output(view, faults)
     if isinstance(array, DeviceArray):
         if not faults.buffer_resolved_once:
             _materialize_and_await(array, faults)
-    elif _is_jax_array(array) and array.is_deleted():
-        raise ValueError(f"a {view.shape} jax.Array was deleted (donated to a computation?) after the "
-                         "manager took it, so the storage it addressed is no longer the array's; "
-                         "build the manager over the live arrays")
     elif xla_tensors.is_xla_tensor(array) and not faults.buffer_resolved_once:
         fresh = _unpack_xla(array, faults)
         if fresh.shape != view.shape:
@@ -85,6 +93,36 @@ def check_live(view: DeviceBufferView, faults: Faults = Faults()) -> DeviceBuffe
                              "build the manager over the arrays as they are")
         return view if fresh.address == view.address else fresh
     return view
+
+
+def _deleted(array) -> bool:
+    return (isinstance(array, DeviceArray) or _is_jax_array(array)) and array.is_deleted()
+
+
+def _donation_output(view: DeviceBufferView, faults: Faults) -> DeviceBufferView:
+    """The view of the live array that holds a deleted array's storage (a
+    donating step's aliased output), ready; ValueError where none does."""
+    kind = "simulated array" if isinstance(view.keepalive, DeviceArray) else "jax.Array"
+    output = None if faults.refuses_donated_storage else _aliased_output(view)
+    if output is None:
+        raise ValueError(f"the {view.shape} {kind} the manager addresses was deleted (donated to a step "
+                         "whose output does not alias its storage, or deleted) and no live array on "
+                         f"{view.device} holds that storage now: it is no longer the cache's, so nothing "
+                         "was moved; build the manager over the live arrays")
+    return unpack_buffer(output, faults)
+
+
+def _aliased_output(view: DeviceBufferView):
+    array = view.keepalive
+    if isinstance(array, DeviceArray):
+        return next((a for a in array.device.live_arrays() if a.holds_storage_of(array)), None)
+    import jax  # a jax.Array's: jax is imported already
+
+    for candidate in jax.live_arrays(view.device.platform):
+        if (not candidate.is_deleted() and len(candidate.devices()) == 1 and view.device in candidate.devices()
+                and candidate.unsafe_buffer_pointer() == view.address and _jax_shape(candidate) == view.shape):
+            return candidate
+    return None
 
 
 def _materialize_and_await(array: DeviceArray, faults: Faults) -> None:
@@ -114,6 +152,10 @@ def region_of(array, shape: Shape) -> _core.DeviceRegion:
     return region
 
 
+def _jax_shape(array) -> Shape:
+    return Shape(element_type(array.dtype).name, tuple(array.shape), Layout.from_jax(array.format.layout))
+
+
 def _unpack_jax(array) -> DeviceBufferView:
     devices = array.devices()
     if len(devices) != 1:
@@ -123,6 +165,5 @@ def _unpack_jax(array) -> DeviceBufferView:
         raise ValueError(f"jax.Array on {device.platform}: only CPU arrays are read in place here")
     # JAX's asynchronous dispatch always runs the computation: waiting suffices.
     array.block_until_ready()
-    shape = Shape(element_type(array.dtype).name, tuple(array.shape),
-                  Layout.from_jax(array.format.layout))
-    return DeviceBufferView(region_of(array, shape), shape, device, array)
+    shape = _jax_shape(array)
+    return DeviceBufferView(region_of(array, shape), shape, device, array, array.unsafe_buffer_pointer())

@@ -55,6 +55,13 @@ class Faults:
     buffer_resolved_once: bool = _fault(
         "buffers are resolved at construction only: a transfer after an in-place op moves "
         "stale storage (pending ops never run; an XLA tensor's new buffer is never seen)")
+    stale_storage_address: bool = _fault(
+        "a donated array's storage is addressed as it was at construction, never checked to be "
+        "the cache's still: after a step that gave it up, loads land where nothing reads them "
+        "and saves read what the step left behind")
+    refuses_donated_storage: bool = _fault(
+        "an array donated to a step is refused, even where the step's output aliases its "
+        "storage (the in-place donation every serving step makes)")
     first_shard_only: bool = _fault(
         "a sharded cache is addressed through its first shard only: the other devices' parts "
         "of every block are never moved")

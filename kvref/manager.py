@@ -9,7 +9,11 @@ Ordering: transfers on the same blocks run in the order they were issued
 writes). On the simulated device a transfer is also ordered before the ops
 and reads issued after it, so its future need not be awaited first; on JAX
 and XLA arrays, whose computations a manager cannot fence from outside, each
-transfer has landed when the call returns."""
+transfer has landed when the call returns.
+
+Donation: a cache donated to a model step is followed to the step's output
+where that aliases its storage (PJRT: the same buffer), and refused where
+the storage was given up (kvref.buffers has what is relied on)."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 
 import numpy as np
 
@@ -24,12 +25,53 @@ DeviceError = _core.DeviceError
 
 
 class DeviceArray:
-    """An array on a SimDevice. `.shape` is its kvref.Shape (with layout)."""
+    """An array on a SimDevice. `.shape` is its kvref.Shape (with layout).
+
+    Donation is modelled as PJRT does it: a step that takes an array donated
+    deletes it at once, and its output either aliases the donated storage
+    (the same buffer: XLA writes the result in place) or lives in fresh
+    storage while the donated one is given up."""
 
     def __init__(self, device: "SimDevice", shape: Shape, buffer):
         self.device = device
         self.shape = shape
         self._buffer = buffer
+        self._deleted = False
+        device._live.add(self)
+
+    def is_deleted(self) -> bool:
+        """Whether the array was deleted (donated to a step, or by delete())."""
+        return self._deleted
+
+    def delete(self) -> None:
+        """Give the array up; its storage is no longer any array's."""
+        self._deleted = True
+
+    def donate(self, new, *, aliased: bool = True, run_us: int = 0) -> "DeviceArray":
+        """A step that takes this array donated and outputs `new` (computing
+        for `run_us` first, launched now): the output, a new array. `aliased`:
+        it writes into this array's storage, after every copy issued on it
+        before; otherwise into fresh storage. This array is deleted either way."""
+        self._check_live()
+        logical = self.device._logical(new, self.shape)
+        run_us = integer(run_us, "run_us", 0)
+        if flag(aliased, "aliased"):
+            buffer = self._buffer
+        else:
+            check_allocation(self.shape.physical_size_bytes, f"a {self.shape} device buffer")
+            buffer = _core.DeviceBuffer.create(self.device._core, self.shape._tiled, np.zeros_like(logical),
+                                               self.shape.element.numpy.itemsize, _core.Arrival.COMPUTED)
+        buffer.overwrite(self.shape._tiled, logical, self.shape.element.numpy.itemsize, False, run_us)
+        self._deleted = True
+        return DeviceArray(self.device, self.shape, buffer)
+
+    def holds_storage_of(self, other: "DeviceArray") -> bool:
+        """Whether this array's storage is `other`'s (an aliased donation's output)."""
+        return self._buffer is other._buffer
+
+    def _check_live(self) -> None:
+        if self._deleted:
+            raise ValueError(f"{self!r} was deleted (donated to a step?); use the step's output")
 
     @property
     def state(self) -> BufferState:
@@ -63,6 +105,7 @@ class DeviceArray:
         """In-place op: overwrite the contents (recorded under defer_and_fuse).
         The op computes for `run_us` before it writes, and starts only after
         every copy issued on this array before it has ended."""
+        self._check_live()
         logical = self.device._logical(array, self.shape)
         run_us = integer(run_us, "run_us", 0)
         self._buffer.overwrite(self.shape._tiled, logical, self.shape.element.numpy.itemsize,
@@ -92,7 +135,8 @@ class DeviceArray:
         return out
 
     def __repr__(self) -> str:
-        return f"DeviceArray({self.shape}, {self.device.generation}:{self.device.id}, {self.state.name})"
+        state = "DELETED" if self._deleted else self.state.name
+        return f"DeviceArray({self.shape}, {self.device.generation}:{self.device.id}, {state})"
 
 
 class SimDevice:
@@ -104,6 +148,11 @@ class SimDevice:
         self.id = int(id)
         self._core = _core.SimDevice(self.id)
         self._local = threading.local()
+        self._live: weakref.WeakSet[DeviceArray] = weakref.WeakSet()
+
+    def live_arrays(self) -> list[DeviceArray]:
+        """This device's arrays that are not deleted (as jax.live_arrays)."""
+        return [a for a in list(self._live) if not a._deleted]
 
     @property
     def deferring(self) -> bool:
@@ -153,6 +202,7 @@ class SimDevice:
     def fetch(self, array: DeviceArray) -> np.ndarray:
         """Device -> host: the logical array (materializes and waits first)."""
         self._check_own(array)
+        array._check_live()
         array.materialize()
         array.await_buffer()
         return unpack(array.physical_bytes(), array.shape)

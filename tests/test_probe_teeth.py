@@ -21,6 +21,10 @@ TEETH = [
     ("host_budget", "", (), ["legacy_slice_formula", "no_host_budget"], "ERROR"),
     # The simulated DMA engine refuses a buffer with in-place ops still pending.
     ("serving_step", "", (), ["buffer_resolved_once"], "ERROR"),
+    # Donating steps: an address kept from construction after the storage was given up, and
+    # aliased storage refused.
+    ("donation_moved", "", (), ["stale_storage_address"], "CORRUPT"),
+    ("donation_in_place", "", (), ["refuses_donated_storage"], "REJECTED"),
     # The offload connector's calls (probe/kind).
     ("host_chunks/fill_then_one_more", "", (), ["leaky_refused_allocation"], "ERROR"),
     ("host_chunks/refused_saves", "", (), ["leaky_refused_allocation"], "ERROR"),

@@ -55,6 +55,7 @@ def test_each_iut_meets_the_protocol(name):
     declared = iut(name)
     assert protocol.missing_members(declared.arrays, protocol.Arrays) == []
     assert protocol.missing_members(declared.library, protocol.Library) == []
+    assert callable(getattr(declared.arrays, "donating_step", None))  # optional for others; every IUT here has it
     declared.arrays(declared.targets[0]), declared.library(kvref.Faults())  # construct without a device
     shape, source = declared.layout_of(declared.targets[0], kvref.ShapeKey("bf16", (512, 16, 2048)))
     assert isinstance(shape, kvref.Shape) and source

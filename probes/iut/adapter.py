@@ -144,6 +144,14 @@ class Adapter:
     def read_by_step(self, cache):
         return self.arrays.read_by_step(cache)
 
+    def donating_step(self, cache, new, in_place: bool):
+        """Arrays' optional donating_step; NotImplementedError naming it where absent."""
+        step = getattr(self.arrays, "donating_step", None)
+        if step is None:
+            raise NotImplementedError(f"{type(self.arrays).__name__} has no donating_step (optional in "
+                                      "probes.iut.protocol.Arrays)")
+        return step(cache, new, in_place)
+
     def hold_copies(self, cache, seconds: float, until_step: bool = False) -> bool:
         if until_step:
             return self.arrays.hold_copies(cache, seconds, until_step=True)

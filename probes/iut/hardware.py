@@ -36,7 +36,6 @@ import re
 import subprocess
 import sys
 import urllib.error
-import urllib.request
 from pathlib import Path
 
 from kvref.generations import (DEVICES_PER_CHIP, GENERATIONS, GOOGLE_PCI_VENDOR, chip_of_device_kind,
@@ -136,7 +135,6 @@ def multi_host() -> str | None:
     return None
 
 
-METADATA_URL = "http://{host}/computeMetadata/v1/instance/attributes/tpu-env"
 METADATA_SECONDS = 10.0
 
 
@@ -145,14 +143,11 @@ def read_tpu_env() -> dict[str, str]:
     the metadata server as libtpu reads it (GCE_METADATA_HOST naming another
     host, as libtpu allows); TpuUnavailable when it does not answer."""
     host = os.environ.get(standin_vm.METADATA_HOST_VARIABLE) or "metadata.google.internal"
-    url = METADATA_URL.format(host=host)
-    request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
     try:
-        with urllib.request.urlopen(request, timeout=METADATA_SECONDS) as answer:
-            text = answer.read().decode()
+        text = standin_vm.fetch_tpu_env(host, METADATA_SECONDS)
     except (urllib.error.URLError, OSError, UnicodeDecodeError) as e:
         raise TpuUnavailable(f"a TPU is here, but its runtime's environment (tpu-env) could not be read from "
-                             f"the metadata server ({url}): {e}; set {standin_vm.SKIP_METADATA}=1 and "
+                             f"the metadata server at {host}: {e}; set {standin_vm.SKIP_METADATA}=1 and "
                              f"{', '.join(standin_vm.RUNTIME_VARIABLES)} yourself to start without it") from None
     fields = {}
     for line in text.splitlines():
@@ -162,18 +157,29 @@ def read_tpu_env() -> dict[str, str]:
     return fields
 
 
-@functools.cache
 def runtime_environment() -> tuple[tuple[str, str], ...]:
     """What a process that opens this machine's TPU must be given so that its
     runtime starts without the metadata server: every field of tpu-env as
     the TPU_ variable libtpu reads for it (ACCELERATOR_TYPE ->
     TPU_ACCELERATOR_TYPE), and TPU_SKIP_MDS_QUERY. Empty without a TPU, and
-    where the user started kvprobe with TPU_SKIP_MDS_QUERY (theirs pass)."""
+    where the user started kvprobe with TPU_SKIP_MDS_QUERY (theirs pass).
+    Asked once per process: a server that did not answer is not asked again."""
+    environment, failure = _runtime_environment()
+    if failure is not None:
+        raise TpuUnavailable(failure)
+    return environment
+
+
+@functools.cache
+def _runtime_environment() -> tuple[tuple[tuple[str, str], ...], str | None]:
     if not tpu_visible() or started_with().get(standin_vm.SKIP_METADATA):
-        return ()
-    fields = read_tpu_env()
+        return (), None
+    try:
+        fields = read_tpu_env()
+    except TpuUnavailable as e:
+        return (), str(e)
     named = {(key if key.startswith("TPU_") else f"TPU_{key}"): value for key, value in fields.items()}
-    return tuple(sorted({**named, standin_vm.SKIP_METADATA: "1"}.items()))
+    return tuple(sorted({**named, standin_vm.SKIP_METADATA: "1"}.items())), None
 
 
 # What the parent's own jax and libtpu (or a test) set, which a process that
@@ -272,7 +278,7 @@ def tpu_device():
 def tpu_device_kind() -> str:
     """The device kind this process's TPU reports (a stand-in VM's, its chip's)."""
     vm = standin_vm.active()
-    kind = tpu_device().device_kind
+    kind = tpu_device().device_kind  # opened on a stand-in too: its runtime's refusals are what is rehearsed
     return vm.device_kind if vm else kind
 
 

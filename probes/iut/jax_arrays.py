@@ -19,7 +19,7 @@ from probes.iut.dense_cpu import DenseCpuArrays
 from probes.iut.hardware import NO_TPU, device_only_standin, local_tpu_generation, standin_platform, tpu_device, tpu_device_kind, tpu_jax_devices
 from probes.iut.host_data import random_host
 from probes.iut.reference import tpu_layout_of
-from probes.iut.protocol import CacheMode, NoViews
+from probes.iut.protocol import CacheMode, NoViews, NotInPlace
 
 
 # Bytes a deferred cache's computation churns through: about half a second
@@ -50,6 +50,9 @@ class JaxSteps:
 
     def read_by_step(self, cache):
         return read_by_step(cache)
+
+    def donating_step(self, cache, new, in_place):
+        return model_step(cache, new, in_place, self.pending_bytes // STEP_SHARE)
 
     def make_sharded_caches(self, key, sharding, seeds):
         """One jax.Array per seed over a mesh of this platform's devices, as
@@ -137,6 +140,11 @@ def jax_caches(hosts: list[np.ndarray], device, mode: CacheMode, pending_bytes: 
     # A copy: on the CPU, device_put may take the host array's memory as the
     # device buffer itself, and the probes keep `host` as what is expected.
     arrays = [jax.device_put(host.copy(), device) for host in hosts]
+    if mode == CacheMode.PUT:
+        # Storage of XLA's own, as a serving stack's caches are (outputs of a
+        # computation): a buffer borrowed from host memory is never aliased
+        # by a step that takes it donated.
+        return [_copy_step()(array) for array in arrays]
     if mode != CacheMode.DEFERRED:
         return arrays
     for array in arrays:
@@ -172,6 +180,29 @@ def dispatched_step(cache, new: np.ndarray, pending_bytes: int):
     updated = _identity_churn()(fresh, _rounds(new.nbytes, pending_bytes), _key(new.dtype))
     cache.delete()  # the output was allocated while the cache was held: never its buffer
     return updated
+
+
+STEP_SHARE = 20  # a model step computes for about this share of a pending computation (tens of ms)
+
+
+def model_step(cache, new: np.ndarray, in_place: bool, pending_bytes: int):
+    """A serving engine's model step, still running when it returns: a jitted
+    computation of `new` that takes the cache donated. In place, its output
+    is the cache (XLA aliases a donated input to the output of its shape: the
+    same buffer, checked); otherwise it is computed into a buffer of its own,
+    allocated while the cache is held, and the cache is deleted."""
+    import jax
+
+    if not in_place:
+        return dispatched_step(cache, new, pending_bytes)
+    device = list(cache.devices())[0]
+    fresh = jax.device_put(new.copy(), device)
+    fresh.block_until_ready()
+    storage = cache.unsafe_buffer_pointer()
+    output = _donating_churn()(cache, fresh, _rounds(new.nbytes, pending_bytes), _key(new.dtype))
+    if output.unsafe_buffer_pointer() != storage:
+        raise NotInPlace(f"XLA gave the donating step's output a buffer of its own on {device}")
+    return output
 
 
 def read_by_step(cache) -> np.ndarray:
@@ -220,6 +251,15 @@ def _identity_churn():
         return bits if bits.dtype == x.dtype else lax.bitcast_convert_type(bits, x.dtype)
 
     return churn
+
+
+@functools.cache
+def _donating_churn():
+    import jax
+
+    # The output is written through the donated cache (`.at[...].set`), which XLA aliases in place.
+    return jax.jit(lambda cache, new, rounds, key: cache.at[...].set(_identity_churn()(new, rounds, key)),
+                   donate_argnums=0)
 
 
 def _key(dtype: np.dtype):

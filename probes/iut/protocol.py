@@ -41,6 +41,11 @@ class NoViews(Exception):
     """The backend has no views of one tensor into another."""
 
 
+class NotInPlace(Exception):
+    """The backend's step did not write its output into the storage of the
+    cache it took (asked for an in-place donating step)."""
+
+
 @runtime_checkable
 class Arrays(Protocol):
     backend: str  # "sim", "jax-cpu", "jax-tpu", "torch-tpu"
@@ -91,6 +96,14 @@ class Arrays(Protocol):
         simulated device and TorchTPU; on JAX a step that takes the cache as a
         serving step donates it and gives a fresh buffer); returns the cache to
         use from now on."""
+
+    # Optional: `donating_step(cache, new, in_place) -> cache`, a model step
+    # that takes the cache donated and leaves `new` in its output, dispatched
+    # and returned while it may still run; it returns the output, the cache
+    # to use from now on. `in_place`: the output is written into the cache's
+    # own storage, as XLA writes a donated buffer it aliases (NotInPlace where
+    # the backend did not keep it); otherwise the output lives in fresh
+    # storage and the cache's is given up. Without it the donation probes SKIP.
 
     def hold_copies(self, cache, seconds: float, until_step: bool = False) -> bool:
         """Hold the next copy between this cache and the host in flight for

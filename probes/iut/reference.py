@@ -191,6 +191,11 @@ class SimArrays:
     def read_by_step(self, cache):
         return cache.device.fetch(cache)
 
+    DONATING_STEP_US = 20_000  # a step that runs while the save after it is issued
+
+    def donating_step(self, cache, new, in_place):
+        return cache.donate(new, aliased=in_place, run_us=self.DONATING_STEP_US)
+
     def hold_copies(self, cache, seconds, until_step=False):
         cache.hold_next_dma(int(seconds * 1e6), until_next_op=until_step)
         return True

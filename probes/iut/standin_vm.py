@@ -26,6 +26,7 @@ behaviour is read from the wheel that has it:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import fcntl
 import http.server
 import json
@@ -118,8 +119,11 @@ def build(root: Path, chip: str, chips: int = 1, *, known: bool = True, cold_sta
 def active() -> StandinVm | None:
     """The stand-in VM this process runs on (KVPROBE_TPU_VM), or None."""
     root = os.environ.get(VM_VARIABLE)
-    if not root:
-        return None
+    return _vm_at(root) if root else None
+
+
+@functools.cache
+def _vm_at(root: str) -> StandinVm:
     fields = json.loads((Path(root) / "vm.json").read_text())
     return StandinVm(**{**fields, "root": Path(fields["root"])})
 
@@ -193,13 +197,19 @@ def fetch_tpu_env_error() -> str | None:
     host = os.environ.get(METADATA_HOST_VARIABLE, "")
     if not host.startswith("127."):
         return f"no stand-in metadata server ({METADATA_HOST_VARIABLE}={host or 'unset'})"
-    request = urllib.request.Request(f"http://{host}{METADATA_PATH}", headers={"Metadata-Flavor": "Google"})
     try:
-        with urllib.request.urlopen(request, timeout=2.0) as answer:
-            answer.read()
-    except (urllib.error.URLError, OSError) as e:
+        fetch_tpu_env(host, 2.0)
+    except (urllib.error.URLError, OSError, UnicodeDecodeError) as e:
         return str(e)
     return None
+
+
+def fetch_tpu_env(host: str, timeout_s: float) -> str:
+    """The `tpu-env` text the metadata server at `host` answers, asked as
+    libtpu asks (the header the real server requires)."""
+    request = urllib.request.Request(f"http://{host}{METADATA_PATH}", headers={"Metadata-Flavor": "Google"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+        return answer.read().decode()
 
 
 class MetadataServer:

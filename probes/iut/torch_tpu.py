@@ -103,6 +103,13 @@ class TorchTpuArrays:
     def hold_copies(self, cache, seconds, until_step=False):
         return False  # no way to slow this device's copies from outside
 
+    def donating_step(self, cache, new, in_place):
+        """In place: the eager copy of dispatch_step, into the tensor's own
+        storage. A torch tensor's storage is never given up by a step."""
+        if not in_place:
+            raise NotImplementedError("a TorchTPU tensor keeps its storage across a step; no step gives it up")
+        return self.dispatch_step(cache, new)
+
     def read_by_step(self, cache):
         """A computation on the cache (a double flip, bit-exact), read back."""
         return kvref.from_torch(cache.flip(0).flip(0).cpu())

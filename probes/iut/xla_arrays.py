@@ -25,7 +25,7 @@ import numpy as np
 import kvref
 from probes.iut.dense_cpu import DenseCpuArrays
 from probes.iut.host_data import random_host
-from probes.iut.protocol import CacheMode
+from probes.iut.protocol import CacheMode, NotInPlace
 
 # The landing graph's product: n x n f32, about 2 n^3 flops (a few hundred ms
 # on one core), long enough to outlast building the manager.
@@ -113,6 +113,28 @@ class TorchXlaArrays(DenseCpuArrays):
 
     def hold_copies(self, cache, seconds, until_step=False):
         return False  # no way to slow this device's copies from outside
+
+    def donating_step(self, cache, new: np.ndarray, in_place: bool):
+        """A synced step writing `new` into the tensor. torch_xla aliases an
+        in-place op's output to its input only where the graph reads the
+        input: in place, the step selects `new` through a mask computed from
+        the cache (true everywhere, NaN included; checked to keep the
+        buffer); otherwise it copies a computation of `new`, which gets a
+        new buffer and frees the old."""
+        import torch
+        import torch_xla
+
+        update = kvref.to_torch(new).to(cache.device)
+        torch_xla.sync(wait=True)
+        storage = torch_xla._XLAC._unsafe_buffer_pointer(cache)
+        if in_place:
+            cache.copy_(torch.where((cache != cache) | (cache == cache), update, cache))
+        else:
+            cache.copy_(update.flip(0).flip(0))
+        torch_xla.sync(wait=True)
+        if in_place and torch_xla._XLAC._unsafe_buffer_pointer(cache) != storage:
+            raise NotInPlace(f"torch_xla gave the in-place step's output a new buffer on {cache.device}")
+        return cache
 
     def read_by_step(self, cache):
         """A computation on the cache (a double flip, bit-exact), synced and read."""

@@ -13,10 +13,10 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from probes.iut.adapter import IUT
+from probes.iut.hardware import TpuUnavailable
 from probes.iut.peer_env import interpreter_python
 from probes.iut.registry import IUTError, iut, known_iuts, source_of_iut
 from probes.run import netns
-from probes.iut.hardware import TpuUnavailable
 from probes.run.runner import iut_env
 
 CHECK_SECONDS = 120.0  # a cold JAX or torch import in the IUT's interpreter; never less than a case's start-up

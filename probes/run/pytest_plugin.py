@@ -58,9 +58,8 @@ class KvprobeRun:
         self.not_run: list[tuple[str, str]] = []  # (IUT, why) for an IUT this TPU is no target of
 
     def cases(self) -> list:
-        from probes.run import command
-
         from probes.iut.hardware import TpuUnavailable
+        from probes.run import command
 
         iuts = [name for name in self.config.getoption("kvprobe_iut").split(",") if name]
         try:

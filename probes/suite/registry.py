@@ -10,7 +10,7 @@ from enum import StrEnum
 from typing import Callable
 
 import kvref
-from probes.suite import (call_sequence, construction, host_budget, host_chunks, ordering, plan_binding,
+from probes.suite import (call_sequence, construction, donation, host_budget, host_chunks, ordering, plan_binding,
                           pull_failures, pulls, requests, robustness, roundtrip, serving_step, settings,
                           shared_pool, sharded)
 from probes.suite.pull_sides import SUBJECT as PULL_SUBJECT
@@ -87,6 +87,13 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     # Moving the updated contents is right; so is refusing a donated array.
     Probe("serving_step", serving_step.serving_step, Scope.GENERATION, always(PASS, REJECTED),
           subject=PLAN_SHAPE),
+    # Steps that donate the caches, as every forward does: in place (the
+    # output aliases the storage) a manager must serve on; where the output
+    # lives elsewhere it must refuse, or move the output exactly.
+    Probe("donation_in_place", donation.donation_in_place, Scope.GENERATION, addressable_or_refused,
+          subject=donation.SUBJECT),
+    Probe("donation_moved", donation.donation_moved, Scope.GENERATION, always(PASS, REJECTED),
+          subject=donation.SUBJECT),
     # Views of a stacked cache: refusing them is right; so is moving blocks the stacked cache sees.
     Probe("pending_views", construction.pending_views, Scope.GENERATION, always(REJECTED, PASS),
           subject=kvref.ShapeKey("bf16", (512, 8, 256)), default=False),

@@ -19,13 +19,11 @@ def serving_step(case: Case, iut: Adapter) -> Outcome:
     one, which XLA may give the same buffer), then every block round-trips
     again. The manager must move the current contents byte-exact, or refuse
     with a clean error; a step that never returns is a HANG."""
-    pairs = iut.make_caches(case.shape, [case.seed + i for i in range(LAYERS)], finite=True)
-    caches = [c for c, _ in pairs]
+    built = managed_layers(case, iut, LAYERS)
+    if isinstance(built, Outcome):
+        return built
+    caches, manager = built
     rows = case.shape.dims[0]
-    try:
-        manager = iut.manager(caches, rows)
-    except Exception as e:  # a clean refusal, or the worker's ERROR
-        return refused(iut, e)
     iut.d2h(manager, list(range(rows)), list(range(rows)))
     updated = [random_host(case.shape, case.seed + 100 + i, finite=True) for i in range(LAYERS)]
     caches = [iut.serving_step(cache, new) for cache, new in zip(caches, updated)]
@@ -36,3 +34,14 @@ def serving_step(case: Case, iut: Adapter) -> Outcome:
     if outcome.verdict == PASS:
         outcome.detail = f"after a serving step: {outcome.detail}"
     return outcome
+
+
+def managed_layers(case: Case, iut: Adapter, layers: int):
+    """(`layers` caches of the case's shape with distinct finite contents, a
+    manager over them with a host block per row), or the Outcome of its
+    clean refusal."""
+    caches = [c for c, _ in iut.make_caches(case.shape, [case.seed + i for i in range(layers)], finite=True)]
+    try:
+        return caches, iut.manager(caches, case.shape.dims[0])
+    except Exception as e:  # a clean refusal, or the worker's ERROR
+        return refused(iut, e)

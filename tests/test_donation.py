@@ -1,0 +1,121 @@
+"""A cache donated to a model step: the reference follows storage the step's
+output aliases, and refuses, before moving a byte, storage that was given up."""
+
+import functools
+
+import numpy as np
+import pytest
+
+import kvref
+
+DIMS = (64, 8, 1024)
+
+
+def contents(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(DIMS).astype(np.float32)
+
+
+def test_a_simulated_donation_deletes_its_input_and_aliases_or_gives_up_the_storage():
+    device = kvref.SimDevice("v5e")
+    cache = device.put(contents(0))
+    aliased = cache.donate(contents(1), run_us=1000)
+    assert cache.is_deleted() and aliased.holds_storage_of(cache)
+    assert np.array_equal(device.fetch(aliased), contents(1))
+    with pytest.raises(ValueError, match="deleted"):
+        device.fetch(cache)
+    with pytest.raises(ValueError, match="deleted"):
+        cache.write_(contents(2))
+    moved = aliased.donate(contents(2), aliased=False)
+    assert not moved.holds_storage_of(aliased) and np.array_equal(device.fetch(moved), contents(2))
+    assert device.live_arrays() == [moved]
+
+
+def save_and_load_elsewhere(manager, caches, outputs, fetch):
+    """Blocks 3 and 5 saved and loaded into 7 and 9: each cache must hold its
+    step's output with those blocks replaced."""
+    chunks, future = manager.d2h_auto_allocate([3, 5])
+    future.result()
+    manager.h2d(chunks, [7, 9]).result()
+    manager.unlock_blocks(chunks)
+    for cache, output in zip(caches, outputs):
+        expected = output.copy()
+        expected[[7, 9]] = output[[3, 5]]
+        assert np.array_equal(fetch(cache), expected)
+
+
+def sim_manager():
+    device = kvref.SimDevice("v5e")
+    caches = [device.put(contents(i)) for i in range(2)]
+    return device, caches, kvref.KVCacheManager(caches, DIMS[0])
+
+
+def test_the_manager_follows_a_simulated_cache_through_in_place_donations():
+    device, caches, manager = sim_manager()
+    for step in range(5):
+        outputs = [contents(10 * step + i) for i in range(2)]
+        caches = [c.donate(o, run_us=2000) for c, o in zip(caches, outputs)]
+        save_and_load_elsewhere(manager, caches, outputs, device.fetch)  # issued while the steps run
+
+
+def test_storage_given_up_is_refused_by_name_and_not_written():
+    device, caches, manager = sim_manager()
+    given_up = caches[0]
+    caches = [c.donate(contents(5 + i), aliased=False) for i, c in enumerate(caches)]
+    before = np.empty(given_up.nbytes, np.uint8)
+    given_up._buffer.read_physical(before)
+    free = manager.chunks_available
+    for call in (lambda: manager.h2d([0], [1]), lambda: manager.d2h_auto_allocate([1])):
+        with pytest.raises(ValueError, match=r"layer 0 shard 0: .*deleted \(donated to a step whose output does "
+                                             r"not alias.*no live array on .* holds that storage.*nothing was moved"):
+            call()
+    after = np.empty(given_up.nbytes, np.uint8)
+    given_up._buffer.read_physical(after)
+    assert np.array_equal(before, after) and manager.chunks_available == free
+    assert np.array_equal(device.fetch(caches[0]), contents(5))
+
+
+def test_a_stale_address_fault_loads_where_the_output_does_not_read():
+    device = kvref.SimDevice("v5e")
+    cache = device.put(contents(0))
+    manager = kvref.KVCacheManager([cache], DIMS[0], faults="stale_storage_address")
+    manager.d2h([2], [2]).result()
+    moved = cache.donate(contents(1), aliased=False)
+    manager.h2d([2], [4]).result()  # not refused: into the storage given up
+    assert np.array_equal(device.fetch(moved), contents(1))
+
+
+@functools.cache
+def donating_update():
+    import jax
+
+    return jax.jit(lambda cache, new: cache.at[...].set(new), donate_argnums=0)
+
+
+def test_the_manager_follows_jax_arrays_through_in_place_donations_and_refuses_deleted_ones():
+    import jax
+
+    # As a serving stack allocates them: outputs of a computation, whose storage XLA owns (a
+    # device_put may borrow the host array's memory, which a donation never aliases).
+    caches = [jax.jit(lambda x: x.copy())(jax.device_put(contents(i))) for i in range(2)]
+    manager = kvref.KVCacheManager(caches, DIMS[0])
+    for step in range(12):
+        outputs = [contents(10 * step + i) for i in range(2)]
+        storage = [c.unsafe_buffer_pointer() for c in caches]
+        caches = [donating_update()(c, jax.device_put(o)) for c, o in zip(caches, outputs)]
+        assert [c.unsafe_buffer_pointer() for c in caches] == storage  # XLA aliased them
+        save_and_load_elsewhere(manager, caches, outputs, np.asarray)
+    copies = [jax.device_put(np.asarray(c).copy()) for c in caches]  # held: the freed memory is not theirs
+    for cache in caches:
+        cache.delete()
+    with pytest.raises(ValueError, match=r"jax.Array the manager addresses was deleted .* no live array on cpu"):
+        manager.d2h_auto_allocate([1])
+    assert len(copies) == 2
+
+
+def test_the_refused_donation_fault_refuses_an_aliased_output():
+    device = kvref.SimDevice("v5e")
+    cache = device.put(contents(0))
+    manager = kvref.KVCacheManager([cache], DIMS[0], faults="refuses_donated_storage")
+    cache.donate(contents(1))
+    with pytest.raises(ValueError, match="no live array"):
+        manager.d2h([0], [0])

@@ -5,6 +5,7 @@ from kvref.errors import HostBudgetError, HostPoolExhausted, LayoutError, NotAFl
 from kvref.faults import FAULTS, Faults
 from kvref.futures import TransferFuture
 from kvref.generations import GENERATIONS
+from kvref.kv_store import KVCacheStore, RaidenId
 from kvref.limits import AllocationError
 from kvref.manager import KVCacheManager
 from kvref.oracle import LayoutAnswer, OracleUnavailable, tpu_layout
@@ -25,8 +26,8 @@ from kvref.transfer import transfer_d2h, transfer_d2h_async, transfer_h2d, trans
 
 __all__ = [
     "AllocationError", "ELEMENT_TYPES", "FAULTS", "Faults", "GENERATIONS", "BufferState", "DeviceArray", "DeviceError",
-    "HostBudgetError", "HostPoolExhausted", "KVCacheManager", "Layout", "LayoutAnswer", "LayoutError", "MajorSlice",
-    "NotAFlag", "NotAnInteger", "OracleUnavailable", "Plan", "PoolTooLarge", "Shape", "ShapeKey", "Sharding", "SimDevice", "StartTransferRequest", "TransferFuture",
+    "HostBudgetError", "HostPoolExhausted", "KVCacheManager", "KVCacheStore", "Layout", "LayoutAnswer", "LayoutError", "MajorSlice",
+    "NotAFlag", "NotAnInteger", "OracleUnavailable", "Plan", "PoolTooLarge", "RaidenId", "Shape", "ShapeKey", "Sharding", "SimDevice", "StartTransferRequest", "TransferFuture",
     "element_byte_offsets", "from_torch", "to_torch", "torch_dtype", "element_physical_indices", "element_type", "legacy_major_slice_byte_size", "major_slice", "pack",
     "tpu_layout", "transfer_d2h", "transfer_d2h_async", "transfer_h2d", "transfer_h2d_async",
     "unpack", "validate_major_slice_addressable",

@@ -62,6 +62,15 @@ class Faults:
     refuses_donated_storage: bool = _fault(
         "an array donated to a step is refused, even where the step's output aliases its "
         "storage (the in-place donation every serving step makes)")
+    # The store of saved blocks beside the manager (kvref.kv_store).
+    store_lookup_skips_misses: bool = _fault(
+        "the store's lookup answers every stored hash, not the leading run: a block is loaded "
+        "after a block that was never saved")
+    store_evicts_pinned: bool = _fault(
+        "the store evicts the least recently used entry whether or not it is pinned: a block "
+        "being loaded loses its chunk")
+    store_partial_insert: bool = _fault(
+        "the store's insert keeps the hashes that fit and says it kept them all")
     first_shard_only: bool = _fault(
         "a sharded cache is addressed through its first shard only: the other devices' parts "
         "of every block are never moved")

@@ -8,6 +8,11 @@ simulated device.
     from kvref.compat import tpu_sync
     tpu_sync.install("tpu_raiden")   # `from tpu_raiden.api.jax.kv_cache_manager import KVCacheManager`
 
+The store of saved blocks the offload connector keeps beside the manager is
+kvref.kv_store's (`KVCacheStore`, `RaidenId`), importable as
+`<name>.api.jax.kv_cache_store` and from `<name>` itself, as the connector
+imports them.
+
 Pulls between managers too (`register_read`, `start_read`, `poll_stats`,
 `get_local_endpoints`; kvref.pulls): a manager built with `max_blocks` and
 `num_slots` serves pulls on 127.0.0.1 at `local_control_port` (0: any free
@@ -27,6 +32,7 @@ import types
 
 import kvref
 from kvref.endpoints import LOOPBACK
+from kvref.kv_store import KVCacheStore, RaidenId  # noqa: F401 (the facade's names)
 from kvref.values import flag, integer
 
 
@@ -117,21 +123,28 @@ class KVCacheManager:
         return self._manager
 
 
+EXPORTED = ("KVCacheManager", "KVCacheStore", "RaidenId")  # what `from <name> import ...` finds
+
+
 def install(name: str = "tpu_sync") -> types.ModuleType:
-    """Make `<name>.api.jax.kv_cache_manager` importable as this module, for
+    """Make `<name>.api.jax.kv_cache_manager` and `<name>.api.jax.kv_cache_store`
+    importable as this module, and its names importable from `<name>`, for
     code that imports the production API by that name; returns it. A name
     that is a package installed here is refused (it would be shadowed)."""
     if name in sys.modules or importlib.util.find_spec(name) is not None:
         raise ValueError(f"a package named {name!r} is importable here; install the facade under a free name")
     module = sys.modules[__name__]
-    parts = f"{name}.api.jax.kv_cache_manager".split(".")
-    names = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
-    for package in names[:-1]:
+    packages = [name, f"{name}.api", f"{name}.api.jax"]
+    for package in packages:
         sys.modules[package] = types.ModuleType(package)
         sys.modules[package].__path__ = []  # a package, so its children import
-    sys.modules[names[-1]] = module
-    for parent, child, attr in zip(names, names[1:], parts[1:]):
-        setattr(sys.modules[parent], attr, sys.modules[child])
+    for parent, child in zip(packages, packages[1:]):
+        setattr(sys.modules[parent], child.rsplit(".", 1)[1], sys.modules[child])
+    for leaf in ("kv_cache_manager", "kv_cache_store"):
+        sys.modules[f"{name}.api.jax.{leaf}"] = module
+        setattr(sys.modules[f"{name}.api.jax"], leaf, module)
+    for attr in EXPORTED:
+        setattr(sys.modules[name], attr, getattr(module, attr))
     return module
 
 

@@ -76,7 +76,7 @@ tpu-test: peer-python-check $(PEER_STAMP) peer-env-torch
 
 # The reference and the production library side by side on JAX CPU arrays.
 peer-probe: $(PEER_STAMP)
-	$(BIN)/kvprobe run --generation cpu --iut kvref-jax,tpu-sync-jax --matrix cpu --probe all --out reports
+	$(BIN)/kvprobe run --generation cpu --iut kvref-jax,kvref-compat,tpu-sync-jax --matrix cpu --probe all --out reports
 
 test: $(STAMP) $(PEER_STAMP) $(XLA_STAMP)
 	$(BIN)/python -m pytest

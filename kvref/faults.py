@@ -71,6 +71,11 @@ class Faults:
         "being loaded loses its chunk")
     store_partial_insert: bool = _fault(
         "the store's insert keeps the hashes that fit and says it kept them all")
+    store_fifo_eviction: bool = _fault(
+        "the store evicts the entry inserted first, however recently it was used")
+    store_unchecked_lengths: bool = _fault(
+        "the store's insert takes ids of another length than its hashes: a hash without an id "
+        "gets the default one (chunk 0), an id without a hash is dropped")
     first_shard_only: bool = _fault(
         "a sharded cache is addressed through its first shard only: the other devices' parts "
         "of every block are never moved")

@@ -116,13 +116,16 @@ class KVCacheStore:
                 self._pins[h] -= 1
                 if self._pins[h] == 0:
                     del self._pins[h]
-                    self._entries.move_to_end(h)
+                    if not self._faults.store_fifo_eviction:
+                        self._entries.move_to_end(h)
 
     def insert(self, block_hashes, raiden_ids, on_host: bool = True) -> tuple[bool, list[tuple[bytes, RaidenId]]]:
         """Store each new hash with its id, all or none: (whether every hash
         was new and stored, the entries evicted to make room)."""
         hashes = _hashes(block_hashes, "block_hashes")
         ids = list(raiden_ids) if isinstance(raiden_ids, (list, tuple)) else None
+        if ids is not None and self._faults.store_unchecked_lengths:
+            ids = (ids + [RaidenId()] * len(hashes))[:len(hashes)]
         if ids is None or len(ids) != len(hashes) or not all(isinstance(i, RaidenId) for i in ids):
             raise TypeError(f"raiden_ids must be a list of {len(hashes)} RaidenId, one per hash, got {raiden_ids!r}")
         if not flag(on_host, "on_host"):
@@ -143,7 +146,7 @@ class KVCacheStore:
                 self._pins.pop(victim, None)
             stored = new[:self._capacity - len(self._entries)]
             for h in hashes:
-                if h in self._entries:
+                if h in self._entries and not self._faults.store_fifo_eviction:
                     self._entries.move_to_end(h)
             for h, i in stored:
                 self._entries[h] = i

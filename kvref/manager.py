@@ -102,7 +102,8 @@ class KVCacheManager:
             self._mover.set_parallelism(parallelism)
         self._views = views
         self._lands_before_return = not all(is_simulated(v) for layer in views for v in layer)
-        self._plans = _core.PlanRegistry(len(views), min(a.device_blocks for a in plan.layers))
+        self.device_blocks = min(a.device_blocks for a in plan.layers)  # the blocks every layer has
+        self._plans = _core.PlanRegistry(len(views), self.device_blocks)
         self._host_slots = plan.host_slots
         self._addressed_shards = plan.layers[0].shard_count
         self.host_blocks = int(host_blocks)
@@ -116,7 +117,7 @@ class KVCacheManager:
                                                                                     "pull_slot_blocks", 1)
         staging = Staging(_weak(self._pull_mover), _weak(self._bring_up_to_date), int(pull_slots),
                           int(pull_slot_blocks), tuple(plan.host_slots))
-        self._pulls = PullService(staging, tuple(plan.slice_bytes), min(a.device_blocks for a in plan.layers),
+        self._pulls = PullService(staging, tuple(plan.slice_bytes), self.device_blocks,
                                   PULL_TIMEOUT_S if timeout_s is None else timeout_s, listen,
                                   integer(sub_managers, "sub_managers", 1), self.faults)
 

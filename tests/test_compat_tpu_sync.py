@@ -6,6 +6,7 @@ with h2d, not awaited before the next step; unlocks after a failed save and
 when the scheduler evicts. Every byte checked."""
 
 import importlib
+import json
 import sys
 
 import numpy as np
@@ -110,3 +111,55 @@ def test_install_makes_the_production_import_path_the_facade():
     finally:
         for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
             del sys.modules[key]
+
+
+def test_the_facade_answers_the_wrappers_remaining_calls():
+    dev = kvref.SimDevice("v6e")
+    caches, hosts = caches_on(dev)
+    m = tpu_sync.KVCacheManager(caches, 0, host_blocks_to_allocate=SHAPE[0])
+    whole = m.d2h()  # no offsets: every block into the host block of its number
+    assert whole.wait() is None and whole.IsReady() and whole.is_ready()
+    assert all(m.reference.read_block_bytes(1, b) == hosts[1][b].tobytes() for b in (0, SHAPE[0] - 1))
+    free = m.reference.chunks_available
+    with pytest.raises(RuntimeError, match="^RESOURCE_EXHAUSTED: Insufficient available blocks") as full:
+        m.d2h_auto_allocate([0] * (free + 1))
+    assert isinstance(full.value, kvref.HostPoolExhausted) and m.reference.chunks_available == free
+    metrics = json.loads(m.dump_metrics_to_string())
+    assert metrics["d2h_transfers"] == 1 and metrics["d2h_blocks"] == SHAPE[0]
+    assert metrics["host_buffer_allocated_bytes"] == m.reference.host_bytes
+    assert m.local_control_port is None and m.local_port() is None  # an offload-only manager listens nowhere
+
+
+def test_a_failed_copy_is_the_wrappers_runtime_error():
+    dev = kvref.SimDevice("v6e")
+    caches, _ = caches_on(dev)
+    m = connector_manager(caches)
+    caches[0].fail_dma_in(0, caches[0].nbytes)
+    with pytest.raises(tpu_sync.CopyFailed, match="^Async copy failed: .*injected DMA failure"):
+        m.d2h([0], [0]).Await()
+
+
+def test_the_facade_listens_on_the_host_the_stack_advertises_and_never_a_wildcard(monkeypatch):
+    dev = kvref.SimDevice("v6e")
+    caches, _ = caches_on(dev)
+    monkeypatch.setenv(tpu_sync.HOST_VARIABLE, "127.0.0.2")
+    m = tpu_sync.KVCacheManager(caches, 0, max_blocks=4, num_slots=2)
+    [endpoint] = m.get_local_endpoints()
+    assert endpoint["endpoint"] == f"127.0.0.2:{m.local_control_port}"
+    m.reference.close()
+    monkeypatch.setenv(tpu_sync.HOST_VARIABLE, "0.0.0.0")
+    with pytest.raises(ValueError, match="VLLM_HOST_IP='0.0.0.0' is a wildcard"):
+        tpu_sync.KVCacheManager(caches, 0, max_blocks=4, num_slots=2)
+
+
+def test_install_gives_every_name_the_connectors_import():
+    name = "tpu_raiden_names_test"
+    tpu_sync.install(name)
+    try:
+        store_module = importlib.import_module(f"{name}.api.jax.kv_cache_store")
+        top = importlib.import_module(name)
+        assert store_module.KVCacheStore is kvref.KVCacheStore and store_module.RaidenId is kvref.RaidenId
+        assert top.KVCacheManager is tpu_sync.KVCacheManager and top.KVCacheStore is kvref.KVCacheStore
+    finally:
+        for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[module]

@@ -64,6 +64,12 @@ TEETH = [
     ("pull_blocks/sharded", "", (), ["first_shard_only"], "CORRUPT|ERROR"),
     ("pull_blocks/broadcast", "", (), ["sub_manager_serves_own_parts"], "CORRUPT"),
     ("shared_pool", "", (), ["shm_segment_left"], "ERROR"),
+    # The store of saved blocks beside the manager.
+    ("kv_store/prefix_lookup", "", (), ["store_lookup_skips_misses"], "CORRUPT"),
+    ("kv_store/pinned_kept", "", (), ["store_evicts_pinned"], "CORRUPT"),
+    ("kv_store/all_or_nothing", "", (), ["store_partial_insert"], "CORRUPT"),
+    ("kv_store/lru_order", "", (), ["store_fifo_eviction"], "CORRUPT"),
+    ("kv_store/bad_arguments", "", (), ["store_unchecked_lengths"], "CORRUPT"),
 ]
 
 
@@ -121,3 +127,18 @@ def test_reference_moves_sharded_jax_arrays(probe):
     expected = "REJECTED" if name == "uneven_shards" else "PASS"
     assert result.outcome.verdict == expected, result.outcome.detail
     assert name != "uneven_shards" or "must be equal parts" in result.outcome.detail
+
+
+@pytest.mark.parametrize("probe, faults", [("kv_store/pinned_kept", ["store_evicts_pinned"]),
+                                           ("donation_in_place", ["refuses_donated_storage"])])
+def test_the_facade_iut_carries_the_fault_models_to_the_reference_beneath(probe, faults):
+    """kvref-compat drives the facade through the wrapper's API; the reference
+    under it takes the case's fault models and fails the probe, and passes
+    without them."""
+    name, _, kind = probe.partition("/")
+    c = Case(name, "cpu", "kvref-compat", probe.replace("/", "-"), declared(name).subject, kind=kind)
+    fixed = run_case(c).outcome
+    assert prediction(c).admits(fixed.verdict), fixed.detail
+    broken = run_case(Case(name, "cpu", "kvref-compat", probe.replace("/", "-"), declared(name).subject,
+                           Faults.parse(faults), kind=kind)).outcome
+    assert not prediction(c).admits(broken.verdict), broken.detail

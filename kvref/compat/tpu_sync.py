@@ -26,6 +26,7 @@ nothing: the reference always orders transfers (kvref.manager)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 import types
@@ -37,20 +38,42 @@ from kvref.values import flag, integer
 
 
 SHM_KEY_VARIABLE = "RAIDEN_SHM_KEY"  # the shared-memory key enable_shm attaches the pool under
+# The host a serving stack advertises to its peers (vllm's, which
+# tpu-inference's disaggregated connector sends as the pull endpoint's host).
+HOST_VARIABLE = "VLLM_HOST_IP"
+WILDCARDS = ("0.0.0.0", "::", "[::]", "")
+
+
+class PoolExhausted(RuntimeError, kvref.HostPoolExhausted):
+    """A save the host pool cannot hold, as the production wrapper reports it
+    (a RuntimeError whose text starts with its status code), and still
+    kvref's HostPoolExhausted. No chunk was taken."""
+
+
+class CopyFailed(RuntimeError):
+    """A copy that failed after it was accepted, as the wrapper's future says it."""
 
 
 class TransferFuture:
-    """tpu-sync's future: Await() returns once the copy is done, or raises
-    its error (kvref.DeviceError, a RuntimeError, for a failed copy)."""
+    """tpu-sync's future: Await() (or wait()) returns once the copy is done,
+    or raises CopyFailed, a RuntimeError, naming its error; IsReady() (or
+    is_ready()) asks without waiting."""
 
     def __init__(self, future: kvref.TransferFuture):
         self._future = future
 
     def Await(self) -> None:  # noqa: N802 (the production name)
-        self._future.result()
+        try:
+            self._future.result()
+        except kvref.DeviceError as e:
+            raise CopyFailed(f"Async copy failed: {e}") from e
 
-    def done(self) -> bool:
+    wait = Await
+
+    def IsReady(self) -> bool:  # noqa: N802 (the production name)
         return self._future.done()
+
+    is_ready = done = IsReady
 
 
 class KVCacheManager:
@@ -74,25 +97,64 @@ class KVCacheManager:
             pulls = {"pull_slots": integer(num_slots, "num_slots", 1), "pull_slot_blocks": integer(max_blocks,
                                                                                                  "max_blocks", 1)}
             host_blocks_to_allocate = pulls["pull_slots"] * pulls["pull_slot_blocks"]
-        listen = f"{LOOPBACK}:{port}" if pulls or port else None
+        self._listen_host = listen_host()
+        listen = f"{self._listen_host}:{port}" if pulls or port else None
         flag(unsafe_skip_buffer_lock, "unsafe_skip_buffer_lock")
         shm_key = None
         if flag(enable_shm, "enable_shm"):
             shm_key = os.environ.get(SHM_KEY_VARIABLE)
             if not shm_key:
                 raise ValueError(f"enable_shm=True attaches the pool under ${SHM_KEY_VARIABLE}, which is not set")
+        # Layers of several block sizes each addressed with their own, as the wrapper does.
         self._manager = kvref.KVCacheManager(kv_caches, host_blocks_to_allocate, parallelism=parallelism,
-                                             timeout_s=timeout_s, listen=listen, shm_key=shm_key, **pulls)
+                                             timeout_s=timeout_s, listen=listen, shm_key=shm_key,
+                                             slice_policy="per_layer", **pulls)
+        self._moved = {"d2h": [0, 0], "h2d": [0, 0]}  # transfers, blocks
 
-    def d2h(self, src_offsets, dst_offsets, copy_sizes=None) -> TransferFuture:
-        return TransferFuture(self._manager.d2h(src_offsets, dst_offsets, copy_sizes))
+    def d2h(self, src_offsets=(), dst_offsets=(), copy_sizes=None) -> TransferFuture:
+        """Device blocks -> host blocks; with no offsets at all, every block
+        of the cache into the host blocks of the same numbers (the wrapper's
+        whole-array copy)."""
+        return self._transfer("d2h", src_offsets, dst_offsets, copy_sizes)
 
-    def h2d(self, src_offsets, dst_offsets, copy_sizes=None) -> TransferFuture:
-        return TransferFuture(self._manager.h2d(src_offsets, dst_offsets, copy_sizes))
+    def h2d(self, src_offsets=(), dst_offsets=(), copy_sizes=None) -> TransferFuture:
+        return self._transfer("h2d", src_offsets, dst_offsets, copy_sizes)
+
+    def _transfer(self, direction: str, src, dst, sizes) -> TransferFuture:
+        if _empty(src) and _empty(dst) and (sizes is None or _empty(sizes)):
+            src = dst = [0]
+            sizes = [self._manager.device_blocks]
+        future = getattr(self._manager, direction)(src, dst, sizes)
+        self._count(direction, src, sizes)
+        return TransferFuture(future)
 
     def d2h_auto_allocate(self, src_offsets, copy_sizes=None) -> tuple[list[int], TransferFuture]:
-        chunks, future = self._manager.d2h_auto_allocate(src_offsets, copy_sizes)
+        try:
+            chunks, future = self._manager.d2h_auto_allocate(src_offsets, copy_sizes)
+        except kvref.HostPoolExhausted as e:
+            raise PoolExhausted(f"RESOURCE_EXHAUSTED: Insufficient available blocks: {e}") from None
+        self._count("d2h", src_offsets, copy_sizes)
         return chunks, TransferFuture(future)
+
+    def _count(self, direction: str, src, sizes) -> None:
+        self._moved[direction][0] += 1
+        self._moved[direction][1] += sum(int(n) for n in sizes) if sizes is not None else len(list(src))
+
+    def dump_metrics_to_string(self) -> str:
+        """The manager's counters as JSON: transfers and blocks each way, and
+        the host pool's bytes."""
+        return json.dumps({"d2h_transfers": self._moved["d2h"][0], "d2h_blocks": self._moved["d2h"][1],
+                           "h2d_transfers": self._moved["h2d"][0], "h2d_blocks": self._moved["h2d"][1],
+                           "host_buffer_allocated_bytes": self._manager.host_bytes})
+
+    @property
+    def local_control_port(self) -> int | None:
+        """The port pulls are served on (the first sub-manager's), or None."""
+        endpoints = self._manager.get_local_endpoints()
+        return int(endpoints[0]["endpoint"].rsplit(":", 1)[1]) if endpoints else None
+
+    def local_port(self) -> int | None:
+        return self.local_control_port
 
     def unlock_blocks(self, block_ids) -> None:
         self._manager.unlock_blocks(block_ids)
@@ -124,6 +186,20 @@ class KVCacheManager:
 
 
 EXPORTED = ("KVCacheManager", "KVCacheStore", "RaidenId")  # what `from <name> import ...` finds
+
+
+def listen_host() -> str:
+    """The host pulls are served on: the one the serving stack advertises
+    ($VLLM_HOST_IP), else loopback; never a wildcard, which binds but
+    cannot be dialled."""
+    host = os.environ.get(HOST_VARIABLE, LOOPBACK)
+    if host.strip() in WILDCARDS:
+        raise ValueError(f"${HOST_VARIABLE}={host!r} is a wildcard; name the address peers dial this host on")
+    return host
+
+
+def _empty(values) -> bool:
+    return hasattr(values, "__len__") and not isinstance(values, (str, bytes)) and len(values) == 0
 
 
 def install(name: str = "tpu_sync") -> types.ModuleType:

@@ -152,6 +152,14 @@ class Adapter:
                                       "probes.iut.protocol.Arrays)")
         return step(cache, new, in_place)
 
+    def kv_store(self, capacity: int):
+        """Library's optional kv_store (a StoreView); NotImplementedError naming it where absent."""
+        make = getattr(self.library, "kv_store", None)
+        if make is None:
+            raise NotImplementedError(f"{type(self.library).__name__} has no kv_store (optional in "
+                                      "probes.iut.protocol.Library)")
+        return make(capacity)
+
     def hold_copies(self, cache, seconds: float, until_step: bool = False) -> bool:
         if until_step:
             return self.arrays.hold_copies(cache, seconds, until_step=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import kvref
 from probes.iut.adapter import IUT
+from probes.iut.compat import CompatLibrary
 from probes.iut.jax_arrays import JaxCpuArrays, JaxTpuArrays
 from probes.iut.reference import KvrefLibrary, SimArrays
 from probes.iut.torch_tpu import TORCH_TPU_GENERATIONS, TorchTpuArrays
@@ -17,6 +18,7 @@ NO_SIM_VIEWS = ("pending_views", "the simulated device has no views of one array
 NO_JAX_VIEWS = ("pending_views", "a jax.Array has no views into another: slicing copies")
 NO_TORCH_TPU_VIEWS = ("pending_views", "the TorchTPU adapter makes no views")
 NO_JAX_PLANS = ("plan_binding", "tpu-sync-jax has no register_active_plan")
+NO_WRAPPER_PLANS = ("plan_binding", "the wrapper API the facade serves has no register_active_plan")
 NO_TORCH_PLANS = ("plan_binding", "tpu-sync-torch has no way to read a registered plan back")
 # A host->device copy of a few MiB lands in about a millisecond on a TPU,
 # before any check after the put can see it in flight.
@@ -45,6 +47,9 @@ KVREF_JAX = IUT("kvref-jax", JaxCpuArrays, KvrefLibrary, targets=("cpu",), prelo
 TPU_SYNC_JAX = IUT("tpu-sync-jax", JaxCpuArrays, TpuSyncJaxLibrary, targets=("cpu",), interpreter="jax",
                    preload=("jax",), environment=(JAX_CPU_MESH,), loopback_only=True,
                    not_applicable=(NO_JAX_VIEWS, NO_JAX_PLANS))
+# kvref's drop-in facade on the arrays tpu-sync-jax runs on, through the wrapper's API.
+KVREF_COMPAT = IUT("kvref-compat", JaxCpuArrays, CompatLibrary, targets=("cpu",), preload=("jax",),
+                   environment=(JAX_CPU_MESH,), not_applicable=(NO_JAX_VIEWS, NO_WRAPPER_PLANS, LANDS_BEFORE_RETURN))
 KVREF_TORCH_XLA = IUT("kvref-torch-xla", TorchXlaArrays, KvrefLibrary, targets=("cpu",), interpreter="xla",
                       preload=("torch_xla",), environment=(("PJRT_DEVICE", "CPU"),),
                       not_applicable=(*NO_TORCH_MESH, LANDS_BEFORE_RETURN))

@@ -174,6 +174,27 @@ class ManagerView(Protocol):
 
 
 @runtime_checkable
+class StoreView(Protocol):
+    """A library's store of saved blocks (block hash -> host chunk), as an
+    offload connector calls it (kvref.kv_store has the rules). Hashes are
+    bytes; a chunk is the host block a hash was saved into."""
+
+    def lookup(self, hashes) -> list[tuple[bytes, int]]:
+        """The leading run of stored hashes, each with its chunk; neither pins nor reorders."""
+
+    def pin(self, hashes) -> None:
+        """One more pin on each stored hash."""
+
+    def release(self, hashes) -> None:
+        """One pin fewer on each pinned hash; a use, so it becomes the most recently used."""
+
+    def insert(self, hashes, chunks) -> tuple[bool, list[bytes] | None]:
+        """Store each hash with its chunk, unpinned, all or none: (whether it
+        was taken, the hashes evicted for it, or None where the library does
+        not say)."""
+
+
+@runtime_checkable
 class Library(Protocol):
     distribution: str  # the installed distribution whose version is reported
     supports_faults: bool  # whether kvref's fault models can be switched on in it
@@ -198,6 +219,10 @@ class Library(Protocol):
 
     def start(self, manager: ManagerView, d2h: bool, src, dst, sizes=None) -> "Pending":
         """One d2h or h2d, issued and not waited for."""
+
+    # Optional: `kv_store(capacity) -> StoreView`, the library's store of
+    # saved blocks with room for `capacity` entries. Without it the store
+    # probes SKIP.
 
     def save(self, manager: ManagerView, src, sizes=None) -> tuple[list[int], "Pending"]:
         """d2h_auto_allocate: the host chunks it locked (one per block, in

@@ -15,6 +15,7 @@ from kvref.sharding import uneven_parts
 from kvref.sim_mesh import SimMesh
 from probes.iut.host_data import random_host
 from probes.iut.protocol import CacheMode, NoViews
+from probes.iut.store_views import KvrefStoreView
 
 
 def tpu_layout_of(generation: str, key: kvref.ShapeKey,
@@ -52,6 +53,9 @@ class KvrefLibrary:
 
     def refuses(self, e: BaseException) -> bool:
         return isinstance(e, (kvref.LayoutError, kvref.HostBudgetError, ValueError))
+
+    def kv_store(self, capacity: int) -> KvrefStoreView:
+        return KvrefStoreView(kvref.KVCacheStore(capacity, faults=self.faults))
 
     def pull_manager(self, caches, form, listen, timeout_s, max_blocks, sub_managers=1):
         """"slots": pull slots of max_blocks blocks; "pool": the default slots

@@ -14,6 +14,7 @@ from importlib import metadata
 import numpy as np
 
 import kvref
+from probes.iut.store_views import NativeStoreView
 
 
 def plan_number(uuid: str) -> int:
@@ -309,6 +310,9 @@ class TpuSyncJaxLibrary(SyncLibrary):
 
     def pull_failure(self, manager, req_id) -> str:
         return ""  # poll_stats names a failed request, never why (the reason is only logged)
+
+    def kv_store(self, capacity: int) -> NativeStoreView:
+        return NativeStoreView(capacity)
 
 
 class TpuSyncTorchLibrary(SyncLibrary):

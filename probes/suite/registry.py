@@ -10,8 +10,8 @@ from enum import StrEnum
 from typing import Callable
 
 import kvref
-from probes.suite import (call_sequence, construction, donation, host_budget, host_chunks, ordering, plan_binding,
-                          pull_failures, pulls, requests, robustness, roundtrip, serving_step, settings,
+from probes.suite import (call_sequence, construction, donation, host_budget, host_chunks, kv_store, ordering,
+                          plan_binding, pull_failures, pulls, requests, robustness, roundtrip, serving_step, settings,
                           shared_pool, sharded)
 from probes.suite.pull_sides import SUBJECT as PULL_SUBJECT
 from probes.suite.ownership import row_byte_ranges
@@ -112,6 +112,9 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     # transfers overlapping device work and each other.
     Probe("host_chunks", host_chunks.host_chunks, Scope.ROBUSTNESS, always(PASS), subject=PLAN_SHAPE,
           kinds=host_chunks.HOST_CHUNK_KINDS, default=False),
+    # The store of saved blocks the offload connector keeps beside the manager.
+    Probe("kv_store", kv_store.kv_store, Scope.ROBUSTNESS, always(PASS), subject=PLAN_SHAPE,
+          kinds=kv_store.STORE_KINDS, default=False),
     # Moving what the step leaves is right; so is refusing a donated array by name.
     Probe("inflight_step", ordering.inflight_step, Scope.GENERATION, always(PASS, REJECTED), subject=PLAN_SHAPE,
           waits=True),

@@ -11,7 +11,7 @@ import os
 import kvref
 from kvref.compat import tpu_sync
 from probes.iut.store_views import KvrefStoreView
-from probes.iut.tpu_sync import PULL_SLOTS, SyncLibrary, SyncManagerView
+from probes.iut.tpu_sync import PULL_SLOTS, SyncLibrary, SyncManagerView, pool_port
 
 
 class CompatManagerView(SyncManagerView):
@@ -64,7 +64,7 @@ class CompatLibrary(SyncLibrary):
         num_slots and any free control port) or the offload connector does
         ("pool"). One sub-manager: the facade makes no per-NUMA split."""
         if form == "pool":
-            return tpu_sync.KVCacheManager(caches, 0, host_blocks_to_allocate=max_blocks)
+            return tpu_sync.KVCacheManager(caches, pool_port(listen), host_blocks_to_allocate=max_blocks)
         return tpu_sync.KVCacheManager(caches, 0, max_blocks=max_blocks, num_slots=PULL_SLOTS, timeout_s=timeout_s)
 
     def close_manager(self, manager) -> None:

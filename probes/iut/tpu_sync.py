@@ -8,6 +8,7 @@ import gc
 import importlib
 import os
 import re
+import socket
 import zlib
 from importlib import metadata
 
@@ -212,6 +213,18 @@ MULTI_NUMA = "ENABLE_MULTI_NUMA"  # the jax wheel's switch: one sub-manager per 
 BUILD_VARIABLE = "KVPROBE_BUILD_DIR"
 
 
+def pool_port(listen: bool) -> int:
+    """The control port of a pool-form manager (host_blocks_to_allocate) that
+    must serve pulls: one the loopback interface has free now, as a user
+    names one, since the wrapper takes port 0 there as "listen nowhere"; 0
+    where it need not listen."""
+    if not listen:
+        return 0
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 class SyncLibrary:
     """tpu-sync's KVCacheManager as a Library; each wheel names its
     `distribution`, the module that must import, and its manager `view`."""
@@ -300,7 +313,7 @@ class TpuSyncJaxLibrary(SyncLibrary):
 
         settings = {k: v for k, v in self.options.items() if k == "unsafe_skip_buffer_lock"}
         if form == "pool":
-            return KVCacheManager(caches, 0, host_blocks_to_allocate=max_blocks, **settings)
+            return KVCacheManager(caches, pool_port(listen), host_blocks_to_allocate=max_blocks, **settings)
         return KVCacheManager(caches, 0, max_blocks=max_blocks, num_slots=PULL_SLOTS, timeout_s=timeout_s, **settings)
 
     def close_manager(self, manager) -> None:

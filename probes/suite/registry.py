@@ -11,8 +11,8 @@ from typing import Callable
 
 import kvref
 from probes.suite import (call_sequence, construction, donation, host_budget, host_chunks, kv_store, ordering,
-                          plan_binding, pull_failures, pulls, requests, robustness, roundtrip, serving_step, settings,
-                          shared_pool, sharded)
+                          plan_binding, pull_donation, pull_failures, pulls, requests, robustness, roundtrip,
+                          serving_step, settings, shared_pool, sharded)
 from probes.suite.pull_sides import SUBJECT as PULL_SUBJECT
 from probes.suite.ownership import row_byte_ranges
 from probes.suite.verdicts import PASS, REJECTED, Prediction, Verdict
@@ -150,6 +150,8 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           kinds=pull_failures.REFUSAL_KINDS, default=False, two_process=True),
     Probe("pull_failures", pull_failures.pull_failures, Scope.ROBUSTNESS, always(PASS), subject=PULL_SUBJECT,
           kinds=pull_failures.FAILURE_KINDS, default=False, two_process=True),
+    Probe("pull_across_donation", pull_donation.pull_across_donation, Scope.GENERATION, always(PASS),
+          subject=PULL_SUBJECT, default=False, two_process=True),
     Probe("pull_sockets", pull_failures.pull_sockets, Scope.GENERATION, always(PASS), subject=PULL_SUBJECT,
           default=False, two_process=True),
     # Refusing the second manager is right; so is sharing one allocator.

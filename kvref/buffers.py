@@ -118,10 +118,16 @@ def _aliased_output(view: DeviceBufferView):
         return next((a for a in array.device.live_arrays() if a.holds_storage_of(array)), None)
     import jax  # a jax.Array's: jax is imported already
 
+    # The output may be one device's array, or one shard of an array over a
+    # mesh (a sharded cache's step output): each device's part is its own buffer.
     for candidate in jax.live_arrays(view.device.platform):
-        if (not candidate.is_deleted() and len(candidate.devices()) == 1 and view.device in candidate.devices()
-                and candidate.unsafe_buffer_pointer() == view.address and _jax_shape(candidate) == view.shape):
-            return candidate
+        if candidate.is_deleted() or view.device not in candidate.devices():
+            continue
+        for shard in candidate.addressable_shards:
+            part = shard.data
+            if (shard.device == view.device and part.unsafe_buffer_pointer() == view.address
+                    and _jax_shape(part) == view.shape):
+                return part
     return None
 
 

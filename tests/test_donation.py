@@ -2,6 +2,9 @@
 output aliases, and refuses, before moving a byte, storage that was given up."""
 
 import functools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -119,3 +122,38 @@ def test_the_refused_donation_fault_refuses_an_aliased_output():
     cache.donate(contents(1))
     with pytest.raises(ValueError, match="no live array"):
         manager.d2h([0], [0])
+
+
+SHARDED_STEPS = """
+import jax, numpy as np, kvref
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+sharding = NamedSharding(Mesh(np.array(jax.devices()[:4]), ("model",)), P(None, None, "model"))
+def contents(seed): return np.random.default_rng(seed).standard_normal((16, 8, 8, 128)).astype(np.float32)
+allocate = jax.jit(lambda x: x.copy(), out_shardings=sharding)  # as a serving stack allocates a layer
+caches = [allocate(jax.device_put(contents(i), sharding)) for i in range(2)]
+manager = kvref.KVCacheManager(caches, 16)
+step = jax.jit(lambda cache, new: cache.at[...].set(new), donate_argnums=0, out_shardings=sharding)
+for n in range(12):
+    outputs = [contents(10 * n + i) for i in range(2)]
+    storage = [[s.data.unsafe_buffer_pointer() for s in c.addressable_shards] for c in caches]
+    caches = [step(c, jax.device_put(o, sharding)) for c, o in zip(caches, outputs)]
+    assert [[s.data.unsafe_buffer_pointer() for s in c.addressable_shards] for c in caches] == storage
+    chunks, saving = manager.d2h_auto_allocate([3, 5])
+    saving.result()
+    manager.h2d(chunks, [7, 9]).result()
+    manager.unlock_blocks(chunks)
+    for cache, output in zip(caches, outputs):
+        expected = output.copy()
+        expected[[7, 9]] = output[[3, 5]]
+        assert np.array_equal(np.asarray(cache), expected), n
+print("followed")
+"""
+
+
+def test_the_manager_follows_each_shard_of_a_cache_over_a_mesh_through_in_place_donations():
+    """A layer split over four devices is four buffers; a step's output over
+    the same mesh aliases each, and each shard is followed to its part."""
+    done = subprocess.run([sys.executable, "-c", SHARDED_STEPS], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+                               "JAX_PLATFORMS": "cpu"})
+    assert done.returncode == 0 and done.stdout.strip() == "followed", done.stderr[-3000:]

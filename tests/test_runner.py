@@ -12,8 +12,9 @@ import pytest
 
 from kvref import ShapeKey
 from kvref.oracle import device_kind
+from probes.run.channel import DESCRIBED, PHASE, RESULT as RESULT_KIND, Heard
+from probes.run.forked import Ran
 from probes.run.runner import classify, run_case, run_cases
-from probes.run.worker import DESCRIBED_PREFIX, PHASE_PROBE
 from probes.suite.cases import Case
 from probes.suite.matrix import build_cases
 
@@ -21,7 +22,7 @@ from probes.suite.matrix import build_cases
 def fake_python(tmp_path, body: str) -> str:
     """An interpreter stand-in that ignores its arguments and runs `body`."""
     path = tmp_path / "python"
-    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.write_text("#!/bin/bash\n" + body + "\n")
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
     return str(path)
 
@@ -43,7 +44,14 @@ def real_worker(tmp_path, patch: str) -> str:
     return fake_python(tmp_path, f'exec {sys.executable} {tmp_path / "planted.py"}')
 
 
-PROBING = f"echo '{PHASE_PROBE}' >&2"  # a stand-in worker whose start-up is over
+def said(kind: str, payload: str = "null") -> str:
+    """A stand-in worker's line saying `kind` over its verdict channel, after
+    it read the channel's token (TOKEN)."""
+    return f"""printf '{{"token": "%s", "kind": "{kind}", "payload": {payload}}}\\n' "$token" >&$KVPROBE_CHANNEL_FD"""
+
+
+TOKEN = "read -r token"  # the verdict channel's token: the first line on a worker's stdin
+PROBING = f"{TOKEN}\n{said(PHASE)}"  # a stand-in worker whose start-up is over
 SHAPE = ShapeKey("bf16", (512, 16, 2048))
 
 
@@ -81,10 +89,11 @@ def test_a_worker_that_dies_in_its_probe_keeps_what_it_said_of_the_iut(tmp_path)
     assert outcome.verdict == "CRASH" and "SIGSEGV" in outcome.detail, outcome.detail
     assert (outcome.iut_version, outcome.backend, outcome.device_kind) == \
         (metadata.version("kvref"), "sim", device_kind("tpu7x"))
-    said = f"{DESCRIBED_PREFIX}{{\"iut_version\": \"1.2\", \"backend\": \"jax-cpu\", \"device_kind\": \"cpu\"}}"
-    outcome = classify(1, said, f"{PHASE_PROBE}\nTimeout (0:00:02)!\n", killed=False, timeout=2.0)
+    heard = Heard([{"kind": DESCRIBED, "payload": {"iut_version": "1.2", "backend": "jax-cpu", "device_kind": "cpu"}},
+                   {"kind": PHASE}])
+    outcome = classify(Ran(1, "", "Timeout (0:00:02)!\n", False, heard), timeout=2.0)
     assert (outcome.verdict, outcome.iut_version, outcome.device_kind) == ("HANG", "1.2", "cpu")
-    assert classify(-11, "", "", killed=False, timeout=2.0).device_kind == ""  # nothing said: nothing kept
+    assert classify(Ran(-11, "", "", False, Heard()), timeout=2.0).device_kind == ""  # nothing said: nothing kept
 
 
 def test_exit_without_result_is_an_error(tmp_path):
@@ -95,8 +104,8 @@ def test_exit_without_result_is_an_error(tmp_path):
 
 
 def test_classify_watchdog_exit():
-    err = f"{PHASE_PROBE}\nTimeout (0:00:02)!\nThread 0x1 (most recent call first):\n  File \"x.py\", line 1 in f\n"
-    outcome = classify(1, "", err, killed=False, timeout=2.0)
+    err = "Timeout (0:00:02)!\nThread 0x1 (most recent call first):\n  File \"x.py\", line 1 in f\n"
+    outcome = classify(Ran(1, "", err, False, Heard([{"kind": PHASE}])), timeout=2.0)
     assert outcome.verdict == "HANG" and "watchdog fired after 2.0s" in outcome.detail and "x.py" in outcome.detail
 
 
@@ -104,7 +113,7 @@ def test_a_hang_in_start_up_is_reported_as_start_up(tmp_path):
     """A worker stuck before its probe starts (a cold TPU runtime, an import)
     has the start-up limit, and the verdict says it was start-up."""
     err = "Timeout (0:05:00)!\nThread 0x1 (most recent call first):\n  File \"libtpu.py\", line 9 in init\n"
-    outcome = classify(1, "", err, killed=False, timeout=30.0, startup_timeout=300.0)
+    outcome = classify(Ran(1, "", err, False, Heard()), timeout=30.0, startup_timeout=300.0)
     assert outcome.verdict == "HANG" and "start-up" in outcome.detail and "300.0s" in outcome.detail
     python = fake_python(tmp_path, "sleep 30")  # killed at its start-up limit, not after its 30 s
     outcome = run_case(Case("roundtrip", "tpu7x", shape=SHAPE, timeout=0.5, startup_timeout=1.0),
@@ -146,7 +155,7 @@ def test_peer_cases_skip_without_the_peer_environment(monkeypatch):
     assert result.outcome.verdict == "SKIP" and "kvprobe peer-env" in result.outcome.detail
 
 
-RESULT = 'echo \'KVPROBE-RESULT {"verdict": "PASS", "detail": "2 blocks round-tripped"}\''
+RESULT = said(RESULT_KIND, '{"verdict": "PASS", "detail": "2 blocks round-tripped"}')
 
 
 @pytest.mark.parametrize("teardown, verdict, needle", [
@@ -167,7 +176,7 @@ def test_a_failure_after_the_result_line_is_the_verdict(tmp_path, teardown, verd
 
 
 def test_a_clean_exit_keeps_the_reported_verdict(tmp_path):
-    python = fake_python(tmp_path, f"{RESULT}\nexit 0")
+    python = fake_python(tmp_path, f"{TOKEN}\n{RESULT}\nexit 0")
     outcome = run_case(Case("roundtrip", "tpu7x", shape=ShapeKey("bf16", (512, 16, 2048)), timeout=5.0),
                        python=python).outcome
     assert outcome.verdict == "PASS" and outcome.detail == "2 blocks round-tripped"

@@ -11,7 +11,7 @@ import pytest
 
 from probes.run import forked
 from probes.run.runner import classify, run_case
-from probes.run.worker import PHASE_PROBE, RESULT_PREFIX
+from probes.run.worker import PHASE_PROBE
 from kvref import ShapeKey
 from probes.suite.matrix import MatrixRow, build_cases
 from tests.test_runner import alive
@@ -21,8 +21,9 @@ def planted_zygote(tmp_path, body: str) -> forked.Zygote:
     """A zygote that preloads a module replacing the probe run with `body`
     (the body of `def run(text, on_probe_start)`)."""
     (tmp_path / "planted_run.py").write_text(
-        "import os, signal, subprocess, sys, time\n"
+        "import os, signal, subprocess, sys, threading, time\n"
         "import probes.run.probe_case as p\n"
+        "from probes.suite.verdicts import Outcome\n"
         "def run(text, on_probe_start):\n"
         + "".join(f"    {line}\n" for line in body.splitlines())
         + "p.run_case_here = run\n")
@@ -31,16 +32,16 @@ def planted_zygote(tmp_path, body: str) -> forked.Zygote:
 
 
 CASE = build_cases(["tpu7x"], [], probes=("plan_binding",), timeout=2.0)[0]
-RESULT = f"print({RESULT_PREFIX!r} + '{{\"verdict\": \"PASS\", \"detail\": \"ok\"}}', flush=True)"
+RESULT = "return Outcome('PASS', 'ok')"  # the worker says it over the verdict channel
 
 
 def run_planted(tmp_path, body: str, timeout: float = 3.0):
     zygote = planted_zygote(tmp_path, body)
     try:
-        returncode, out, err, killed = zygote.run(CASE.to_json(), dict(os.environ), timeout)
+        ran = zygote.run(CASE.to_json(), dict(os.environ), timeout)
     finally:
         zygote.close()
-    return classify(returncode, out, err, killed, CASE.timeout, CASE.startup_timeout), out, err
+    return classify(ran, CASE.timeout, CASE.startup_timeout), ran.out, ran.err
 
 
 def test_a_forked_worker_that_crashes_is_a_crash(tmp_path):
@@ -50,10 +51,11 @@ def test_a_forked_worker_that_crashes_is_a_crash(tmp_path):
 
 def test_a_forked_worker_that_hangs_after_its_result_is_killed_with_all_it_started(tmp_path):
     pids = tmp_path / "pids"
-    body = (f"on_probe_start(30.0)\n{RESULT}\n"
-            f"child = subprocess.Popen(['sleep', '1000'])\n"
+    body = ("on_probe_start(30.0)\n"
+            "child = subprocess.Popen(['sleep', '1000'])\n"
             f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
-            "time.sleep(1000)")
+            "threading.Thread(target=time.sleep, args=(1000,)).start()  # the exit waits for it\n"
+            f"{RESULT}")
     outcome, out, err = run_planted(tmp_path, body, timeout=2.0)
     assert outcome.verdict == "HANG" and "after the probe" in outcome.detail, outcome.detail
     assert "the probe had reported PASS: ok" in outcome.detail and PHASE_PROBE in err
@@ -72,14 +74,14 @@ def test_a_forked_worker_sees_the_case_environment_not_the_zygotes(tmp_path):
     zygote = planted_zygote(tmp_path, "print('SEEN', os.environ.get('KVPROBE_SEEN'), flush=True)\n"
                                       "raise SystemExit(0)")
     try:
-        _, out, _, _ = zygote.run(CASE.to_json(), {**os.environ, "KVPROBE_SEEN": "case"}, 10.0)
+        out = zygote.run(CASE.to_json(), {**os.environ, "KVPROBE_SEEN": "case"}, 10.0).out
     finally:
         zygote.close()
     assert "SEEN case" in out
 
 
 def test_a_closed_zygote_still_reports_its_running_case_then_exits(tmp_path):
-    zygote = planted_zygote(tmp_path, f"time.sleep(1)\n{RESULT}\nraise SystemExit(0)")
+    zygote = planted_zygote(tmp_path, f"time.sleep(1)\n{RESULT}")
     found = {}
 
     def run():
@@ -92,8 +94,8 @@ def test_a_closed_zygote_still_reports_its_running_case_then_exits(tmp_path):
     time.sleep(0.3)
     zygote.close(wait=0)
     thread.join()
-    returncode, out, _, killed = found["result"]
-    assert returncode == 0 and not killed and RESULT_PREFIX in out
+    ran = found["result"]
+    assert ran.returncode == 0 and not ran.killed and ran.heard.payloads("result")[0]["detail"] == "ok"
     zygote.proc.wait(5)
     with pytest.raises(forked.ZygoteUnavailable, match="did not fork"):
         zygote.run(CASE.to_json(), dict(os.environ), 1.0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import json
 import os
 import selectors
@@ -24,6 +25,7 @@ import time
 from collections import OrderedDict
 
 from probes.run import netns
+from probes.run.channel import FD_VARIABLE, Heard, new_token
 from probes.run.zygote import MESSAGE_BYTES, READY
 
 READY_SECONDS = 60.0
@@ -58,31 +60,34 @@ class Zygote:
             self.close()
             raise ZygoteUnavailable(f"the zygote of {python} did not start:\n{said}")
 
-    def run(self, text: str, env: dict, timeout: float) -> tuple[int, str, str, bool]:
-        """Fork a worker for the case `text`: (returncode, stdout, stderr, killed)."""
+    def run(self, text: str, env: dict, timeout: float) -> Ran:
+        """Fork a worker for the case `text`."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        said_r, said_w = os.pipe()
+        token = new_token()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             conn.connect(self.path)
-            socket.send_fds(conn, [json.dumps({"case": text, "env": env}).encode()], [out_w, err_w])
+            socket.send_fds(conn, [json.dumps({"case": text, "env": env, "token": token}).encode()],
+                            [out_w, err_w, said_w])
             conn.settimeout(READY_SECONDS)
             pid = json.loads(conn.recv(MESSAGE_BYTES) or b"{}").get("pid")
         except OSError as e:
-            for fd in (out_r, err_r):
+            for fd in (out_r, err_r, said_r):
                 os.close(fd)
             conn.close()
             raise ZygoteUnavailable(f"the zygote did not fork: {e}") from e
         finally:
-            os.close(out_w)
-            os.close(err_w)
+            for fd in (out_w, err_w, said_w):
+                os.close(fd)
         if pid is None:
-            for fd in (out_r, err_r):
+            for fd in (out_r, err_r, said_r):
                 os.close(fd)
             conn.close()
             raise ZygoteUnavailable("the zygote closed the connection without forking")
         with live(pid):
-            return _watch(pid, out_r, err_r, conn, timeout)
+            return _watch(pid, out_r, err_r, said_r, conn, timeout, token)
 
     def close(self, wait: float = 5.0) -> None:
         """Tell the zygote to take no new cases; it exits when the cases it
@@ -99,10 +104,10 @@ class Zygote:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _watch(pid: int, out_r: int, err_r: int, conn: socket.socket, timeout: float):
+def _watch(pid: int, out_r: int, err_r: int, said_r: int, conn: socket.socket, timeout: float, token: str) -> Ran:
     """Read the worker's pipes to the end and its status from the zygote; at the
     deadline, kill its process group and drain."""
-    chunks = {out_r: [], err_r: []}
+    chunks = {out_r: [], err_r: [], said_r: []}
     returncode, killed = None, False
     deadline = time.monotonic() + timeout
     with selectors.DefaultSelector() as selector:
@@ -136,7 +141,7 @@ def _watch(pid: int, out_r: int, err_r: int, conn: socket.socket, timeout: float
     if returncode is None:
         raise ZygoteLost(f"the zygote that forked worker {pid} gave no exit status")
     out, err = (b"".join(chunks[fd]).decode(errors="replace") for fd in (out_r, err_r))
-    return returncode, out, err, killed
+    return Ran(returncode, out, err, killed, Heard.parse(b"".join(chunks[said_r]), token))
 
 
 _LIVE: set[int] = set()  # process groups of the workers running now, fresh or forked
@@ -167,22 +172,55 @@ def kill_live() -> int:
     return len(pids)
 
 
-def run_watched(command: list[str], text: str, limit: float, env: dict | None = None) -> tuple[int, str, str, bool]:
-    """`command` in a process group of its own, `text` on its stdin:
-    (returncode, stdout, stderr, killed). Killed, with its group, after
-    `limit` seconds; nothing it started outlives it."""
-    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, env=env)
+@dataclasses.dataclass
+class Ran:
+    """How one worker ended: its status, its output, and what its verdict channel carried."""
+
+    returncode: int
+    out: str
+    err: str
+    killed: bool
+    heard: Heard
+
+
+def run_watched(command: list[str], text: str, limit: float, env: dict | None = None) -> Ran:
+    """`command` in a process group of its own, a new verdict channel's token
+    and then `text` on its stdin, the channel's fd named by FD_VARIABLE.
+    Killed, with its group, after `limit` seconds; nothing it started
+    outlives it."""
+    token = new_token()
+    said_r, said_w = os.pipe()
+    env = {**(os.environ if env is None else env), FD_VARIABLE: str(said_w)}
+    said: list[bytes] = []
+    reader = threading.Thread(target=_drain, args=(said_r, said), daemon=True)
+    try:
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True, env=env, pass_fds=(said_w,))
+    except BaseException:
+        os.close(said_r)
+        raise
+    finally:
+        os.close(said_w)
+    reader.start()
     with live(proc.pid):
         try:
-            out, err = proc.communicate(text, timeout=limit)
+            out, err = proc.communicate(f"{token}\n{text}", timeout=limit)
             killed = False
         except subprocess.TimeoutExpired:
             kill_group(proc.pid)
             out, err = proc.communicate()
             killed = True
     kill_group(proc.pid)
-    return proc.returncode, out, err, killed
+    reader.join(DRAIN_SECONDS)  # the group is gone: every holder of the channel has closed it
+    return Ran(proc.returncode, out, err, killed, Heard.parse(b"".join(said), token))
+
+
+def _drain(fd: int, into: list[bytes]) -> None:
+    try:
+        while data := os.read(fd, 65536):
+            into.append(data)
+    finally:
+        os.close(fd)
 
 
 def kill_group(pid: int) -> None:

@@ -3,33 +3,41 @@ process (`python -m probes.run.pair`, the two role cases as a JSON list on
 stdin), each a watched worker (probes.run.worker) in a process group of its
 own. Run in a loopback-only network namespace (probes.run.netns), both
 workers share it, so the managers reach each other on its lo and nothing
-else. Prints one line: PAIR_PREFIX and, per worker, [returncode, stdout,
-stderr, killed]."""
+else. Prints one line: PAIR_PREFIX and, per worker, its Ran (returncode,
+stdout, stderr, killed, and what its verdict channel carried) as JSON."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from probes.run.forked import run_watched
+from probes.run.channel import Heard
+from probes.run.forked import Ran, run_watched
 
 PAIR_PREFIX = "KVPROBE-PAIR "
 WORKER = "probes.run.worker"
 
 
-def run_pair(cases: list[str], limit: float) -> list[list]:
+def run_pair(cases: list[str], limit: float) -> list[dict]:
     """Both workers at once, each killed (with its group) if still running
-    after `limit` seconds."""
+    after `limit` seconds; each one's Ran as a dict."""
     deadline = time.monotonic() + limit
     with ThreadPoolExecutor(len(cases)) as pool:
-        return list(pool.map(lambda case: list(run_watched([sys.executable, "-m", WORKER], case,
-                                                         max(0.0, deadline - time.monotonic()))), cases))
+        return list(pool.map(lambda case: dataclasses.asdict(run_watched(
+            [sys.executable, "-m", WORKER], case, max(0.0, deadline - time.monotonic()))), cases))
+
+
+def ran_of(fields: dict) -> Ran:
+    """A worker's Ran, from what run_pair printed."""
+    return Ran(**{**fields, "heard": Heard(**fields["heard"])})
 
 
 def main() -> int:
-    request = json.loads(sys.stdin.read())
+    _, _, text = sys.stdin.read().partition("\n")  # after its own channel's token: it says nothing there
+    request = json.loads(text)
     print(PAIR_PREFIX + json.dumps(run_pair(request["cases"], request["limit"])), flush=True)
     return 0
 

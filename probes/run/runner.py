@@ -22,9 +22,9 @@ from probes.iut.tpu_sync import BUILD_VARIABLE
 from probes.iut.registry import iut
 from probes.run import netns
 from probes.run.hosts import this_host
-from probes.run.forked import ZygoteLost, ZygoteUnavailable, kill_live, run_watched, zygote_for
-from probes.run.pair import PAIR_PREFIX
-from probes.run.worker import DESCRIBED_PREFIX, PHASE_PROBE, RESULT_PREFIX
+from probes.run.channel import DESCRIBED, RESULT
+from probes.run.forked import Ran, ZygoteLost, ZygoteUnavailable, kill_live, run_watched, zygote_for
+from probes.run.pair import PAIR_PREFIX, ran_of
 from probes.suite.cases import Case
 from probes.suite.registry import probe
 from probes.suite.pull_failures import DIES
@@ -87,9 +87,8 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
         ran = _run_fresh(python, text, env, limit, isolated)
     except ZygoteLost as e:
         return CaseResult(case, Outcome(ERROR, str(e)), time.monotonic() - start, "", *this_host())
-    returncode, out, err, killed = ran
-    outcome = classify(returncode, out, err, killed, case.timeout, case.startup_timeout)
-    return CaseResult(case, outcome, time.monotonic() - start, err, *this_host())
+    outcome = classify(ran, case.timeout, case.startup_timeout)
+    return CaseResult(case, outcome, time.monotonic() - start, ran.err, *this_host())
 
 
 def _run_two(case: Case, python: str, env: dict) -> CaseResult:
@@ -105,46 +104,52 @@ def _run_two(case: Case, python: str, env: dict) -> CaseResult:
         isolated = netns.unavailable() is None
         command = netns.python_command(python, PAIR) if isolated else [python, "-m", PAIR]
         request = json.dumps({"cases": cases, "limit": limit})
-        returncode, out, err, _ = run_watched(command, request, limit + PAIR_GRACE_SECONDS, env)
+        parent = run_watched(command, request, limit + PAIR_GRACE_SECONDS, env)
         dying = {role for role in ROLES if posted_by(folder, role, DIES)}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    line = next((text for text in reversed(out.splitlines()) if text.startswith(PAIR_PREFIX)), None)
+    line = next((text for text in reversed(parent.out.splitlines()) if text.startswith(PAIR_PREFIX)), None)
     if line is None:
-        return CaseResult(case, Outcome(ERROR, f"the two workers' parent exited {returncode} without "
-                                        f"their results\n{err[-4000:]}"), time.monotonic() - start, err,
-                          *this_host())
-    ran = json.loads(line[len(PAIR_PREFIX):])
-    outcomes = [Outcome(PASS, "killed itself mid-pull, as the probe has it do") if role in dying and code == -signal.SIGKILL
-                else classify(code, o, e, killed, case.timeout, case.startup_timeout)
-                for role, (code, o, e, killed) in zip(ROLES, ran)]
-    stderr = "\n".join(f"--- {role} ---\n{e}" for role, (_, _, e, _) in zip(ROLES, ran))
+        return CaseResult(case, Outcome(ERROR, f"the two workers' parent exited {parent.returncode} without "
+                                        f"their results\n{parent.err[-4000:]}"), time.monotonic() - start,
+                          parent.err, *this_host())
+    ran = [ran_of(fields) for fields in json.loads(line[len(PAIR_PREFIX):])]
+    outcomes = [Outcome(PASS, "killed itself mid-pull, as the probe has it do")
+                if role in dying and worker.returncode == -signal.SIGKILL
+                else classify(worker, case.timeout, case.startup_timeout) for role, worker in zip(ROLES, ran)]
+    stderr = "\n".join(f"--- {role} ---\n{worker.err}" for role, worker in zip(ROLES, ran))
     return CaseResult(case, both_sides(dict(zip(ROLES, outcomes))), time.monotonic() - start, stderr,
                       *this_host())
 
 
-def _run_fresh(python: str, text: str, env: dict, limit: float,
-               loopback_only: bool = False) -> tuple[int, str, str, bool]:
-    """`python -m probes.run.worker` with the case on stdin: (returncode, stdout, stderr, killed);
-    `loopback_only`: in a network namespace of its own with only lo."""
+def _run_fresh(python: str, text: str, env: dict, limit: float, loopback_only: bool = False) -> Ran:
+    """`python -m probes.run.worker` with the case on stdin; `loopback_only`:
+    in a network namespace of its own with only lo."""
     command = netns.python_command(python, WORKER) if loopback_only else [python, "-m", WORKER]
     return run_watched(command, text, limit, env)
 
 
-def classify(returncode: int, out: str, err: str, killed: bool, timeout: float,
-             startup_timeout: float = STARTUP_SECONDS) -> Outcome:
+def classify(ran: Ran, timeout: float, startup_timeout: float = STARTUP_SECONDS) -> Outcome:
     """One verdict from everything the worker did, from start to exit: a
-    reported result stands only if the process then exited cleanly. A crash,
-    a non-zero exit or a hang while arrays and managers are released at exit
-    is the verdict, "after the probe", with what the probe had reported. A
-    hang before the probe started is one of the start-up, with its own limit.
-    A failure in the probe keeps what the worker said of the IUT before it."""
-    reported, described = _reported(out), _described(out)
+    result from its verdict channel stands only if it is the channel's one
+    result, nothing forged came with it, and the process then exited cleanly.
+    A crash, a non-zero exit or a hang while arrays and managers are released
+    at exit is the verdict, "after the probe", with what the probe had
+    reported. A hang before the probe started is one of the start-up, with
+    its own limit. A failure in the probe keeps what the worker said of the
+    IUT before it."""
+    returncode, err, killed, heard = ran.returncode, ran.err, ran.killed, ran.heard
+    results, described = heard.payloads(RESULT), heard.payloads(DESCRIBED)
+    described = Outcome(ERROR, "", **described[-1]) if described else None
+    if tampered := heard.tampered():
+        return _finding(described, ERROR, f"{tampered}: something besides the worker wrote to it (the IUT's "
+                        f"code, or a process it forked), so no verdict it carried stands\n{err[-4000:]}")
+    reported = Outcome(**results[0]) if results else None
     after, said = "", ""
     if reported is not None:
         after = " after the probe"
         said = f" (the probe had reported {reported.verdict}: {reported.detail.strip()[:300]})"
-    if PHASE_PROBE not in err and (killed or (WATCHDOG_FIRED in err and returncode == 1)):
+    if not heard.probe_started and (killed or (WATCHDOG_FIRED in err and returncode == 1)):
         return Outcome(HANG, f"start-up (imports, the device runtime, the adapter's checks) did not "
                        f"finish in {startup_timeout}s; stacks:\n{err[-4000:]}", seconds=startup_timeout)
     if killed:
@@ -161,21 +166,6 @@ def classify(returncode: int, out: str, err: str, killed: bool, timeout: float,
     if reported is not None:
         return reported
     return _finding(described, ERROR, f"worker exited {returncode} without a result\n{err[-4000:]}")
-
-
-def _reported(out: str) -> Outcome | None:
-    for line in reversed(out.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            return Outcome(**json.loads(line[len(RESULT_PREFIX):]))
-    return None
-
-
-def _described(out: str) -> Outcome | None:
-    """What the worker said of the IUT before the probe ran, as an outcome's fields."""
-    for line in reversed(out.splitlines()):
-        if line.startswith(DESCRIBED_PREFIX):
-            return Outcome(ERROR, "", **json.loads(line[len(DESCRIBED_PREFIX):]))
-    return None
 
 
 def _finding(reported: Outcome | None, verdict: str, detail: str, **fields) -> Outcome:

@@ -16,8 +16,8 @@ closes it takes no new cases and exits once its children have, so it cannot
 outlive the run; it removes its socket's folder as it goes.
 
 Protocol, over a SOCK_SEQPACKET Unix socket, one connection per case: the
-runner sends {"case": text, "env": {...}} with two fds (stdout, stderr); the
-zygote answers {"pid": N} and, when the child has exited, {"returncode": R}
+runner sends {"case": text, "env": {...}, "token": ...} with three fds
+(stdout, stderr and the verdict channel, probes.run.channel); the zygote answers {"pid": N} and, when the child has exited, {"returncode": R}
 (negative for a signal, as subprocess gives it)."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ READY = "KVPROBE-ZYGOTE ready"
 
 def serve(path: str) -> tuple[dict, list[int]]:
     """Fork a child per request until stdin closes, then exit when the last
-    child has. Returns only in a child: its request and the two fds it got."""
+    child has. Returns only in a child: its request and the three fds it got."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)
@@ -55,8 +55,8 @@ def serve(path: str) -> tuple[dict, list[int]]:
                     listener.close()
             elif key.data == "accept":
                 conn, _ = listener.accept()
-                message, fds, _, _ = socket.recv_fds(conn, MESSAGE_BYTES, 2)
-                if not message or len(fds) != 2:
+                message, fds, _, _ = socket.recv_fds(conn, MESSAGE_BYTES, 3)
+                if not message or len(fds) != 3:
                     conn.close()
                     for fd in fds:
                         os.close(fd)
@@ -100,13 +100,14 @@ def become_worker(request: dict, fds: list[int]) -> int:
     os.dup2(devnull, 0)
     os.dup2(fds[0], 1)
     os.dup2(fds[1], 2)
-    for fd in (devnull, *fds):
+    for fd in (devnull, fds[0], fds[1]):
         os.close(fd)
     os.environ.clear()
     os.environ.update(request["env"])
     from probes.run import worker
+    from probes.run.channel import Channel
 
-    return worker.run(request["case"])
+    return worker.run(request["case"], Channel(fds[2], request["token"]))
 
 
 def preload(iut_name: str, modules: list[str]) -> None:

@@ -18,7 +18,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # libibverbs1: the tpu-sync nightlies' native module links it.
 SYSTEM_PACKAGES := libprotobuf-dev protobuf-compiler libibverbs1
 
-.PHONY: python-check peer-python-check probe peer-probe peer-env peer-env-torch xla-env xla-probe tpu-test test bench fuzz baseline refresh-layouts clean system-deps
+.PHONY: python-check peer-python-check probe peer-probe connectors peer-env peer-env-torch xla-env xla-probe tpu-test test bench fuzz baseline refresh-layouts clean system-deps
 
 python-check:
 	@test -n "$(PYTHON)" || { echo "kvref needs Python >= 3.11 and found none on PATH (python3 is" \
@@ -77,6 +77,13 @@ tpu-test: peer-python-check $(PEER_STAMP) peer-env-torch
 # The reference and the production library side by side on JAX CPU arrays.
 peer-probe: $(PEER_STAMP)
 	$(BIN)/kvprobe run --generation cpu --iut kvref-jax,kvref-compat,tpu-sync-jax --matrix cpu --probe all --out reports
+	$(MAKE) connectors
+
+# tpu-inference's connectors, unmodified, on tpu-sync-jax (in a loopback-only
+# namespace) -> reports/cpu/connectors.json; the facade's run is a test.
+connectors: $(PEER_STAMP)
+	PYTHONPATH=.venv-peer/beside unshare -rn .venv-peer/bin/python -m probes.run.netns tests.connectors.driver \
+	  --lib tpu-sync-jax --out reports/cpu/connectors.json
 
 test: $(STAMP) $(PEER_STAMP) $(XLA_STAMP)
 	$(BIN)/python -m pytest

@@ -24,6 +24,7 @@ refused, before any byte is moved.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from kvref import _core, xla_tensors
@@ -95,21 +96,38 @@ def check_live(view: DeviceBufferView, faults: Faults = Faults()) -> DeviceBuffe
     return view
 
 
+FOLLOW_SECONDS = 1.0  # for a donating step's output to appear, once its input is gone
+
+
 def _deleted(array) -> bool:
     return (isinstance(array, DeviceArray) or _is_jax_array(array)) and array.is_deleted()
 
 
 def _donation_output(view: DeviceBufferView, faults: Faults) -> DeviceBufferView:
     """The view of the live array that holds a deleted array's storage (a
-    donating step's aliased output), ready; ValueError where none does."""
+    donating step's aliased output), ready; ValueError where none does.
+
+    A step being dispatched on another thread has deleted its input before
+    its output exists, and the output may itself be donated to the next step
+    while it is awaited: so the output is looked for, and awaited, until
+    FOLLOW_SECONDS have passed."""
     kind = "simulated array" if isinstance(view.keepalive, DeviceArray) else "jax.Array"
-    output = None if faults.refuses_donated_storage else _aliased_output(view)
-    if output is None:
-        raise ValueError(f"the {view.shape} {kind} the manager addresses was deleted (donated to a step "
-                         "whose output does not alias its storage, or deleted) and no live array on "
-                         f"{view.device} holds that storage now: it is no longer the cache's, so nothing "
-                         "was moved; build the manager over the live arrays")
-    return unpack_buffer(output, faults)
+    deadline = time.monotonic() + FOLLOW_SECONDS
+    while not faults.refuses_donated_storage:
+        output = _aliased_output(view)
+        if output is not None:
+            try:
+                return unpack_buffer(output, faults)
+            except Exception:  # donated in turn while it was awaited: follow that step's output
+                if not output.is_deleted():
+                    raise
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.001)
+    raise ValueError(f"the {view.shape} {kind} the manager addresses was deleted (donated to a step "
+                     "whose output does not alias its storage, or deleted) and no live array on "
+                     f"{view.device} holds that storage now: it is no longer the cache's, so nothing "
+                     "was moved; build the manager over the live arrays")
 
 
 def _aliased_output(view: DeviceBufferView):

@@ -52,6 +52,14 @@ class PeerEnv:
     report: tuple[str, ...] = ()  # unpinned distributions whose versions `verify` reports
     python_version: str = "3.12"  # the interpreter it is made with (this minor version)
     requirements: tuple[str, ...] = ()  # installed besides the pins (pip requirements or paths)
+    # Distributions installed exactly and without their dependencies into a
+    # folder of their own (beside_dir), on sys.path only for the processes
+    # that ask for it: a serving stack whose pieces run beside stand-ins.
+    beside: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def beside_dir(self) -> Path:
+        return self.venv / "beside"
 
     @property
     def library(self) -> str:
@@ -87,8 +95,12 @@ def table_libtpu() -> str:
 
 
 PEER_ENVS = {
+    # Beside it, tpu-inference's connectors and the small packages they and its
+    # runner/kv_cache.py import (tests/connectors drives them over stand-ins for vllm).
     "jax": PeerEnv("jax", REPO / ".venv-peer", {"tpu-sync-jax": SYNC_VERSION, "jax": PEER_JAX, "jaxlib": PEER_JAX,
-                                                "libtpu": table_libtpu()}, "KVPROBE_PEER_PYTHON"),
+                                                "libtpu": table_libtpu()}, "KVPROBE_PEER_PYTHON",
+                   beside=(("tpu-inference", "0.32.0"), ("prometheus-client", "0.26.0"), ("sympy", "1.14.0"),
+                           ("mpmath", "1.3.0"))),
     # torch 2.13.0 is one of the ABIs tpu-sync-torch ships an extension for and
     # inside the range TorchTPU 0.2.0 accepts.
     "torch": PeerEnv("torch", REPO / ".venv-peer-torch",
@@ -157,6 +169,9 @@ def create(env: PeerEnv) -> dict:
     _run([python, "-m", "pip", "install", "-q", "--upgrade", "pip"])
     pins = [f"{dist}=={version}" for dist, version in env.pins.items()]
     _run([python, "-m", "pip", "install", "-q", *pins, *env.requirements, *BUILD_REQUIREMENTS])
+    if env.beside:
+        _run([python, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target", str(env.beside_dir),
+              *(f"{dist}=={version}" for dist, version in env.beside)])
     # Its own build directory: the extension is built against this interpreter's nanobind.
     _run([python, "-m", "pip", "install", "-q", "--no-build-isolation", "-e", str(REPO),
           f"--config-settings=build-dir=build/{env.name}-{{wheel_tag}}"])

@@ -1,0 +1,1 @@
+"""Stand-in for torchax: tpu_inference.utils imports torchax.ops.mappings at module level (torchax needs torch)."""

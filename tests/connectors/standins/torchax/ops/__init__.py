@@ -1,0 +1,1 @@
+"""Stand-in for torchax.ops: a package, so mappings imports."""

@@ -1,0 +1,1 @@
+"""Stand-in for the `vllm` package: the few names tpu-inference 0.32.0's KV connectors and runner/kv_cache.py import, because vllm itself is far too large to install for a CPU test (put on sys.path only inside tests/connectors/driver.py)."""

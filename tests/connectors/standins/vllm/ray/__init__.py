@@ -1,0 +1,1 @@
+"""Stand-in for vllm.ray: a package, so lazy_utils imports."""

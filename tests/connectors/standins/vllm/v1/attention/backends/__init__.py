@@ -1,0 +1,1 @@
+"""Stand-in for vllm.v1.attention.backends: a package, so registry imports."""

@@ -1,0 +1,1 @@
+"""Stand-in for vllm.v1.core.sched: a package, so output imports."""

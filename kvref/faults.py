@@ -86,6 +86,9 @@ class Faults:
         "the shards of one layer are not checked to be equal parts: every shard is addressed "
         "with shard 0's block size (a split that does not divide, the remainder on the last)")
     # Pulls between managers (kvref.pulls).
+    parallel_pull_drops_remainder: bool = _fault(
+        "a pull with parallelism p splits its blocks into p runs of len // p and never asks "
+        "for the remainder")
     pull_never_reports: bool = _fault(
         "a pull settles but poll_stats never reports it: the consumer waits for it forever")
     late_refusal: bool = _fault(

@@ -86,6 +86,7 @@ class Pull:
     calls: list = field(default_factory=list)
     thread: threading.Thread | None = None
     refusal: str = ""  # late_refusal: the refusal it should have had
+    streams: int = 1  # the pull's parallelism: streams per route, each a contiguous run of its blocks
 
 
 class PullService:
@@ -241,7 +242,7 @@ class PullService:
             pull.req_id, pull.uuid = _req_id(req_id), _uuid(uuid)
             pull.routes = self._routes(remote_endpoint)
             pull.remote, pull.local = self._pairs(remote_block_ids, local_block_ids)
-            check_parallelism(parallelism)
+            pull.streams = min(check_parallelism(parallelism) or 1, len(pull.remote))
             with self._lock:
                 self._check_free(pull)
         except (ValueError, TypeError) as e:
@@ -312,7 +313,10 @@ class PullService:
         try:
             received = {}
             for route in pull.routes:
-                received.update(self._fetch(pull, route))
+                spans = self._spans(len(pull.remote), pull.streams)
+                with ThreadPoolExecutor(len(spans), thread_name_prefix=f"kvref-pull-{pull.req_id}") as streams:
+                    for part in streams.map(lambda span: self._fetch(pull, route, span), spans):
+                        received.update(part)
             local = sorted(pull.local) if self._faults.pull_pairs_sorted else pull.local
             self._staging.write(local, received, None, pull.deadline)
         except grpc.RpcError as e:
@@ -327,13 +331,25 @@ class PullService:
         self._tell_producer(pull)
         self._settle(pull, True)
 
-    def _fetch(self, pull: Pull, route: Route) -> dict:
-        """Every part of every block this route serves, checked for place and size."""
+    def _spans(self, blocks: int, streams: int) -> list[tuple[int, int]]:
+        """`streams` contiguous runs that cover positions 0..blocks-1, the
+        first ones a block longer where they do not divide."""
+        size, longer = divmod(blocks, streams)
+        if self._faults.parallel_pull_drops_remainder:
+            longer = 0
+        starts = [i * size + min(i, longer) for i in range(streams + 1)]
+        return list(zip(starts, starts[1:]))
+
+    def _fetch(self, pull: Pull, route: Route, span: tuple[int, int]) -> dict:
+        """Every part of the blocks at positions `span` this route serves, in
+        one stream, checked for place and size."""
         grpc = _grpc()
+        first, end = span
         with grpc.insecure_channel(route.address, options=CHANNEL_OPTIONS) as channel:
             call = channel.unary_stream(f"/{SERVICE}/Pull", request_serializer=PullRequest.SerializeToString,
                                         response_deserializer=PullReply.FromString)(
-                PullRequest(uuid=pull.uuid, req_id=pull.req_id, block_ids=pull.remote, shards=route.shards or ()),
+                PullRequest(uuid=pull.uuid, req_id=pull.req_id, block_ids=pull.remote[first:end],
+                            shards=route.shards or ()),
                 timeout=max(0.001, pull.deadline - time.monotonic()))
             with self._lock:
                 pull.calls.append(call)
@@ -344,13 +360,13 @@ class PullService:
             self._check_header(header, route.address)
             parts = route.shards or range(self.layer_parts[0])
             expected = {(layer, part, i) for layer in range(len(self.layer_parts)) for part in parts
-                        for i in range(len(pull.remote))}
+                        for i in range(first, end)}
             received = {}
             for reply in replies:
                 run = reply.block
                 size = self.layer_block_bytes[run.layer] if 0 <= run.layer < len(self.layer_parts) else 0
                 count = len(run.data) // size if size and len(run.data) % size == 0 else 0
-                keys = [(run.layer, run.shard, run.position + j) for j in range(count)]
+                keys = [(run.layer, run.shard, first + run.position + j) for j in range(count)]
                 if not keys or any(key not in expected or key in received for key in keys):
                     raise ValueError(f"the producer sent {len(run.data)} bytes for layer {run.layer} part "
                                      f"{run.shard} from position {run.position}, which is not a run of whole "

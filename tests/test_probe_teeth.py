@@ -65,6 +65,7 @@ TEETH = [
     ("pull_blocks/broadcast", "", (), ["sub_manager_serves_own_parts"], "CORRUPT"),
     ("shared_pool", "", (), ["shm_segment_left"], "ERROR"),
     ("pull_across_donation", "", (), ["refuses_donated_storage"], "ERROR"),
+    ("pull_blocks/parallel", "", (), ["parallel_pull_drops_remainder"], "ERROR|CORRUPT"),
     # The store of saved blocks beside the manager.
     ("kv_store/prefix_lookup", "", (), ["store_lookup_skips_misses"], "CORRUPT"),
     ("kv_store/pinned_kept", "", (), ["store_evicts_pinned"], "CORRUPT"),

@@ -20,7 +20,8 @@ from probes.suite.sharded import no_mesh
 from probes.suite.verdicts import CORRUPT, ERROR, PASS, SKIP, Outcome
 
 MESH_KINDS = ("sharded", "sub_managers", "broadcast")  # caches split across heads over four devices
-BLOCK_KINDS = ("permuted", "subset", "mixed_block_sizes", "pool_form", *MESH_KINDS)
+BLOCK_KINDS = ("permuted", "subset", "mixed_block_sizes", "pool_form", "parallel", *MESH_KINDS)
+STREAMS = 3  # the parallel kind's start_read parallelism: it does not divide SUBSET
 SUB_MANAGERS = 2  # of the sub_managers and broadcast kinds, over the four parts of a SHARDED block
 SUBSET = 32  # blocks in a subset pull
 HALF_HEADS = kvref.ShapeKey(SUBJECT.dtype, (SUBJECT.dims[0], SUBJECT.dims[1] // 2, SUBJECT.dims[2]))
@@ -40,7 +41,8 @@ def pairs_for(case: Case, blocks: int, count: int | None = None, avoid=()) -> li
 
 def pull_blocks(case: Case, iut: Adapter) -> Outcome:
     """The consumer pulls the producer's blocks (every block in a
-    permutation, or a reordered subset into other blocks; in the
+    permutation, or a reordered subset into other blocks, in one stream or
+    in STREAMS (start_read's parallelism); in the
     max_blocks/num_slots form, or the host-pool form; layers of one block
     size, or two; caches split across their heads over four devices, each
     manager whole or split into sub-managers that each serve part of a
@@ -75,7 +77,8 @@ def pull_blocks(case: Case, iut: Adapter) -> Outcome:
         if case.kind == "broadcast":
             return consume(side, [("req-0", uuid_of(case), pairs)], fails=("req-0",), may_land=True,
                            endpoint=lambda endpoints: endpoints[0]["endpoint"])
-        return consume(side, [("req-0", uuid_of(case), pairs)])
+        return consume(side, [("req-0", uuid_of(case), pairs)],
+                       parallelism=STREAMS if case.kind == "parallel" else 1)
     finally:
         side.close()
 
@@ -104,15 +107,18 @@ def produce(side: Side, requests: list[tuple[str, int, list[int]]], sent: tuple[
 
 
 def consume(side: Side, requests: list[tuple[str, int, list[tuple[int, int]]]],
-            fails: tuple[str, ...] = (), may_land: bool = False, endpoint=endpoint_for) -> Outcome:
+            fails: tuple[str, ...] = (), may_land: bool = False, endpoint=endpoint_for,
+            parallelism: int = 1) -> Outcome:
     """Start each (request, uuid, pairs) pull at once, from `endpoint(the
-    producer's endpoints)`; those in `fails` must fail (or, `may_land`,
-    land exactly), the others land; then check every block."""
+    producer's endpoints)`, with start_read's `parallelism`; those in `fails`
+    must fail (or, `may_land`, land exactly), the others land; then check
+    every block."""
     endpoints = side.rendezvous.wait("registered", PEER_WAIT_S)
     try:
         started = time.monotonic()
         for req, uuid, pairs in requests:
-            side.manager.start_read(req, uuid, endpoint(endpoints), [r for r, _ in pairs], [l for _, l in pairs])
+            side.manager.start_read(req, uuid, endpoint(endpoints), [r for r, _ in pairs], [l for _, l in pairs],
+                                    parallelism=parallelism)
         names = [req for req, _, _ in requests]
         settled = poll(side.manager, started, lambda s: all(s.state(r) != "unsettled" for r in names),
                        PULL_TIMEOUT_S + SETTLE_GRACE_S)

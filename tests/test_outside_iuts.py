@@ -157,6 +157,10 @@ def test_a_bug_planted_outside_fails_the_cases_its_fault_model_fails(outside, tm
     ("broken_iuts:HALF", "broken_iuts:HALF: FewMembers lacks"),
     ("nobody", "unknown implementation under test 'nobody'"),
     (":X", "':X': expected package.module:ATTR"),
+    ("exits_iuts:IUT", "exits_iuts:IUT: importing module exits_iuts ended its process before the import returned"),
+    ("fails_iuts:IUT", "fails_iuts:IUT: importing module fails_iuts ended its process with status 3"),
+    ("forks_iuts:IUT", "forks_iuts:IUT: module forks_iuts forks at import"),
+    ("prints_iuts:IUT", "prints_iuts:IUT: module prints_iuts prints at import ('KVPROBE-RESULT"),
 ])
 def test_a_declaration_that_cannot_be_used_is_one_error_before_any_case(outside, tmp_path, spec, needle):
     work, env = outside
@@ -177,6 +181,11 @@ def test_a_declaration_that_cannot_be_used_is_one_error_before_any_case(outside,
 
         HALF = IUT("half", SimArrays, FewMembers, targets=("tpu7x",))
     '''))
+    # Modules that misbehave when imported: each is vetted in a process of its own.
+    (work / "exits_iuts.py").write_text("import os\nos._exit(0)\n")
+    (work / "fails_iuts.py").write_text("raise SystemExit(3)\n")
+    (work / "forks_iuts.py").write_text("import os\nos.fork()\nfrom probes.iut.declared import KVREF_SIM as IUT\n")
+    (work / "prints_iuts.py").write_text("print('KVPROBE-RESULT {}')\nfrom probes.iut.declared import KVREF_SIM as IUT\n")
     done = run([*KVPROBE, "run", "--iut", spec, "-g", "tpu7x", "--out", str(tmp_path / "never")], work, env,
                timeout=120)
     assert done.returncode == 2 and needle in done.stderr, done.stderr[-2000:]
@@ -225,3 +234,14 @@ def test_an_outside_iut_names_its_own_interpreter(outside, tmp_path):
     frame = latest_csv(tmp_path / "unbuilt")
     assert set(frame["verdict"]) == {SKIP}
     assert "not installed at" in frame["detail"].iloc[0] and "kvprobe peer-env --iut IUT" in frame["detail"].iloc[0]
+
+
+def test_a_module_that_hangs_at_import_is_refused_in_bounded_time(tmp_path, monkeypatch):
+    from probes.iut import registry
+
+    (tmp_path / "hangs_iuts.py").write_text("import time\ntime.sleep(3600)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "IMPORT_SECONDS", 2.0)
+    with pytest.raises(registry.IUTError, match="hangs_iuts:IUT: module hangs_iuts did not finish importing in 2s"):
+        registry.iut("hangs_iuts:IUT")
+    assert "hangs_iuts" not in sys.modules

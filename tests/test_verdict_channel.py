@@ -1,5 +1,6 @@
-"""An IUT cannot write a verdict: outside IUTs that print forged results (at
-import, in the probe, at exit, on stdout and stderr), fork a process that
+"""An IUT cannot write a verdict: outside IUTs that print forged results (in
+the probe, at exit, on stdout and stderr; one that prints at import is
+refused before any case runs, tests/test_outside_iuts.py), fork a process that
 writes to every descriptor, or find the worker's channel in memory and say a
 second result, never change what the runner reports (probes.run.channel)."""
 
@@ -30,7 +31,6 @@ FORGING_IUTS = textwrap.dedent('''
             print(line, flush=True)
             print(line, file=sys.stderr, flush=True)
 
-    shout()  # at import
 
 
     class Broken(KvrefLibrary):

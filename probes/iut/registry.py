@@ -10,13 +10,18 @@ handed over but the name):
   (probes.iut.builds).
 
 Every IUT is checked when it is resolved: an IUT object, a protocol version
-the harness speaks, and both halves meeting the protocol."""
+the harness speaks, and both halves meeting the protocol. An outside
+module is imported first in a watched process of its own (vet_import)."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import importlib
+import os
+import signal
+import subprocess
+import sys
 from importlib import metadata
 
 import kvref
@@ -71,10 +76,65 @@ def checked(declared, where: str) -> IUT:
     return declared
 
 
+IMPORT_SECONDS = 60.0  # for an outside IUT's module to import in its own process
+VETTED_VARIABLE = "KVPROBE_VETTED_IUTS"  # modules vetted by a parent, which its workers need not vet again
+VETTED_MARK = "KVPROBE-VETTED"
+VET_SCRIPT = f"""
+import importlib, os, sys
+importlib.import_module(sys.argv[1])
+print({VETTED_MARK!r}, os.getpid(), flush=True)
+"""
+
+
+def vet_import(module_name: str, spec: str) -> None:
+    """Import `module_name` first in a process of its own, bounded in time,
+    so that a module which hangs, ends the process (os._exit, SystemExit),
+    forks or prints at import is a one-line IUTError here, never a hang or a
+    silent exit of kvprobe. Once per module and process tree."""
+    if module_name in os.environ.get(VETTED_VARIABLE, "").split(os.pathsep):
+        return
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.Popen([sys.executable, "-c", VET_SCRIPT, module_name], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=IMPORT_SECONDS)
+    except subprocess.TimeoutExpired:
+        out, err = None, ""
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # and whatever it forked
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    if out is None:
+        raise IUTError(f"{spec}: module {module_name} did not finish importing in {IMPORT_SECONDS:.0f}s "
+                       "(it hangs at import?)")
+    marks = [line for line in out.splitlines() if line.startswith(VETTED_MARK)]
+    said = [line for line in out.splitlines() if line.strip() and not line.startswith(VETTED_MARK)]
+    last = (err.strip().splitlines() or [""])[-1]
+    if proc.returncode != 0 and "Traceback (most recent call last)" in err:
+        return  # an exception at import: importing here says which, as for any module
+    if proc.returncode != 0:
+        raise IUTError(f"{spec}: importing module {module_name} ended its process with status {proc.returncode}"
+                       + (f": {last}" if last else " (os._exit or SystemExit at import?)"))
+    if not marks:
+        raise IUTError(f"{spec}: importing module {module_name} ended its process before the import returned "
+                       "(os._exit or SystemExit at import?)")
+    if len(marks) > 1 or marks[0].split()[-1] != str(proc.pid):
+        raise IUTError(f"{spec}: module {module_name} forks at import (the import returned in {len(marks)} "
+                       "processes); an IUT's module must not start processes when imported")
+    if said:
+        raise IUTError(f"{spec}: module {module_name} prints at import ({said[0][:80]!r}); an IUT's module must "
+                       "import silently: kvprobe's output is read by tools")
+    os.environ[VETTED_VARIABLE] = os.pathsep.join(filter(None, [os.environ.get(VETTED_VARIABLE), module_name]))
+
+
 def _from_module(spec: str) -> IUT:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise IUTError(f"{spec!r}: expected package.module:ATTR")
+    vet_import(module_name, spec)
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 (whatever the import raised is the reason)

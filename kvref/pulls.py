@@ -24,7 +24,16 @@ What holds (kvprobe's pull probes check each):
   timeout_s passes without that (it is then reported done sending: its
   blocks may be freed); a uuid or request id may be used again once settled;
 - close() (also when the manager is dropped) fails the pulls in flight on
-  both sides, and stops the listener and every thread it started."""
+  both sides, and stops the listener and every thread it started.
+
+Trust: a listener serves whoever reaches its address. What any client can
+make it hold is bounded: a request no larger than the protocol carries
+(request_bytes), SERVER_THREADS calls at once (more are refused at once with
+RESOURCE_EXHAUSTED), no stream served longer than timeout_s whatever
+deadline it asks for, idle connections closed and silent peers dropped by
+keepalive. A pull names its uuid, so whoever knows a registered uuid can read
+its blocks: listen only on an address the peers you trust reach (the
+reference's tests and probes: loopback)."""
 
 from __future__ import annotations
 
@@ -52,8 +61,14 @@ MAX_PULLS = 1024  # pulls in flight at once on one consumer, each a thread
 MAX_REASONS = 4096  # failure reasons kept, the oldest dropped first
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
                    ("grpc.enable_http_proxy", 0)]  # never through a proxy: the address given, only
+# What a listener takes from any client (see Trust, above): requests
+# no larger than the protocol carries (request_bytes), SERVER_THREADS calls
+# at once with any more refused at once, connections idle for
+# IDLE_SECONDS closed, and peers that stop answering keepalive pings dropped.
 SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.max_send_message_length", -1),
-                  ("grpc.max_receive_message_length", -1)]
+                  ("grpc.max_connection_idle_ms", 30_000), ("grpc.keepalive_time_ms", 10_000),
+                  ("grpc.keepalive_timeout_ms", 5_000)]
+REQ_ID_BYTES = 1024  # the longest request id, in UTF-8
 
 
 def _grpc():
@@ -141,6 +156,13 @@ class PullService:
             self._registrations[uuid] = Registration(req_id, uuid, blocks, time.monotonic() + self.timeout_s)
         return True
 
+    @property
+    def request_bytes(self) -> int:
+        """The largest message a consumer sends: a request id, a uuid, one id
+        per block of the cache (a varint of at most 10 bytes) and the parts of a
+        block, with room for the framing."""
+        return REQ_ID_BYTES + 11 * self.device_blocks + 11 * max(self.layer_parts) + 256
+
     def local_endpoints(self) -> list[dict]:
         """Each listener's address and the parts of a block it serves."""
         return [{"endpoint": where, "shards": list(parts)} for _, where, parts in self._servers]
@@ -155,7 +177,9 @@ class PullService:
         try:
             for i, group in enumerate(groups):
                 server = grpc.server(ThreadPoolExecutor(SERVER_THREADS, thread_name_prefix="kvref-pull-serve"),
-                                     options=SERVER_OPTIONS)
+                                     options=[*SERVER_OPTIONS,
+                                              ("grpc.max_receive_message_length", self.request_bytes)],
+                                     maximum_concurrent_rpcs=SERVER_THREADS)
                 server.add_generic_rpc_handlers([self._handlers(group)])
                 asked = with_port(where, base + i if base else 0)
                 try:
@@ -204,7 +228,8 @@ class PullService:
                           "get_local_endpoints names for it")
         yield PullReply(header=PullHeader(layer_block_bytes=self.layer_block_bytes,
                                           layer_shards=self.layer_parts))
-        deadline = time.monotonic() + (context.time_remaining() or self.timeout_s)
+        # No stream is served for longer than timeout_s, whatever deadline the client asked for.
+        deadline = time.monotonic() + min(context.time_remaining() or self.timeout_s, self.timeout_s)
         # own_parts: its own parts go out labelled as the ones asked for
         labels = dict(zip(served, wanted)) if own_parts else {part: part for part in wanted}
         for (layer, part, position), data in self._staging.read(list(request.block_ids), list(labels), deadline):
@@ -463,6 +488,8 @@ class PullService:
 def _req_id(value) -> str:
     if not isinstance(value, str) or not value:
         raise TypeError(f"req_id must be a non-empty str, got {value!r}")
+    if len(value.encode(errors="replace")) > REQ_ID_BYTES:
+        raise ValueError(f"req_id must be at most {REQ_ID_BYTES} bytes in UTF-8, got {len(value.encode(errors='replace'))}")
     return value
 
 

@@ -315,3 +315,58 @@ def test_a_manager_that_only_offloads_never_loads_grpc():
             "assert 'grpc' in sys.modules, 'a listening manager did not load grpc'\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def hostile_call(endpoint: str, request: bytes, timeout: float = 5.0):
+    """A client of the producer's Pull method that is no manager: raw bytes as the request."""
+    import grpc
+
+    channel = grpc.insecure_channel(endpoint, options=[("grpc.max_send_message_length", -1)])
+    call = channel.unary_stream("/kvref.BlockPull/Pull", request_serializer=lambda b: b,
+                                response_deserializer=lambda b: b)(request, timeout=timeout)
+    return channel, call
+
+
+def test_a_request_larger_than_the_protocol_carries_is_refused_and_honest_pulls_go_on(device):
+    from kvref.proto.pull_pb2 import PullRequest
+
+    (producer, _, theirs), (consumer, arrays, _) = pair(device)
+    producer.register_read("honest", 7, [1, 2])
+    endpoint = producer.get_local_endpoints()[0]["endpoint"]
+    huge = PullRequest(uuid=7, req_id="x" * 10, block_ids=list(range(1_000_000))).SerializeToString()
+    channel, call = hostile_call(endpoint, huge)
+    import grpc
+
+    with pytest.raises(grpc.RpcError) as refused:
+        list(call)
+    channel.close()
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    consumer.start_read("honest", 7, endpoint, [1, 2], [3, 4])
+    assert settle(consumer, ["honest"])[1] == ["honest"]
+    assert np.array_equal(rows(device.fetch(arrays[0]))[[3, 4]], rows(theirs[0])[[1, 2]])
+
+
+def test_calls_beyond_the_listeners_threads_are_refused_at_once_and_a_request_id_is_bounded(device):
+    import grpc
+    from kvref.pulls import REQ_ID_BYTES, SERVER_THREADS
+    from kvref.proto.pull_pb2 import PullRequest
+
+    big = kvref.ShapeKey("bf16", (256, 8, 1024))  # 12 MiB a stream: past any flow-control window, so a stream
+    (producer, _, _), (consumer, _, _) = pair(device, keys=(big,) * 3, timeout_s=2.0)  # left unread stays open
+    blocks = list(range(big.dims[0]))
+    producer.register_read("r", 9, blocks)
+    endpoint = producer.get_local_endpoints()[0]["endpoint"]
+    request = PullRequest(uuid=9, req_id="r", block_ids=blocks).SerializeToString()
+    held = [hostile_call(endpoint, request, timeout=1e6) for _ in range(SERVER_THREADS + 4)]
+    codes = []
+    for channel, call in held:  # each stream read to its first message, then left unread
+        try:
+            next(call)
+            codes.append("open")
+        except grpc.RpcError as e:
+            codes.append(e.code())
+    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 4 and codes[:SERVER_THREADS] == ["open"] * SERVER_THREADS, codes
+    for channel, _ in held:
+        channel.close()
+    with pytest.raises(ValueError, match=f"req_id must be at most {REQ_ID_BYTES} bytes"):
+        consumer.start_read("r" * (REQ_ID_BYTES + 1), 9, endpoint, [0], [0])

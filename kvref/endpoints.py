@@ -4,11 +4,13 @@ each checked once with an error naming what was wrong."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from kvref.values import integer
 
 LOOPBACK = "127.0.0.1"
+PORT = re.compile(r"[0-9]{1,5}")  # ASCII digits only: str.isdigit takes other scripts' digits too
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,7 @@ def address(text, what: str = "an endpoint") -> str:
     if not isinstance(text, str):
         raise TypeError(f"{what} must be 'host:port' text, got {type(text).__name__}")
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
+    if not sep or not host or not PORT.fullmatch(port) or int(port) > 65535:
         raise ValueError(f"{what} {text!r} is not 'host:port' with a port in [0, 65535]")
     if ":" in host and not (host.startswith("[") and host.endswith("]")):
         raise ValueError(f"{what} {text!r}: an IPv6 host goes in brackets, '[::1]:port'")

@@ -174,6 +174,9 @@ class PullService:
             raise ValueError(f"sub_managers must be in [1, {parts}] (the parts of a block), got {sub_managers}")
         groups = [tuple(range(parts))[i::sub_managers] for i in range(sub_managers)]
         base = port_of(where)
+        if base and base + sub_managers - 1 > 65535:
+            raise ValueError(f"{sub_managers} sub-managers listen on consecutive ports from {base}: the last, "
+                             f"{base + sub_managers - 1}, is past 65535")
         try:
             for i, group in enumerate(groups):
                 server = grpc.server(ThreadPoolExecutor(SERVER_THREADS, thread_name_prefix="kvref-pull-serve"),

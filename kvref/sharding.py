@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 
 _AXIS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SIZE = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit takes other scripts' digits too
 _TEXT = re.compile(r"\s*mesh\((?P<mesh>[^()]*)\)\s*spec\((?P<spec>(?:[^()]|\([^()]*\))*)\)\s*")
 FORM = "mesh(AXIS=SIZE,...) spec(ENTRY,...), each ENTRY None, an axis, or (axis,axis,...)"
 
@@ -60,8 +61,8 @@ class Sharding:
         mesh = []
         for item in _split(found["mesh"]):
             name, eq, size = item.partition("=")
-            if not eq or not size.strip().isdigit():
-                raise ValueError(f"mesh axis {item!r} in {text!r} is not AXIS=SIZE")
+            if not eq or not _SIZE.fullmatch(size.strip()):
+                raise ValueError(f"mesh axis {item!r} in {text!r} is not AXIS=SIZE (a size of ASCII digits)")
             mesh.append((name.strip(), int(size)))
         spec = tuple(_spec_entry(item, text) for item in _split(found["spec"]))
         return cls(tuple(mesh), spec)

@@ -370,3 +370,15 @@ def test_calls_beyond_the_listeners_threads_are_refused_at_once_and_a_request_id
         channel.close()
     with pytest.raises(ValueError, match=f"req_id must be at most {REQ_ID_BYTES} bytes"):
         consumer.start_read("r" * (REQ_ID_BYTES + 1), 9, endpoint, [0], [0])
+
+
+@pytest.mark.parametrize("listen, sub_managers, message", [
+    ("127.0.0.1:\u0663\u0663", 1, "is not 'host:port' with a port in"),  # Arabic-Indic digits: not the text form
+    ("127.0.0.1:65535", 2, "the last, 65536, is past 65535"),
+])
+def test_a_listen_address_is_ascii_digits_and_every_sub_managers_port_a_port(listen, sub_managers, message):
+    mesh = SimMesh("v5e", 2)
+    sharding = kvref.Sharding.parse("mesh(model=2) spec(None,None,model)")
+    arrays = [mesh.put(host(KEY, 1), sharding)]
+    with pytest.raises(ValueError, match=message):
+        kvref.KVCacheManager(arrays, 8, listen=listen, sub_managers=sub_managers)

@@ -158,3 +158,8 @@ def test_a_matrix_row_with_a_bad_sharding_names_its_line(tmp_path, sharding, pro
     path.write_text(f'name,shape,probes,sharding\nok,"bf16[64,8,128]",roundtrip,\nbad,"bf16[64,8,128]",{probes},"{sharding}"\n')
     with pytest.raises(ValueError, match=message):
         load_matrix(str(path))
+
+
+def test_a_mesh_size_is_ascii_digits():
+    with pytest.raises(ValueError, match="is not AXIS=SIZE"):
+        kvref.Sharding.parse("mesh(data=\u0662) spec(data)")  # an Arabic-Indic 2

@@ -52,6 +52,9 @@ PRESETS: dict[str, ModelFigures] = {m.name: m for m in (
 )}
 
 
+MAX_CONFIG_BYTES = 1 << 20  # the most of a config file read
+
+
 def model_figures(name_or_path) -> ModelFigures:
     """A preset by name, or the figures of a Hugging Face config.json file."""
     if str(name_or_path) in PRESETS:
@@ -60,8 +63,12 @@ def model_figures(name_or_path) -> ModelFigures:
     if not path.is_file():
         raise ValueError(f"no model preset or config file {str(name_or_path)!r}; presets: {', '.join(PRESETS)}")
     try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+        with path.open("rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ValueError(f"{path}: larger than {MAX_CONFIG_BYTES:,} bytes; a config.json is a few KiB")
+        config = json.loads(data.decode())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: not a JSON config ({e})") from None
     if not isinstance(config, dict):
         raise ValueError(f"{path}: a config.json is a JSON object, got {type(config).__name__}")
@@ -93,10 +100,14 @@ def from_config(config: dict, name: str = "model") -> ModelFigures:
         missing.append("num_key_value_heads (or num_attention_heads)")
     else:
         heads = field(heads_key, missing)
-    if config.get("head_dim"):
+    if config.get("head_dim") is not None:
         head_dim = field("head_dim", missing)
-    elif config.get("hidden_size") and config.get("num_attention_heads"):
-        head_dim = field("hidden_size", missing) // field("num_attention_heads", missing)
+    elif config.get("hidden_size") is not None and config.get("num_attention_heads") is not None:
+        hidden, attention = field("hidden_size", missing), field("num_attention_heads", missing)
+        if hidden % attention:
+            raise ValueError(f"config of {name}: hidden_size {hidden} is not a whole number of "
+                             f"num_attention_heads {attention}, so it gives no head_dim; give head_dim")
+        head_dim = hidden // attention
     else:
         head_dim = 0
         missing.append("head_dim (or hidden_size and num_attention_heads)")

@@ -76,3 +76,22 @@ def test_a_config_field_that_is_not_a_positive_integer_is_named(field, value):
     config = {"num_hidden_layers": 32, "num_key_value_heads": 8, "head_dim": 128, field: value}
     with pytest.raises(ValueError, match=f"config field {field} must be a positive integer, got {value!r}"):
         from_config(config, "m")
+
+
+@pytest.mark.parametrize("config, needle", [
+    ({"num_hidden_layers": 2, "num_key_value_heads": 8, "head_dim": 0}, "head_dim must be a positive integer, got 0"),
+    ({"num_hidden_layers": 2, "num_key_value_heads": 8, "num_attention_heads": 8, "hidden_size": 4},
+     "hidden_size 4 is not a whole number of num_attention_heads 8"),
+])
+def test_a_derived_head_dim_of_zero_is_refused_by_name(config, needle):
+    with pytest.raises(ValueError, match=needle):
+        from_config(config)
+
+
+def test_a_config_file_is_read_to_a_bound(tmp_path, capsys):
+    from kvref.serving import MAX_CONFIG_BYTES
+
+    big = tmp_path / "config.json"
+    big.write_text(json.dumps({"num_hidden_layers": 2, "padding": "x" * MAX_CONFIG_BYTES}))
+    assert cli.main(["model", str(big), "-g", "v5e"]) == 2
+    assert f"larger than {MAX_CONFIG_BYTES:,} bytes" in capsys.readouterr().err

@@ -18,6 +18,9 @@ def check_parallelism(value) -> int | None:
     return None if value is None else integer(value, "parallelism", 1, MAX_PARALLELISM)
 
 
+MAX_TIMEOUT_S = 1e7  # a wait's limit converts to the steady clock's int64 nanoseconds: far below their 292 years
+
+
 def check_timeout(value) -> float | None:
     """None (no limit) or a positive, finite number of seconds."""
     if value is None:
@@ -26,4 +29,7 @@ def check_timeout(value) -> float | None:
         raise TypeError(f"timeout_s must be a number of seconds, got {value!r}")
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"timeout_s must be positive and finite, got {value!r}")
+    if value > MAX_TIMEOUT_S:
+        raise ValueError(f"timeout_s must be at most {MAX_TIMEOUT_S:.0f} s (about 116 days: past what the "
+                         f"waits' clocks hold, every wait would fail at once), got {value!r}")
     return float(value)

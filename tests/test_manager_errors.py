@@ -116,3 +116,13 @@ def test_slow_dma_can_time_out(setup):
         future.result(timeout=0.01)
     future.result(timeout=30)
     assert future.done()
+
+
+def test_a_timeout_past_what_the_waits_hold_is_refused_naming_the_bound():
+    """1e300 s was taken, and every wait then failed at once (the clock's duration overflowed)."""
+    device = kvref.SimDevice("v5e")
+    cache = device.put(np.zeros((64, 8, 256), np.float32))
+    with pytest.raises(ValueError, match=r"timeout_s must be at most 10000000 s"):
+        kvref.KVCacheManager([cache], 8, timeout_s=1e300)
+    manager = kvref.KVCacheManager([cache], 8, timeout_s=1e7)
+    manager.d2h([1], [1]).result()  # the largest is honoured

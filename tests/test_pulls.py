@@ -173,8 +173,8 @@ def test_a_uuid_request_id_or_local_block_still_being_pulled_is_refused(device):
         consumer.close()
 
 
-@pytest.mark.parametrize("value", [0, -1, math.nan, math.inf, "5"])
-def test_timeout_s_must_be_positive_and_finite(device, value):
+@pytest.mark.parametrize("value", [0, -1, math.nan, math.inf, "5", 1e300, 2**64])
+def test_timeout_s_must_be_positive_finite_and_one_the_waits_can_hold(device, value):
     arrays, _ = caches(device, 1)
     with pytest.raises((ValueError, TypeError), match="timeout_s"):
         kvref.KVCacheManager(arrays, 8, timeout_s=value, listen="127.0.0.1:0")

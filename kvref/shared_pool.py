@@ -2,7 +2,9 @@
 RAIDEN_SHM_KEY): one manager at a time per key. The attachment is a segment
 in /dev/shm named after the key, held under an exclusive lock and naming the
 manager's process; a second manager asking for the same key, in this process
-or another, is refused, so no chunk is ever handed out by two allocators.
+or another, is refused, so no chunk is ever handed out by two allocators. A
+lock taken on a segment its holder removed meanwhile is let go and the key
+taken anew, so a release racing an attach never leaves two holders.
 The reference keeps the pool itself in its process; the segment is removed
 when the manager closes or is dropped (a killed process's lock goes with it,
 so its stale segment is taken over by the next manager)."""
@@ -19,20 +21,40 @@ PREFIX = "kvref-pool-"
 KEY = re.compile(r"[A-Za-z0-9._-]{1,200}")
 
 
+ATTACH_TRIES = 100
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether `path` still names the file open at `fd`."""
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
 class PoolAttachment:
     def __init__(self, key, leave_segment: bool = False):
         if not isinstance(key, str) or not KEY.fullmatch(key):
             raise ValueError(f"shm_key must be 1 to 200 letters, digits, '.', '_' or '-', got {key!r}")
         self.path = SEGMENTS / f"{PREFIX}{key}"
         self._leave_segment = leave_segment
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        for _ in range(ATTACH_TRIES):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise ValueError(f"the shared-memory pool {key!r} is attached by another manager (pid {holder}); "
+                                 "two managers never share one pool's chunks: give each its own key") from None
+            if _same_file(fd, self.path):
+                break
+            # Its holder released it (removed the segment) between our open and our lock:
+            # the lock we hold is on a file no one else can find. Take the key anew.
             os.close(fd)
-            raise ValueError(f"the shared-memory pool {key!r} is attached by another manager (pid {holder}); "
-                             "two managers never share one pool's chunks: give each its own key") from None
+        else:
+            raise ValueError(f"the shared-memory pool {key!r} was released and taken again {ATTACH_TRIES} times "
+                             "while this manager attached it; try again")
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd

@@ -121,3 +121,28 @@ def test_forked_and_fresh_workers_give_the_same_verdicts(probe):
         assert forked_outcome.detail == fresh_outcome.detail
     assert forked_outcome.verdict in ("PASS", "REJECTED"), forked_outcome.detail
     assert json.dumps(forked_outcome.to_dict())  # a whole outcome came back
+
+
+def test_a_zygote_let_go_for_a_newer_one_is_reaped_once_it_exits(monkeypatch):
+    """Past KEPT zygotes the least recently used is closed; once it exits it
+    is waited for at the next zygote asked for, not left a zombie until the
+    session ends (a team's long pytest run)."""
+    monkeypatch.setattr(forked, "KEPT", 1)
+    old = forked.zygote_for(sys.executable, CASE.iut, (), {**os.environ, "KVPROBE_ZYGOTE_TEST": "old"})
+    forked.zygote_for(sys.executable, CASE.iut, (), {**os.environ, "KVPROBE_ZYGOTE_TEST": "new"})
+    pid = old.proc.pid
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not _zombie(pid):
+        time.sleep(0.05)
+    assert _zombie(pid), "the closed zygote did not exit"
+    forked.zygote_for(sys.executable, CASE.iut, (), {**os.environ, "KVPROBE_ZYGOTE_TEST": "new"})
+    assert not os.path.exists(f"/proc/{pid}") and not os.path.exists(old.dir)
+    forked.close_all()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return False

@@ -251,6 +251,7 @@ def zygote_for(python: str, iut_name: str, modules: tuple[str, ...], env: dict,
     loopback-only network namespace or not (never one zygote for both)."""
     key = (python, iut_name, modules, tuple(sorted(env.items())), loopback_only)
     with _lock:
+        _reap_closed()
         if key in _zygotes:
             _zygotes.move_to_end(key)
         else:
@@ -268,6 +269,14 @@ def zygote_for(python: str, iut_name: str, modules: tuple[str, ...], env: dict,
     if zygote is None:
         raise ZygoteUnavailable(f"the zygote of {python} could not start earlier in this run")
     return zygote
+
+
+def _reap_closed() -> None:
+    """Wait for the zygotes closed earlier whose cases have all ended: a long
+    session (a team's pytest run) leaves no zombie behind them."""
+    for zygote in [z for z in _closing if z.proc.poll() is not None]:
+        _closing.remove(zygote)
+        zygote.close()
 
 
 @atexit.register

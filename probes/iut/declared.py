@@ -34,6 +34,9 @@ LANDS_BEFORE_RETURN = ("unawaited_transfers",
                        "kvref returns from each transfer on these arrays once it has landed (it cannot order "
                        "a raw copy against their framework's computations otherwise): nothing is ever in flight "
                        "to overlap")
+# torch_xla writes an in-place step's output to a new buffer: no step of it aliases a cache's storage.
+NO_XLA_ALIASING = tuple((probe, "torch_xla gives an in-place step's output a buffer of its own, so no step "
+                                "donates a cache in place") for probe in ("donation_in_place", "pull_across_donation"))
 # JAX CPU workers get enough devices for the sharded probes and the serving matrix (TP 8).
 JAX_CPU_MESH = ("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 LANDS_AT_ONCE = ("host_transferred_construction",
@@ -52,7 +55,7 @@ KVREF_COMPAT = IUT("kvref-compat", JaxCpuArrays, CompatLibrary, targets=("cpu",)
                    environment=(JAX_CPU_MESH,), not_applicable=(NO_JAX_VIEWS, NO_WRAPPER_PLANS, LANDS_BEFORE_RETURN))
 KVREF_TORCH_XLA = IUT("kvref-torch-xla", TorchXlaArrays, KvrefLibrary, targets=("cpu",), interpreter="xla",
                       preload=("torch_xla",), environment=(("PJRT_DEVICE", "CPU"),),
-                      not_applicable=(*NO_TORCH_MESH, LANDS_BEFORE_RETURN))
+                      not_applicable=(*NO_TORCH_MESH, LANDS_BEFORE_RETURN, *NO_XLA_ALIASING))
 TPU_SYNC_JAX_TPU = IUT("tpu-sync-jax-tpu", JaxTpuArrays, TpuSyncJaxLibrary, targets=kvref.GENERATIONS,
                        interpreter="jax", jax_platforms=None, owns_device=True, startup_seconds=300.0,
                        any_tpu_type=True, loopback_only=True,

@@ -1,12 +1,14 @@
 // Bindings of the block mover (the manager's data path) and its futures.
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <pthread.h>
 
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <new>
 #include <vector>
 
@@ -170,6 +172,28 @@ void bind_mover(nb::module_& m) {
            "d2h into chunks it allocates: (chunk ids, future). Refused requests take no chunk.")
       .def("unlock",
            [](BlockMover& mover, Int64s ids) { mover.pool().chunks.unlock(ids.data(), ids.size()); },
+           nb::arg("ids"))
+      .def("claim",
+           [](BlockMover& mover, int64_t n, const std::string& caller) {
+             if (n < 1) throw std::invalid_argument(caller + " needs at least one host chunk");
+             return mover.pool().chunks.allocate(n, caller.c_str());
+           },
+           nb::arg("n"), nb::arg("caller"),
+           "Locks `n` chunks to be written from elsewhere (SAVING): their ids. PoolExhausted takes none.")
+      .def("settle_claim",
+           [](BlockMover& mover, Int64s ids, bool ok) {
+             const std::vector<int64_t> ones(ids.size(), 1);
+             mover.pool().chunks.end_writes(ids.data(), ones.data(), ids.size(), ok);
+           },
+           nb::arg("ids"), nb::arg("ok"), "Claimed chunks written (SAVED) or not (FAILED).")
+      .def("hold_for_peer",
+           [](BlockMover& mover, Int64s ids) { mover.pool().chunks.begin_peer_reads(ids.data(), ids.size()); },
+           nb::arg("ids"), "Keeps chunks that hold bytes from being written or handed out while a peer reads them.")
+      .def("release_from_peer",
+           [](BlockMover& mover, Int64s ids) {
+             const std::vector<int64_t> ones(ids.size(), 1);
+             mover.pool().chunks.end_reads(ids.data(), ones.data(), ids.size());
+           },
            nb::arg("ids"))
       .def("chunk_state",
            [](BlockMover& mover, int64_t id) {

@@ -65,7 +65,7 @@ std::string HostChunks::counts_text() const {
          std::to_string(locked) + " locked, " + std::to_string(busy) + " in use by copies";
 }
 
-std::vector<int64_t> HostChunks::allocate(int64_t n) {
+std::vector<int64_t> HostChunks::allocate(int64_t n, const char* caller) {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t free = lists_[kFreeList].size + lists_[kCachedList].size;
   std::vector<int64_t> ids;
@@ -80,7 +80,7 @@ std::vector<int64_t> HostChunks::allocate(int64_t n) {
     unchecked_.pop_front();
   }
   if (n - static_cast<int64_t>(ids.size()) > free) {
-    const std::string message = "d2h_auto_allocate needs " + std::to_string(n) +
+    const std::string message = std::string(caller) + " needs " + std::to_string(n) +
                                 " host chunks but only " + std::to_string(free) + " are free (" +
                                 counts_text() + "); no chunk was taken";
     if (faults_.leak_refused)
@@ -170,6 +170,23 @@ void HostChunks::begin_reads(const int64_t* start, const int64_t* count, size_t 
       if (chunks_[id].list != kNone) remove(id);
       ++chunks_[id].readers;
     }
+}
+
+void HostChunks::begin_peer_reads(const int64_t* ids, size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < n; ++i) {
+    check_id(ids[i], "host block");
+    const ChunkState state = state_locked(chunks_[ids[i]]);
+    if (state != ChunkState::kCached && state != ChunkState::kSaved)
+      throw std::invalid_argument("host block " + std::to_string(ids[i]) + " is " +
+                                  chunk_state_name(state) +
+                                  ": only a block that holds bytes no copy is writing (CACHED or "
+                                  "SAVED) is read by a peer; nothing was read");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (chunks_[ids[i]].list != kNone) remove(ids[i]);
+    ++chunks_[ids[i]].readers;
+  }
 }
 
 void HostChunks::end_writes(const int64_t* start, const int64_t* count, size_t n, bool ok) {

@@ -42,8 +42,8 @@ class HostChunks {
   explicit HostChunks(int64_t chunks);
 
   // Takes `n` chunks for a save (now SAVING), or throws PoolExhausted
-  // naming how many were asked and how many are free, taking none.
-  std::vector<int64_t> allocate(int64_t n);
+  // naming `caller`, how many were asked and how many are free, taking none.
+  std::vector<int64_t> allocate(int64_t n, const char* caller = "d2h_auto_allocate");
   // Gives back chunks allocate() took for a save that never started.
   void unallocate(const std::vector<int64_t>& ids);
   // Unlocks every id, or throws std::invalid_argument naming the first id
@@ -57,6 +57,10 @@ class HostChunks {
   void begin_reads(const int64_t* start, const int64_t* count, size_t n);
   void end_writes(const int64_t* start, const int64_t* count, size_t n, bool ok);
   void end_reads(const int64_t* start, const int64_t* count, size_t n);
+  // Reads of whole chunks by a peer (a host-to-host transfer): each must hold
+  // a block no copy is writing (CACHED or SAVED), else std::invalid_argument
+  // naming the first that does not, and none is held.
+  void begin_peer_reads(const int64_t* ids, size_t n);
   // A direct write of one chunk's bytes (write_block_bytes).
   void mark_written(int64_t id);
 

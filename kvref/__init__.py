@@ -1,7 +1,8 @@
 """kvref: an exact model of XLA TPU tiled layouts and KV-cache block offload."""
 
 from kvref.dtypes import ELEMENT_TYPES, element_type
-from kvref.errors import HostBudgetError, HostPoolExhausted, LayoutError, NotAFlag, NotAnInteger, PoolTooLarge
+from kvref.errors import (HostBudgetError, HostPoolExhausted, LayoutError, NotAFlag, NotAnInteger, PeerTransferFailed,
+                          PoolTooLarge)
 from kvref.faults import FAULTS, Faults
 from kvref.futures import TransferFuture
 from kvref.generations import GENERATIONS
@@ -27,7 +28,7 @@ from kvref.transfer import transfer_d2h, transfer_d2h_async, transfer_h2d, trans
 __all__ = [
     "AllocationError", "ELEMENT_TYPES", "FAULTS", "Faults", "GENERATIONS", "BufferState", "DeviceArray", "DeviceError",
     "HostBudgetError", "HostPoolExhausted", "KVCacheManager", "KVCacheStore", "Layout", "LayoutAnswer", "LayoutError", "MajorSlice",
-    "NotAFlag", "NotAnInteger", "OracleUnavailable", "Plan", "PoolTooLarge", "RaidenId", "Shape", "ShapeKey", "Sharding", "SimDevice", "StartTransferRequest", "TransferFuture",
+    "NotAFlag", "NotAnInteger", "OracleUnavailable", "PeerTransferFailed", "Plan", "PoolTooLarge", "RaidenId", "Shape", "ShapeKey", "Sharding", "SimDevice", "StartTransferRequest", "TransferFuture",
     "element_byte_offsets", "from_torch", "to_torch", "torch_dtype", "element_physical_indices", "element_type", "legacy_major_slice_byte_size", "major_slice", "pack",
     "tpu_layout", "transfer_d2h", "transfer_d2h_async", "transfer_h2d", "transfer_h2d_async",
     "unpack", "validate_major_slice_addressable",

@@ -28,3 +28,8 @@ class NotAnInteger(TypeError, ValueError):
 
 class NotAFlag(TypeError):
     """A value that must be a bool is not one."""
+
+
+class PeerTransferFailed(RuntimeError):
+    """A host-to-host transfer that failed after it was accepted: the peer
+    refused it, went away, or answered what was not asked."""

@@ -112,6 +112,13 @@ class Faults:
     sub_manager_serves_own_parts: bool = _fault(
         "a sub-manager asked for parts of a block it does not hold sends its own parts in their "
         "place: a pull of every part from one endpoint lands other parts' bytes")
+    # Host-to-host transfers between managers (kvref.host_transfers).
+    host_pairs_sorted: bool = _fault(
+        "a host-to-host transfer writes block i into the i-th lowest chunk it took, not the i-th "
+        "chunk it reports: a pool whose free chunks are out of order gets blocks under the wrong ids")
+    host_write_unclaimed: bool = _fault(
+        "a peer's host write leaves the chunks it wrote unlocked: the peer's next saves take "
+        "them before their owner has used them")
     shm_segment_left: bool = _fault(
         "a manager attached under a shared-memory key leaves its segment in /dev/shm when it "
         "closes: every run adds one")

@@ -29,6 +29,8 @@ from kvref.errors import HostBudgetError
 from kvref.faults import Faults
 from kvref.limits import check_allocation, memory_available
 from kvref.futures import TransferFuture
+from kvref.host_transfers import HostTransfers
+from kvref.listener import Listener
 from kvref.offsets import block_list, transfer_lists
 from kvref.settings import check_parallelism, check_timeout
 from kvref.plans import Plan, request_bytes
@@ -46,7 +48,8 @@ class KVCacheManager:
     def __init__(self, kv_caches, host_blocks: int, *, host_budget_bytes: int | None = None,
                  slice_policy: str = "uniform", parallelism: int | None = None,
                  timeout_s: float | None = None, listen: str | None = None, pull_slots: int = 4,
-                 pull_slot_blocks: int = 64, sub_managers: int = 1, shm_key: str | None = None, faults=()):
+                 pull_slot_blocks: int = 64, sub_managers: int = 1, shm_key: str | None = None,
+                 serve_host: bool = False, faults=()):
         """`parallelism`: the most parts one transfer is split into (default:
         the copy pool's threads); `timeout_s`: the longest a future's result()
         waits by default (None: until done), and a pull between managers
@@ -57,22 +60,25 @@ class KVCacheManager:
         opens no listening socket); `pull_slots` slots of `pull_slot_blocks`
         blocks that pulls pass through (kvref.staging; allocated at the first
         pull); `sub_managers` listeners on consecutive ports, each serving its
-        share of the parts of a block, as a manager split by NUMA node.
-        `shm_key`: attach the pool under this shared-memory key, which no
+        share of the parts of a block, as a manager split by NUMA node;
+        `serve_host`: the listener also serves host-to-host transfers
+        (kvref.host_transfers: peers read its host blocks and write into
+        its free chunks). `shm_key`: attach the pool under this shared-memory key, which no
         other manager may hold meanwhile (kvref.shared_pool)."""
         self.faults = Faults.parse(faults)
         self._attachment = None if shm_key is None else PoolAttachment(shm_key, self.faults.shm_segment_left)
         try:
             self._build(kv_caches, host_blocks, host_budget_bytes, slice_policy, parallelism, timeout_s, listen,
-                        pull_slots, pull_slot_blocks, sub_managers)
+                        pull_slots, pull_slot_blocks, sub_managers, serve_host)
         except BaseException:
             if self._attachment is not None:
                 self._attachment.release()
             raise
-        self._close = weakref.finalize(self, _closer(self._pulls, self._attachment))  # runs once
+        self._close = weakref.finalize(self, _closer(self._listener, self._pulls, self._host_transfers,
+                                                     self._attachment))  # runs once
 
     def _build(self, kv_caches, host_blocks, host_budget_bytes, slice_policy, parallelism, timeout_s, listen,
-               pull_slots, pull_slot_blocks, sub_managers) -> None:
+               pull_slots, pull_slot_blocks, sub_managers, serve_host) -> None:
         if not self.faults.unchecked_settings:
             parallelism, timeout_s = check_parallelism(parallelism), check_timeout(timeout_s)
         self.timeout_s = timeout_s
@@ -117,9 +123,19 @@ class KVCacheManager:
                                                                                     "pull_slot_blocks", 1)
         staging = Staging(_weak(self._pull_mover), _weak(self._bring_up_to_date), int(pull_slots),
                           int(pull_slot_blocks), tuple(plan.host_slots))
-        self._pulls = PullService(staging, tuple(plan.slice_bytes), self.device_blocks,
-                                  PULL_TIMEOUT_S if timeout_s is None else timeout_s, listen,
-                                  integer(sub_managers, "sub_managers", 1), self.faults)
+        peer_timeout = PULL_TIMEOUT_S if timeout_s is None else timeout_s
+        if listen is None and self.faults.offload_only_listens:
+            listen = "127.0.0.1:0"
+        if flag(serve_host, "serve_host") and listen is None:
+            raise ValueError("serve_host=True serves host-to-host transfers on the listener; give listen= too")
+        sub_managers = integer(sub_managers, "sub_managers", 1)
+        self._listener = None if listen is None else Listener(listen, sub_managers, plan.host_slots[0])
+        self._pulls = PullService(staging, tuple(plan.slice_bytes), self.device_blocks, peer_timeout,
+                                  self._listener, self.faults)
+        self._host_transfers = HostTransfers(_weak(self._current_mover), tuple(plan.slice_bytes),
+                                             tuple(plan.host_slots), self.host_blocks, peer_timeout, self.faults)
+        if self._listener is not None:
+            self._listener.start([self._pulls, self._host_transfers] if serve_host else [self._pulls])
 
     @property
     def num_layers(self) -> int:
@@ -229,16 +245,30 @@ class KVCacheManager:
 
     def get_local_endpoints(self) -> list[dict]:
         """[{"endpoint": 'host:port', "shards": [parts]}] per listener; [] when not listening."""
-        return self._pulls.local_endpoints()
+        return [] if self._listener is None else self._listener.endpoints()
+
+    # Host-to-host transfers between managers (kvref.host_transfers has what each guarantees).
+    def h2h_read(self, peer: str, src_block_ids) -> tuple[list[int], TransferFuture]:
+        """The peer's host blocks `src_block_ids` into host chunks taken and
+        locked here: (the chunk ids, in order; the future)."""
+        return self._host_transfers.read(peer, src_block_ids)
+
+    def h2h_write(self, peer: str, src_block_ids) -> tuple[list[int], TransferFuture]:
+        """This manager's host blocks `src_block_ids` into chunks the peer
+        takes and locks: (the peer's chunk ids, in order; a done future)."""
+        return self._host_transfers.write(peer, src_block_ids)
 
     def failure_reason(self, req_id: str) -> str:
         """Why a pull reported in failed_recving failed; KeyError for one that did not."""
         return self._pulls.failures[req_id]
 
     def close(self) -> None:
-        """Fail the pulls in flight, stop listening and let go of the shared-memory
+        """Fail the pulls and host reads in flight, stop listening and let go of the shared-memory
         key (also done when the manager is dropped)."""
         self._close()
+
+    def _current_mover(self):
+        return self._mover
 
     def _pull_mover(self):
         """The pull slots' mover, made at the first pull."""
@@ -292,10 +322,14 @@ class KVCacheManager:
                         layer[s] = live
 
 
-def _closer(pulls: PullService, attachment: PoolAttachment | None):
+def _closer(listener: Listener | None, pulls: PullService, host_transfers: HostTransfers,
+            attachment: PoolAttachment | None):
     """What a dropped manager's finalizer does (it must not hold the manager)."""
     def close():
+        if listener is not None:
+            listener.stop()
         pulls.close()
+        host_transfers.close()
         if attachment is not None:
             attachment.release()
     return close

@@ -26,14 +26,11 @@ What holds (kvprobe's pull probes check each):
 - close() (also when the manager is dropped) fails the pulls in flight on
   both sides, and stops the listener and every thread it started.
 
-Trust: a listener serves whoever reaches its address. What any client can
-make it hold is bounded: a request no larger than the protocol carries
-(request_bytes), SERVER_THREADS calls at once (more are refused at once with
-RESOURCE_EXHAUSTED), no stream served longer than timeout_s whatever
-deadline it asks for, idle connections closed and silent peers dropped by
-keepalive. A pull names its uuid, so whoever knows a registered uuid can read
-its blocks: listen only on an address the peers you trust reach (the
-reference's tests and probes: loopback)."""
+Trust (kvref.listener bounds what any client can make a listener hold):
+no stream is served longer than timeout_s whatever deadline it asks for,
+and a request is no larger than receive_bytes. A pull names its uuid, so
+whoever knows a registered uuid can read its blocks: listen only on an
+address the peers you trust reach."""
 
 from __future__ import annotations
 
@@ -44,8 +41,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from kvref.endpoints import Route, address, port_of, routes, with_port
+from kvref.endpoints import Route, routes
 from kvref.faults import Faults
+from kvref.listener import CHANNEL_OPTIONS, Listener, grpc_module as _grpc
 from kvref.offsets import block_list
 from kvref.proto.pull_pb2 import BlockBytes, PullHeader, PullReply, PullRequest, PullSettled, PullSettledReply
 from kvref.settings import check_parallelism
@@ -56,28 +54,9 @@ SERVICE = "kvref.BlockPull"
 UUID_MAX = 2**64 - 1
 SETTLE_NOTICE_SECONDS = 2.0  # the longest telling the producer a pull settled may take
 CLOSE_SECONDS = 5.0  # the longest close() waits for a pull's thread
-SERVER_THREADS = 4
 MAX_PULLS = 1024  # pulls in flight at once on one consumer, each a thread
 MAX_REASONS = 4096  # failure reasons kept, the oldest dropped first
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
-                   ("grpc.enable_http_proxy", 0)]  # never through a proxy: the address given, only
-# What a listener takes from any client (see Trust, above): requests
-# no larger than the protocol carries (request_bytes), SERVER_THREADS calls
-# at once with any more refused at once, connections idle for
-# IDLE_SECONDS closed, and peers that stop answering keepalive pings dropped.
-SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.max_send_message_length", -1),
-                  ("grpc.max_connection_idle_ms", 30_000), ("grpc.keepalive_time_ms", 10_000),
-                  ("grpc.keepalive_timeout_ms", 5_000)]
 REQ_ID_BYTES = 1024  # the longest request id, in UTF-8
-
-
-def _grpc():
-    """gRPC, imported by the first manager that listens or pulls: a manager
-    that only offloads (and every probe worker forked from a warm parent,
-    which carries what it imported to its exit) never loads it."""
-    import grpc
-
-    return grpc
 
 
 @dataclass
@@ -108,7 +87,9 @@ class PullService:
     """One manager's side of pulls, as producer and as consumer."""
 
     def __init__(self, staging: Staging, layer_block_bytes: tuple[int, ...], device_blocks: int,
-                 timeout_s: float, listen: str | None, sub_managers: int, faults: Faults):
+                 timeout_s: float, listener: Listener | None, faults: Faults):
+        """`listener`: where the producer's side is served (None: this
+        manager does not listen, so it only pulls)."""
         self._staging, self._faults = staging, faults
         self.layer_block_bytes, self.layer_parts = layer_block_bytes, staging.layer_parts
         self.device_blocks, self.timeout_s = device_blocks, timeout_s
@@ -121,11 +102,7 @@ class PullService:
         self._failed_recving: list[str] = []
         self.failures: dict[str, str] = {}
         self._closed = False
-        self._servers: list[tuple[grpc.Server, str, tuple[int, ...]]] = []
-        if listen is None and faults.offload_only_listens:
-            listen = "127.0.0.1:0"
-        if listen is not None:
-            self._listen(address(listen, "listen"), sub_managers)
+        self._listener = listener
 
     # -- the producer ------------------------------------------------------
 
@@ -134,7 +111,7 @@ class PullService:
         `uuid`; False (nothing registered) for an empty list."""
         req_id, uuid = _req_id(req_id), _uuid(uuid)
         blocks = self._block_ids(block_ids, "block_ids")
-        if not self._servers:
+        if self._listener is None:
             raise ValueError("this manager does not listen (it was built without listen=), so no consumer "
                              "could pull what it registers")
         if not blocks:
@@ -157,47 +134,14 @@ class PullService:
         return True
 
     @property
-    def request_bytes(self) -> int:
+    def receive_bytes(self) -> int:
         """The largest message a consumer sends: a request id, a uuid, one id
         per block of the cache (a varint of at most 10 bytes) and the parts of a
         block, with room for the framing."""
         return REQ_ID_BYTES + 11 * self.device_blocks + 11 * max(self.layer_parts) + 256
 
-    def local_endpoints(self) -> list[dict]:
-        """Each listener's address and the parts of a block it serves."""
-        return [{"endpoint": where, "shards": list(parts)} for _, where, parts in self._servers]
-
-    def _listen(self, where: str, sub_managers: int) -> None:
-        grpc = _grpc()
-        parts = self.layer_parts[0]
-        if not 1 <= sub_managers <= parts:
-            raise ValueError(f"sub_managers must be in [1, {parts}] (the parts of a block), got {sub_managers}")
-        groups = [tuple(range(parts))[i::sub_managers] for i in range(sub_managers)]
-        base = port_of(where)
-        if base and base + sub_managers - 1 > 65535:
-            raise ValueError(f"{sub_managers} sub-managers listen on consecutive ports from {base}: the last, "
-                             f"{base + sub_managers - 1}, is past 65535")
-        try:
-            for i, group in enumerate(groups):
-                server = grpc.server(ThreadPoolExecutor(SERVER_THREADS, thread_name_prefix="kvref-pull-serve"),
-                                     options=[*SERVER_OPTIONS,
-                                              ("grpc.max_receive_message_length", self.request_bytes)],
-                                     maximum_concurrent_rpcs=SERVER_THREADS)
-                server.add_generic_rpc_handlers([self._handlers(group)])
-                asked = with_port(where, base + i if base else 0)
-                try:
-                    port = server.add_insecure_port(asked)
-                except RuntimeError as e:
-                    raise OSError(f"cannot listen at {asked}: {e}") from None
-                if not port:
-                    raise OSError(f"cannot listen at {asked} (in use, or not this machine's address)")
-                server.start()
-                self._servers.append((server, with_port(where, port), group))
-        except BaseException:
-            self._stop_servers()
-            raise
-
-    def _handlers(self, parts: tuple[int, ...]):
+    def handlers(self, parts: tuple[int, ...]):
+        """The producer's side, as a listener serving `parts` of a block offers it."""
         grpc = _grpc()
         return grpc.method_handlers_generic_handler(SERVICE, {
             "Pull": grpc.unary_stream_rpc_method_handler(
@@ -301,7 +245,8 @@ class PullService:
 
     def _local_groups(self) -> list[tuple[int, ...] | None]:
         """The parts each local sub-manager pulls ([None]: one, pulling every part)."""
-        return [parts for _, _, parts in self._servers] if len(self._servers) > 1 else [None]
+        groups = self._listener.groups if self._listener is not None else []
+        return list(groups) if len(groups) > 1 else [None]
 
     def _pairs(self, remote_block_ids, local_block_ids) -> tuple[list[int], list[int]]:
         remote = block_list(remote_block_ids, "remote_block_ids").tolist()
@@ -460,7 +405,8 @@ class PullService:
         return stats
 
     def close(self) -> None:
-        """Fail every pull in flight, stop listening, and wait for the pulls' threads."""
+        """Fail every pull in flight and wait for the pulls' threads (the
+        listener is stopped by its owner)."""
         with self._lock:
             if self._closed:
                 return
@@ -468,16 +414,10 @@ class PullService:
             pulls = list(self._pulls.values())
             for call in itertools.chain.from_iterable(p.calls for p in pulls):
                 call.cancel()
-        self._stop_servers()
         for pull in pulls:
             self._settle(pull, False, "the manager was closed while the pull was in flight")
             if pull.thread is not None and pull.thread is not threading.current_thread():
                 pull.thread.join(CLOSE_SECONDS)
-
-    def _stop_servers(self) -> None:
-        for server, _, _ in self._servers:
-            server.stop(grace=0).wait(CLOSE_SECONDS)
-        self._servers = []
 
     def _block_ids(self, values, name: str) -> tuple[int, ...]:
         blocks = block_list(values, name).tolist()

@@ -66,6 +66,10 @@ TEETH = [
     ("shared_pool", "", (), ["shm_segment_left"], "ERROR"),
     ("pull_across_donation", "", (), ["refuses_donated_storage"], "ERROR"),
     ("pull_blocks/parallel", "", (), ["parallel_pull_drops_remainder"], "ERROR|CORRUPT"),
+    # Host blocks moved between two managers' host pools.
+    ("host_to_host/read", "", (), ["host_pairs_sorted"], "CORRUPT"),
+    ("host_to_host/write", "", (), ["host_pairs_sorted"], "CORRUPT"),
+    ("host_to_host/write", "", (), ["host_write_unclaimed"], "CORRUPT"),
     # The store of saved blocks beside the manager.
     ("kv_store/prefix_lookup", "", (), ["store_lookup_skips_misses"], "CORRUPT"),
     ("kv_store/pinned_kept", "", (), ["store_evicts_pinned"], "CORRUPT"),

@@ -14,11 +14,12 @@ kvref.kv_store's (`KVCacheStore`, `RaidenId`), importable as
 imports them.
 
 Pulls between managers too (`register_read`, `start_read`, `poll_stats`,
-`get_local_endpoints`; kvref.pulls): a manager built with `max_blocks` and
-`num_slots` serves pulls on 127.0.0.1 at `local_control_port` (0: any free
-port), as the disaggregated connector builds it; one built with
-`host_blocks_to_allocate` and no control port only offloads and pulls, and
-listens nowhere. `enable_shm=True` attaches the pool under $RAIDEN_SHM_KEY,
+`get_local_endpoints`; kvref.pulls), and host-to-host transfers
+(`h2h_read`, `h2h_write`; kvref.host_transfers): a manager built with
+`max_blocks` and `num_slots` serves both at `local_control_port` (0: any
+free port), as the disaggregated connector builds it; one built with
+`host_blocks_to_allocate` serves them at a control port it is given, and
+with none only offloads and calls its peers, listening nowhere. `enable_shm=True` attaches the pool under $RAIDEN_SHM_KEY,
 one manager per key (kvref.shared_pool). A worker port, a controller and
 storage backends are refused by name. `unsafe_skip_buffer_lock` is taken and changes
 nothing: the reference always orders transfers (kvref.manager)."""
@@ -65,7 +66,7 @@ class TransferFuture:
     def Await(self) -> None:  # noqa: N802 (the production name)
         try:
             self._future.result()
-        except kvref.DeviceError as e:
+        except (kvref.DeviceError, kvref.PeerTransferFailed) as e:
             raise CopyFailed(f"Async copy failed: {e}") from e
 
     wait = Await
@@ -108,7 +109,7 @@ class KVCacheManager:
         # Layers of several block sizes each addressed with their own, as the wrapper does.
         self._manager = kvref.KVCacheManager(kv_caches, host_blocks_to_allocate, parallelism=parallelism,
                                              timeout_s=timeout_s, listen=listen, shm_key=shm_key,
-                                             slice_policy="per_layer", **pulls)
+                                             slice_policy="per_layer", serve_host=listen is not None, **pulls)
         self._moved = {"d2h": [0, 0], "h2d": [0, 0]}  # transfers, blocks
 
     def d2h(self, src_offsets=(), dst_offsets=(), copy_sizes=None) -> TransferFuture:
@@ -129,12 +130,29 @@ class KVCacheManager:
         return TransferFuture(future)
 
     def d2h_auto_allocate(self, src_offsets, copy_sizes=None) -> tuple[list[int], TransferFuture]:
+        saved = self._pool_call(self._manager.d2h_auto_allocate, src_offsets, copy_sizes)
+        self._count("d2h", src_offsets, copy_sizes)
+        return saved
+
+    def h2h_read(self, peer: str, src_block_ids) -> tuple[list[int], TransferFuture]:
+        """The peer's host blocks into host chunks locked here: (their ids, the future)."""
+        return self._pool_call(self._manager.h2h_read, peer, src_block_ids)
+
+    def h2h_write(self, peer: str, src_block_ids) -> tuple[list[int], TransferFuture]:
+        """Host blocks into chunks the peer locks: (the peer's ids, a done future)."""
+        return self._pool_call(self._manager.h2h_write, peer, src_block_ids)
+
+    def _pool_call(self, call, *args) -> tuple[list[int], TransferFuture]:
         try:
-            chunks, future = self._manager.d2h_auto_allocate(src_offsets, copy_sizes)
+            chunks, future = call(*args)
         except kvref.HostPoolExhausted as e:
             raise PoolExhausted(f"RESOURCE_EXHAUSTED: Insufficient available blocks: {e}") from None
-        self._count("d2h", src_offsets, copy_sizes)
         return chunks, TransferFuture(future)
+
+    @property
+    def _impl(self) -> "KVCacheManager":
+        """The native manager's calls (h2h_read, h2h_write, local_port) are this one's."""
+        return self
 
     def _count(self, direction: str, src, sizes) -> None:
         self._moved[direction][0] += 1

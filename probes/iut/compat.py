@@ -11,7 +11,7 @@ import os
 import kvref
 from kvref.compat import tpu_sync
 from probes.iut.store_views import KvrefStoreView
-from probes.iut.tpu_sync import PULL_SLOTS, SyncLibrary, SyncManagerView, pool_port
+from probes.iut.tpu_sync import PULL_SLOTS, SyncLibrary, SyncManagerView, WrapperHostTransfers, pool_port
 
 
 class CompatManagerView(SyncManagerView):
@@ -36,7 +36,7 @@ class CompatManagerView(SyncManagerView):
         raise NotImplementedError("the wrapper API has no active plans")
 
 
-class CompatLibrary(SyncLibrary):
+class CompatLibrary(WrapperHostTransfers, SyncLibrary):
     """The facade, built as tpu-inference's connectors build the wrapper. Its
     fault models are kvref's, which the manager underneath reads from
     $KVREF_FAULTS (set here: the facade's constructor is the wrapper's)."""
@@ -54,6 +54,9 @@ class CompatLibrary(SyncLibrary):
         self.faults = faults
         if faults:
             os.environ[kvref.faults.ENV_VAR] = ",".join(faults.names)
+
+    def wrapper(self):
+        return tpu_sync.KVCacheManager
 
     def refuses(self, e: BaseException) -> bool:
         """kvref's refusals, as the facade raises them (a full pool is also the wrapper's RuntimeError)."""

@@ -281,6 +281,36 @@ class PullLibrary(Protocol):
         """Why a failed pull failed, as far as the library says ("" if it does not)."""
 
 
+@runtime_checkable
+class HostTransferLibrary(Protocol):
+    """What a Library whose managers move host blocks to one another's host
+    pools also provides: h2h_read and h2h_write (the host_to_host probe
+    SKIPs for one without it, naming this protocol). Its managers are
+    closed with PullLibrary.close_manager."""
+
+    def host_manager(self, caches, listen: bool, timeout_s: float, host_blocks: int):
+        """A manager over `caches` with a pool of `host_blocks` host blocks
+        (host_blocks_to_allocate); `listen`: it serves its peers' host
+        transfers on loopback, at its get_local_endpoints()[0]["endpoint"]."""
+
+    def host_read(self, manager, peer: str, block_ids) -> tuple[list[int], Pending]:
+        """h2h_read: the peer's host blocks into host chunks the manager
+        locks: (their ids, in order; the transfer, not waited for)."""
+
+    def host_write(self, manager, peer: str, block_ids) -> tuple[list[int], Pending]:
+        """h2h_write: host blocks into chunks the peer locks: (the peer's
+        ids, in order; the transfer, not waited for)."""
+
+    def host_copy(self, manager, d2h: bool, src, dst, sizes) -> None:
+        """One d2h or h2d of such a manager, waited for."""
+
+    def host_save(self, manager, src) -> tuple[list[int], Pending]:
+        """d2h_auto_allocate of such a manager."""
+
+    def host_unlock(self, manager, chunk_ids) -> None:
+        """unlock_blocks of such a manager."""
+
+
 def missing_members(cls: type, proto: type) -> list[str]:
     """The members of `proto` that the class `cls` does not define (checked on
     the class, so no property runs and nothing is imported)."""

@@ -69,6 +69,28 @@ class KvrefLibrary:
     def close_manager(self, manager) -> None:
         manager.close()
 
+    def host_manager(self, caches, listen, timeout_s, host_blocks):
+        return kvref.KVCacheManager(caches, host_blocks, faults=self.faults, timeout_s=timeout_s,
+                                    slice_policy="per_layer", listen="127.0.0.1:0" if listen else None,
+                                    serve_host=listen)
+
+    def host_read(self, manager, peer, block_ids):
+        chunks, future = manager.h2h_read(peer, block_ids)
+        return chunks, KvrefPending(future)
+
+    def host_write(self, manager, peer, block_ids):
+        chunks, future = manager.h2h_write(peer, block_ids)
+        return chunks, KvrefPending(future)
+
+    def host_copy(self, manager, d2h, src, dst, sizes) -> None:
+        self.transfer(manager, d2h, src, dst, sizes)
+
+    def host_save(self, manager, src):
+        return self.save(manager, src)
+
+    def host_unlock(self, manager, chunk_ids) -> None:
+        self.unlock(manager, chunk_ids)
+
     def pull_failure(self, manager, req_id) -> str:
         return manager.failure_reason(req_id)
 

@@ -286,7 +286,38 @@ class SyncLibrary:
         return refuses(e, self.wheel)
 
 
-class TpuSyncJaxLibrary(SyncLibrary):
+class WrapperHostTransfers:
+    """h2h_read and h2h_write as the wrapper's users reach them (its native
+    manager's calls, `_impl`), on a manager built as the offload connector
+    builds it; a Library of the wrapper API mixes this in."""
+
+    def wrapper(self):
+        """The wrapper's KVCacheManager class."""
+        raise NotImplementedError
+
+    def host_manager(self, caches, listen, timeout_s, host_blocks):
+        return self.wrapper()(caches, pool_port(listen), host_blocks_to_allocate=host_blocks, timeout_s=timeout_s)
+
+    def host_read(self, manager, peer, block_ids):
+        chunks, future = manager._impl.h2h_read(peer=peer, src_block_ids=_ints(block_ids))
+        return [int(c) for c in chunks], SyncPending(future)
+
+    def host_write(self, manager, peer, block_ids):
+        chunks, future = manager._impl.h2h_write(peer=peer, src_block_ids=_ints(block_ids))
+        return [int(c) for c in chunks], SyncPending(future)
+
+    def host_copy(self, manager, d2h, src, dst, sizes) -> None:
+        SyncPending((manager.d2h if d2h else manager.h2d)(_ints(src), _ints(dst), _ints(sizes))).wait()
+
+    def host_save(self, manager, src):
+        chunks, future = manager.d2h_auto_allocate(_ints(src), None)
+        return [int(c) for c in chunks], SyncPending(future)
+
+    def host_unlock(self, manager, chunk_ids) -> None:
+        manager.unlock_blocks(_ints(chunk_ids))
+
+
+class TpuSyncJaxLibrary(WrapperHostTransfers, SyncLibrary):
     """tpu-sync-jax (Python 3.12: its workers run in the jax peer environment)."""
 
     distribution = "tpu-sync-jax"
@@ -294,6 +325,9 @@ class TpuSyncJaxLibrary(SyncLibrary):
     module = "tpu_sync.api.jax.kv_cache_manager"
     view = JaxSyncManager
     install_hint = "run `kvprobe peer-env`"
+
+    def wrapper(self):
+        return JaxSyncManager.library_manager()
 
     def plan_request(self, uuid: str, src_block: int, dst_block: int):
         raise NotImplementedError("tpu-sync-jax offers no register_active_plan")

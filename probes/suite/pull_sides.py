@@ -124,19 +124,24 @@ class Side:
     def expected(self, layer: int, seed: int) -> np.ndarray:
         return random_host(self.layer_keys[layer], seed + layer)
 
+    @property
+    def other_seed(self) -> int:
+        return CONSUMER_SEED if self.producer else PRODUCER_SEED
+
     def check_blocks(self, pairs: list[tuple[int, int]]) -> str:
-        """"" when each local block of `pairs` (remote, local) holds the
-        producer's remote block in every layer and every other local block
-        still holds its own contents; else what differs."""
+        """"" when each local block of `pairs` (remote, local) holds the other
+        side's remote block in every layer and every other local block still
+        holds its own contents; else what differs."""
         written = {local: remote for remote, local in pairs}
+        other = "consumer" if self.producer else "producer"
         for layer, cache in enumerate(self.caches):
             got = _rows(self.contents(layer))
-            theirs = _rows(self.expected(layer, PRODUCER_SEED))
-            ours = _rows(self.expected(layer, CONSUMER_SEED))
+            theirs = _rows(self.expected(layer, self.other_seed))
+            ours = _rows(self.expected(layer, self.seed))
             for block in range(got.shape[0]):
                 want = theirs[written[block]] if block in written else ours[block]
                 if not np.array_equal(got[block], want):
-                    source = f"the producer's block {written[block]}" if block in written else "its own bytes"
+                    source = f"the {other}'s block {written[block]}" if block in written else "its own bytes"
                     return f"layer {layer} block {block} does not hold {source}"
         return ""
 

@@ -10,9 +10,9 @@ from enum import StrEnum
 from typing import Callable
 
 import kvref
-from probes.suite import (call_sequence, construction, donation, host_budget, host_chunks, kv_store, ordering,
-                          plan_binding, pull_donation, pull_failures, pulls, requests, robustness, roundtrip,
-                          serving_step, settings, shared_pool, sharded)
+from probes.suite import (call_sequence, construction, donation, host_budget, host_chunks, host_transfers, kv_store,
+                          ordering, plan_binding, pull_donation, pull_failures, pulls, requests, robustness,
+                          roundtrip, serving_step, settings, shared_pool, sharded)
 from probes.suite.pull_sides import SUBJECT as PULL_SUBJECT
 from probes.suite.ownership import row_byte_ranges
 from probes.suite.verdicts import PASS, REJECTED, Prediction, Verdict
@@ -154,6 +154,9 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           subject=PULL_SUBJECT, default=False, two_process=True),
     Probe("pull_sockets", pull_failures.pull_sockets, Scope.GENERATION, always(PASS), subject=PULL_SUBJECT,
           default=False, two_process=True),
+    # Host blocks moved between two managers' host pools (h2h_read, h2h_write).
+    Probe("host_to_host", host_transfers.host_to_host, Scope.ROBUSTNESS, always(PASS), subject=PULL_SUBJECT,
+          kinds=host_transfers.HOST_KINDS, default=False, two_process=True),
     # Refusing the second manager is right; so is sharing one allocator.
     Probe("shared_pool", shared_pool.shared_pool, Scope.GENERATION, always(PASS), subject=PULL_SUBJECT, default=False,
           two_process=True, devices=shared_pool.SHARDED[1].devices, mesh_kinds=("",)),

@@ -1,0 +1,95 @@
+"""A manager's listener: the gRPC servers its peers call, one per
+sub-manager on consecutive ports, each serving its share of the parts of a
+block, for every service the manager offers over the network (pulls,
+kvref.pulls; host-to-host transfers, kvref.host_transfers).
+
+Trust: a listener serves whoever reaches its address. What any client can
+make it hold is bounded: a message no larger than its services carry
+(each service's receive_bytes), SERVER_THREADS calls at once (more are
+refused at once with RESOURCE_EXHAUSTED), idle connections closed and silent
+peers dropped by keepalive. Each service bounds how long it serves one call.
+Listen only on an address the peers you trust reach (the reference's tests
+and probes: loopback)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+from kvref.endpoints import address, port_of, with_port
+
+SERVER_THREADS = 4
+CLOSE_SECONDS = 5.0  # the longest stopping one server waits
+SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.max_send_message_length", -1),
+                  ("grpc.max_connection_idle_ms", 30_000), ("grpc.keepalive_time_ms", 10_000),
+                  ("grpc.keepalive_timeout_ms", 5_000)]
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+                   ("grpc.enable_http_proxy", 0)]  # a client's: never through a proxy, the address given only
+
+
+def grpc_module():
+    """gRPC, imported by the first manager that listens or calls a peer: a
+    manager that only offloads (and every probe worker forked from a warm
+    parent, which carries what it imported to its exit) never loads it."""
+    import grpc
+
+    return grpc
+
+
+class Service(Protocol):
+    receive_bytes: int  # the largest message a client sends it
+
+    def handlers(self, parts: tuple[int, ...]):
+        """Its gRPC handlers for a listener serving `parts` of a block."""
+
+
+class Listener:
+    def __init__(self, where: str, sub_managers: int, parts: int):
+        """`where` 'host:port' (port 0: any free one); `sub_managers` servers
+        on consecutive ports from it, splitting a block's `parts` among them."""
+        self.where = address(where, "listen")
+        if not 1 <= sub_managers <= parts:
+            raise ValueError(f"sub_managers must be in [1, {parts}] (the parts of a block), got {sub_managers}")
+        base = port_of(where)
+        if base and base + sub_managers - 1 > 65535:
+            raise ValueError(f"{sub_managers} sub-managers listen on consecutive ports from {base}: the last, "
+                             f"{base + sub_managers - 1}, is past 65535")
+        self.groups = [tuple(range(parts))[i::sub_managers] for i in range(sub_managers)]
+        self._servers: list[tuple[object, str, tuple[int, ...]]] = []
+
+    def start(self, services: list[Service]) -> None:
+        grpc = grpc_module()
+        base = port_of(self.where)
+        receive = max(s.receive_bytes for s in services)
+        try:
+            for i, group in enumerate(self.groups):
+                server = grpc.server(ThreadPoolExecutor(SERVER_THREADS, thread_name_prefix="kvref-listen"),
+                                     options=[*SERVER_OPTIONS, ("grpc.max_receive_message_length", receive)],
+                                     maximum_concurrent_rpcs=SERVER_THREADS)
+                server.add_generic_rpc_handlers([s.handlers(group) for s in services])
+                asked = with_port(self.where, base + i if base else 0)
+                try:
+                    port = server.add_insecure_port(asked)
+                except RuntimeError as e:
+                    raise OSError(f"cannot listen at {asked}: {e}") from None
+                if not port:
+                    raise OSError(f"cannot listen at {asked} (in use, or not this machine's address)")
+                server.start()
+                self._servers.append((server, with_port(self.where, port), group))
+        except BaseException:
+            self.stop()
+            raise
+
+    def endpoints(self) -> list[dict]:
+        """Each server's address and the parts of a block it serves."""
+        return [{"endpoint": where, "shards": list(parts)} for _, where, parts in self._servers]
+
+    @property
+    def serving(self) -> bool:
+        return bool(self._servers)
+
+    def stop(self) -> None:
+        """Stop every server, ending the calls it serves."""
+        for server, _, _ in self._servers:
+            server.stop(grace=0).wait(CLOSE_SECONDS)
+        self._servers = []

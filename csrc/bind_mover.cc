@@ -195,6 +195,9 @@ void bind_mover(nb::module_& m) {
              mover.pool().chunks.end_reads(ids.data(), ones.data(), ids.size());
            },
            nb::arg("ids"))
+      .def("adopt",
+           [](BlockMover& mover, Int64s ids) { mover.pool().chunks.adopt(ids.data(), ids.size()); },
+           nb::arg("ids"), "Locks FREE chunks of a recovered pool as SAVED.")
       .def("chunk_state",
            [](BlockMover& mover, int64_t id) {
              return kvref::chunk_state_name(mover.pool().chunks.state(id));

@@ -208,6 +208,30 @@ void HostChunks::end_reads(const int64_t* start, const int64_t* count, size_t n)
     }
 }
 
+void HostChunks::adopt(const int64_t* ids, size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int64_t> seen(ids, ids + n);
+  std::sort(seen.begin(), seen.end());
+  for (size_t i = 0; i < n; ++i) {
+    check_id(ids[i], "host chunk");
+    const Chunk& c = chunks_[ids[i]];
+    if (c.locked || c.writers || c.readers || c.has_bytes)
+      throw std::invalid_argument("host chunk " + std::to_string(ids[i]) + " is " +
+                                  chunk_state_name(state_locked(c)) +
+                                  (c.readers ? " and being read" : "") +
+                                  ": only a FREE chunk of a recovered pool is adopted; none was");
+  }
+  if (std::adjacent_find(seen.begin(), seen.end()) != seen.end())
+    throw std::invalid_argument("host chunk " + std::to_string(*std::adjacent_find(seen.begin(), seen.end())) +
+                                " is named twice; none was adopted");
+  for (size_t i = 0; i < n; ++i) {
+    Chunk& c = chunks_[ids[i]];
+    if (c.list != kNone) remove(ids[i]);
+    c.locked = true;
+    c.has_bytes = true;
+  }
+}
+
 void HostChunks::mark_written(int64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
   check_id(id, "host block");

@@ -61,6 +61,10 @@ class HostChunks {
   // a block no copy is writing (CACHED or SAVED), else std::invalid_argument
   // naming the first that does not, and none is held.
   void begin_peer_reads(const int64_t* ids, size_t n);
+  // Locks FREE chunks as SAVED: blocks saved into a pool that outlived its
+  // process (a recovered shared-memory pool). Throws std::invalid_argument
+  // naming the first that is not FREE, or repeated, and adopts none.
+  void adopt(const int64_t* ids, size_t n);
   // A direct write of one chunk's bytes (write_block_bytes).
   void mark_written(int64_t id);
 

@@ -22,15 +22,24 @@ What holds (the production store's rules, where its API still has them):
 
 An entry is in flight (being loaded) exactly while the connector holds a
 pin on it, so pinned and in-flight are one state here. Every call checks
-every argument first and changes nothing when one is wrong."""
+every argument first and changes nothing when one is wrong.
+
+Built with `shm_key`, the store keeps its table in shared memory
+(kvref.store_table): built again under the key after its process died, it
+starts with the entries it had, in the same order of use, unpinned
+(`recovered`); their chunks are in the pool a manager attached under the
+same key recovers (KVCacheManager.adopt_saved locks them). `close()` (also
+when the store is dropped) removes the table."""
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from kvref.faults import Faults
+from kvref.store_table import StoreTable
 from kvref.values import flag, integer
 
 INT32_MAX = 2**31 - 1
@@ -58,7 +67,8 @@ class KVCacheStore:
     """Block hash -> RaidenId for up to `capacity` saved blocks (see the module)."""
 
     def __init__(self, capacity: int, *, num_shards: int = 1, store_server_ip: str = "127.0.0.1",
-                 raiden_id: RaidenId = RaidenId(), faults=()):
+                 raiden_id: RaidenId = RaidenId(), shm_key: str | None = None, model_uid: str = "default_model",
+                 faults=()):
         self._capacity = integer(capacity, "capacity", 1)
         self.num_shards = integer(num_shards, "num_shards", 1)
         if not isinstance(store_server_ip, str) or not store_server_ip or store_server_ip in WILDCARDS:
@@ -72,6 +82,31 @@ class KVCacheStore:
         self._entries: OrderedDict[bytes, RaidenId] = OrderedDict()  # least recently used first
         self._pins: dict[bytes, int] = {}
         self._lock = threading.Lock()
+        self._table = None if shm_key is None else StoreTable(shm_key, self._capacity, model_uid, RaidenId,
+                                                                self._faults.shm_segment_left)
+        self.recovered = list(self._table.recovered) if self._table is not None else []
+        for block_hash, raiden_id in self.recovered:
+            self._entries[block_hash] = raiden_id
+        self.close = weakref.finalize(self, self._table.release) if self._table is not None else lambda: None
+
+    def _kept(self, block_hash: bytes) -> None:
+        """Mirror an entry's change (stored or used: the latest; gone) into the shared table."""
+        if self._table is None:
+            return
+        if block_hash in self._entries:
+            self._table.put(block_hash, self._entries[block_hash])
+        else:
+            self._table.remove(block_hash)
+
+    def forget_recovered(self) -> None:
+        """Drop the entries recovered at construction that are still as they
+        were (their chunks were not recovered with them)."""
+        with self._lock:
+            for block_hash, raiden_id in self.recovered:
+                if self._entries.get(block_hash) == raiden_id and block_hash not in self._pins:
+                    del self._entries[block_hash]
+                    self._kept(block_hash)
+            self.recovered = []
 
     def capacity(self) -> int:
         return self._capacity
@@ -118,6 +153,7 @@ class KVCacheStore:
                     del self._pins[h]
                     if not self._faults.store_fifo_eviction:
                         self._entries.move_to_end(h)
+                        self._kept(h)
 
     def insert(self, block_hashes, raiden_ids, on_host: bool = True) -> tuple[bool, list[tuple[bytes, RaidenId]]]:
         """Store each new hash with its id, all or none: (whether every hash
@@ -144,12 +180,15 @@ class KVCacheStore:
             for victim in evictable[:max(0, len(new) - free)]:
                 evicted.append((victim, self._entries.pop(victim)))
                 self._pins.pop(victim, None)
+                self._kept(victim)
             stored = new[:self._capacity - len(self._entries)]
             for h in hashes:
                 if h in self._entries and not self._faults.store_fifo_eviction:
                     self._entries.move_to_end(h)
+                    self._kept(h)
             for h, i in stored:
                 self._entries[h] = i
+                self._kept(h)
             whole = len(stored) == len(new) or self._faults.store_partial_insert
             return len(new) == len(hashes) and whole, evicted
 

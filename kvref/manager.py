@@ -98,7 +98,13 @@ class KVCacheManager:
                 f"{_sizes(plan.slice_bytes)} bytes per block), over the {budget:,}-byte budget; "
                 "nothing was allocated")
         check_allocation(plan.allocate_bytes, "the host pool")  # whatever budget was given
-        self._mover = _core.BlockMover(plan.layers, int(host_blocks), plan.allocate_bytes)
+        self.recovered = False
+        if self._attachment is None:
+            self._mover = _core.BlockMover(plan.layers, int(host_blocks), plan.allocate_bytes)
+        else:  # the pool's bytes in shared memory, kept by a holder that died
+            geometry = _geometry(plan, host_blocks, views)
+            pool, self.recovered = self._attachment.segment("pool", plan.allocate_bytes, geometry)
+            self._mover = _core.BlockMover(plan.layers, int(host_blocks), plan.allocate_bytes, pool)
         f = self.faults
         if f.leaked_pool:
             _LEAKED_POOLS.append(self._mover)
@@ -181,6 +187,17 @@ class KVCacheManager:
         locked, is repeated, or is still being saved is refused, and then no
         id is unlocked."""
         self._mover.unlock(block_list(chunk_ids, "chunk_ids"))
+
+    def adopt_saved(self, chunk_ids) -> None:
+        """Lock chunks of a recovered pool (`recovered`: attached under a
+        shm_key whose last holder died) as SAVED, each holding the block saved
+        into it before: the chunks a store recovered under the same key names
+        (kvref.kv_store). Refused for a pool made anew, or a chunk that is not
+        FREE (taken since) or is named twice; then none is adopted."""
+        if not self.recovered:
+            raise ValueError("this manager's pool was made anew (no shm_key, or none left by a holder that died "
+                             "with this geometry): its chunks hold no saved block to adopt")
+        self._mover.adopt(block_list(chunk_ids, "chunk_ids"))
 
     def chunk_state(self, chunk_id: int) -> str:
         """FREE, WRITING, CACHED, SAVING, SAVED or FAILED (csrc/host_chunks.h)."""
@@ -346,6 +363,16 @@ def _weak(method):
             raise ValueError("the manager was dropped")
         return bound(*args)
     return call
+
+
+def _geometry(plan, host_blocks: int, views) -> bytes:
+    """What a pool's bytes mean (each layer's shards, with their types,
+    dims and layouts, and where their blocks lie): recovered only into a pool
+    of the same."""
+    layers = [(a.device_blocks, a.block_bytes, a.host_base, a.host_stride, a.host_shard_stride, a.shard_count)
+              for a in plan.layers]
+    shards = [[str(view.shape) for view in layer] for layer in views]
+    return repr((int(host_blocks), plan.allocate_bytes, layers, shards)).encode()
 
 
 def default_host_budget() -> int:

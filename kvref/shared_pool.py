@@ -5,16 +5,23 @@ manager's process; a second manager asking for the same key, in this process
 or another, is refused, so no chunk is ever handed out by two allocators. A
 lock taken on a segment its holder removed meanwhile is let go and the key
 taken anew, so a release racing an attach never leaves two holders.
-The reference keeps the pool itself in its process; the segment is removed
-when the manager closes or is dropped (a killed process's lock goes with it,
-so its stale segment is taken over by the next manager)."""
+
+The memory itself lives in segments beside it (`segment`: the host pool's
+bytes, a store's table): a holder that closes removes them, one that dies
+leaves them, and the next holder of the key made for the same geometry
+recovers their bytes (anything else is made anew). A killed process's lock
+goes with it, so its key is taken over by the next holder."""
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import mmap
 import os
 import re
 from pathlib import Path
+
+import numpy as np
 
 SEGMENTS = Path("/dev/shm")
 PREFIX = "kvref-pool-"
@@ -22,6 +29,8 @@ KEY = re.compile(r"[A-Za-z0-9._-]{1,200}")
 
 
 ATTACH_TRIES = 100
+HEADER_BYTES = 4096  # a segment's header: its format and the geometry it was made for
+MAGIC = b"kvref-segment-1\n"
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -33,11 +42,14 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 class PoolAttachment:
-    def __init__(self, key, leave_segment: bool = False):
+    def __init__(self, key, leave_segment: bool = False, prefix: str = PREFIX):
+        """Hold `key` (segments named `prefix` + key); `leave_segment`: the
+        shm_segment_left fault, leaving them all when released."""
         if not isinstance(key, str) or not KEY.fullmatch(key):
             raise ValueError(f"shm_key must be 1 to 200 letters, digits, '.', '_' or '-', got {key!r}")
-        self.path = SEGMENTS / f"{PREFIX}{key}"
+        self.path = SEGMENTS / f"{prefix}{key}"
         self._leave_segment = leave_segment
+        self._segments: list[Path] = []
         for _ in range(ATTACH_TRIES):
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
@@ -59,14 +71,36 @@ class PoolAttachment:
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
 
+    def segment(self, name: str, size: int, geometry: bytes) -> tuple[np.ndarray, bool]:
+        """`size` bytes of shared memory under the key (its segment `name`),
+        and whether they were recovered: a segment a holder that died left,
+        made for the same `geometry`, keeps its bytes; any other is made
+        anew, zeroed, its memory reserved now (a full /dev/shm is an OSError
+        here, not a crash at the first touch)."""
+        path = self.path.with_name(f"{self.path.name}+{name}")  # '+' is in no key
+        header = MAGIC + hashlib.sha256(geometry).digest()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            recovered = os.fstat(fd).st_size == HEADER_BYTES + size and os.pread(fd, len(header), 0) == header
+            if not recovered:
+                os.ftruncate(fd, 0)
+                os.posix_fallocate(fd, 0, HEADER_BYTES + size)
+                os.pwrite(fd, header, 0)
+            mapped = mmap.mmap(fd, HEADER_BYTES + size)
+        finally:
+            os.close(fd)
+        self._segments.append(path)
+        return np.frombuffer(mapped, np.uint8, size, HEADER_BYTES), recovered
+
     def release(self) -> None:
-        """Remove the segment and let go of the key (once; a fork's copy does nothing)."""
+        """Remove the segments and let go of the key (once; a fork's copy does nothing)."""
         fd, self._fd = self._fd, None
         if fd is None:
             return
         if not self._leave_segment:
-            try:
-                self.path.unlink()
-            except FileNotFoundError:
-                pass
+            for path in [*self._segments, self.path]:
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    pass
         os.close(fd)

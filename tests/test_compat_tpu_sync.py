@@ -158,8 +158,9 @@ def test_install_gives_every_name_the_connectors_import():
     try:
         store_module = importlib.import_module(f"{name}.api.jax.kv_cache_store")
         top = importlib.import_module(name)
-        assert store_module.KVCacheStore is kvref.KVCacheStore and store_module.RaidenId is kvref.RaidenId
-        assert top.KVCacheManager is tpu_sync.KVCacheManager and top.KVCacheStore is kvref.KVCacheStore
+        assert store_module.KVCacheStore is tpu_sync.KVCacheStore and store_module.RaidenId is kvref.RaidenId
+        assert issubclass(tpu_sync.KVCacheStore, kvref.KVCacheStore)
+        assert top.KVCacheManager is tpu_sync.KVCacheManager and top.KVCacheStore is tpu_sync.KVCacheStore
     finally:
         for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
             del sys.modules[module]

@@ -11,7 +11,12 @@ simulated device.
 The store of saved blocks the offload connector keeps beside the manager is
 kvref.kv_store's (`KVCacheStore`, `RaidenId`), importable as
 `<name>.api.jax.kv_cache_store` and from `<name>` itself, as the connector
-imports them.
+imports them. Under $RAIDEN_SHM_KEY it keeps its table in shared memory
+(model $RAIDEN_SHM_MODEL_UID), as the production store does: a store and a
+manager (`enable_shm=True`) built again under the key after their process
+died start with the saved blocks they had, the manager's chunks locked for
+the store's entries; where the manager's pool could not be recovered, the
+store drops what it recovered.
 
 Pulls between managers too (`register_read`, `start_read`, `poll_stats`,
 `get_local_endpoints`; kvref.pulls), and host-to-host transfers
@@ -31,14 +36,18 @@ import json
 import os
 import sys
 import types
+import weakref
 
 import kvref
 from kvref.endpoints import LOOPBACK
-from kvref.kv_store import KVCacheStore, RaidenId  # noqa: F401 (the facade's names)
+from kvref import kv_store
+from kvref.kv_store import RaidenId  # noqa: F401 (the facade's name)
 from kvref.values import flag, integer
 
 
 SHM_KEY_VARIABLE = "RAIDEN_SHM_KEY"  # the shared-memory key enable_shm attaches the pool under
+MODEL_UID_VARIABLE = "RAIDEN_SHM_MODEL_UID"  # the model a store's recovered table must be of
+_UNDER_KEY: dict[str, dict] = {}  # key -> weak references to the manager and store attached under it
 # The host a serving stack advertises to its peers (vllm's, which
 # tpu-inference's disaggregated connector sends as the pull endpoint's host).
 HOST_VARIABLE = "VLLM_HOST_IP"
@@ -111,6 +120,8 @@ class KVCacheManager:
                                              timeout_s=timeout_s, listen=listen, shm_key=shm_key,
                                              slice_policy="per_layer", serve_host=listen is not None, **pulls)
         self._moved = {"d2h": [0, 0], "h2d": [0, 0]}  # transfers, blocks
+        if shm_key:
+            _meet(shm_key, manager=self._manager)
 
     def d2h(self, src_offsets=(), dst_offsets=(), copy_sizes=None) -> TransferFuture:
         """Device blocks -> host blocks; with no offsets at all, every block
@@ -201,6 +212,35 @@ class KVCacheManager:
     def reference(self) -> kvref.KVCacheManager:
         """The kvref manager underneath (chunk states, host blocks)."""
         return self._manager
+
+
+class KVCacheStore(kv_store.KVCacheStore):
+    """kvref's store as the production binding builds it (see the module):
+    its table under $RAIDEN_SHM_KEY, where that is set."""
+
+    def __init__(self, capacity: int, num_shards: int = 1, store_server_ip: str = "127.0.0.1",
+                 raiden_id: RaidenId = RaidenId()):
+        key = os.environ.get(SHM_KEY_VARIABLE) or None
+        super().__init__(capacity, num_shards=num_shards, store_server_ip=store_server_ip, raiden_id=raiden_id,
+                         shm_key=key, model_uid=os.environ.get(MODEL_UID_VARIABLE) or "default_model")
+        if key:
+            _meet(key, store=self)
+
+
+def _meet(key: str, **attached) -> None:
+    """A manager or store attached under `key`: once both are, the manager
+    locks the chunks the store recovered, or the store forgets them where
+    the manager's pool was made anew."""
+    met = _UNDER_KEY.setdefault(key, {})
+    met.update({kind: weakref.ref(value) for kind, value in attached.items()})
+    manager, store = (met[kind]() if kind in met else None for kind in ("manager", "store"))
+    if manager is None or store is None or not store.recovered:
+        return
+    if manager.recovered:
+        manager.adopt_saved([raiden_id.data_replica_idx for _, raiden_id in store.recovered])
+        store.recovered = []
+    else:
+        store.forget_recovered()
 
 
 EXPORTED = ("KVCacheManager", "KVCacheStore", "RaidenId")  # what `from <name> import ...` finds

@@ -24,6 +24,21 @@ def test_a_short_campaign_finds_nothing():
         assert t.refused and t.accepted, f"{t.category} exercised only one side"
 
 
+def test_a_short_listener_run_finds_nothing_and_each_form_is_answered_both_ways():
+    tallies = campaign.campaign(total=0, seed=2024, listener=40)
+    assert [t.category for t in tallies] == ["listener"]
+    assert tallies[0].inputs == 40 and not tallies[0].failures, campaign.render(tallies, 1.0)
+    assert tallies[0].refused and tallies[0].accepted
+
+
+def test_the_listener_category_finds_a_listener_that_lands_writes_in_the_wrong_chunks(monkeypatch):
+    """Under host_pairs_sorted, a write and a read land blocks in chunks other than the ones reported: the
+    honest h2h_read after each attack finds it."""
+    monkeypatch.setenv("KVREF_FAULTS", "host_pairs_sorted")
+    tallies = campaign.campaign(total=0, seed=2024, listener=10)
+    assert tallies[0].failures and all("h2h_read" in f["detail"] for f in tallies[0].failures)
+
+
 def test_a_crash_is_pinned_to_its_input_and_the_campaign_goes_on(tmp_path):
     tally = campaign.run_category("tests.fuzz_standins:Crashes", 12, seed=7, log_dir=tmp_path)
     crashing = [i for i in range(12) if np.random.default_rng([7, i]).integers(0, 4) == 3]

@@ -43,8 +43,8 @@ def _same_file(fd: int, path: Path) -> bool:
 
 class PoolAttachment:
     def __init__(self, key, leave_segment: bool = False, prefix: str = PREFIX):
-        """Hold `key` (segments named `prefix` + key); `leave_segment`: the
-        shm_segment_left fault, leaving them all when released."""
+        """Hold `key` (segments named `prefix` + key); `leave_segment`: leave
+        them all when released, as an old bug did."""
         if not isinstance(key, str) or not KEY.fullmatch(key):
             raise ValueError(f"shm_key must be 1 to 200 letters, digits, '.', '_' or '-', got {key!r}")
         self.path = SEGMENTS / f"{prefix}{key}"

@@ -15,6 +15,10 @@ void check_size(const char* what, size_t got, int64_t want) {
 
 NB_MODULE(_core, m) {
   m.doc() = "C++ core of kvref: tiled layouts, the simulated device, block transfers, plans.";
+  // A process stopped mid-run (Ctrl-C) ends with objects that caches and
+  // threads still hold; the process frees them, and a report of each in the
+  // user's terminal would say nothing they can act on.
+  nanobind::set_leak_warnings(false);
   nanobind::exception<kvref::DeviceError>(m, "DeviceError", PyExc_RuntimeError);
   nanobind::exception<kvref::PoolExhausted>(m, "HostPoolExhausted", PyExc_ValueError);
   kvref_bind::bind_layout(m);

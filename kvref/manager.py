@@ -23,7 +23,7 @@ import weakref
 import numpy as np
 
 from kvref import _core
-from kvref.addressing import SLICE_POLICIES, plan_host
+from kvref.addressing import plan_host
 from kvref.buffers import DeviceBufferView, check_live, is_simulated, split_shards, unpack_buffer
 from kvref.errors import HostBudgetError
 from kvref.faults import Faults
@@ -32,7 +32,7 @@ from kvref.futures import TransferFuture
 from kvref.host_transfers import HostTransfers
 from kvref.listener import Listener
 from kvref.offsets import block_list, transfer_lists
-from kvref.settings import check_parallelism, check_timeout
+from kvref.settings import ManagerSettings
 from kvref.plans import Plan, request_bytes
 from kvref.pulls import PullService
 from kvref.shared_pool import PoolAttachment
@@ -45,31 +45,18 @@ _LEAKED_POOLS: list = []  # the leaked_pool fault model's pools, never freed
 
 
 class KVCacheManager:
-    def __init__(self, kv_caches, host_blocks: int, *, host_budget_bytes: int | None = None,
-                 slice_policy: str = "uniform", parallelism: int | None = None,
-                 timeout_s: float | None = None, listen: str | None = None, pull_slots: int = 4,
-                 pull_slot_blocks: int = 64, sub_managers: int = 1, shm_key: str | None = None,
-                 serve_host: bool = False, faults=()):
-        """`parallelism`: the most parts one transfer is split into (default:
-        the copy pool's threads); `timeout_s`: the longest a future's result()
-        waits by default (None: until done), and a pull between managers
-        (None: PULL_TIMEOUT_S).
-
-        Pulls between managers (kvref.pulls): `listen` 'host:port' (port 0:
-        any free one) to serve pulls of what this manager registers (None: it
-        opens no listening socket); `pull_slots` slots of `pull_slot_blocks`
-        blocks that pulls pass through (kvref.staging; allocated at the first
-        pull); `sub_managers` listeners on consecutive ports, each serving its
-        share of the parts of a block, as a manager split by NUMA node;
-        `serve_host`: the listener also serves host-to-host transfers
-        (kvref.host_transfers: peers read its host blocks and write into
-        its free chunks). `shm_key`: attach the pool under this shared-memory key, which no
-        other manager may hold meanwhile (kvref.shared_pool)."""
+    def __init__(self, kv_caches, host_blocks: int, *, faults=(), **settings):
+        """A manager of `host_blocks` host blocks over `kv_caches` (a list of
+        layers: each an array, or a list of one array per device), built with
+        `settings`, kvref.ManagerSettings' fields by name (its docstring says
+        what each means), each checked before anything is made; `faults`:
+        fault models to switch on (kvref.Faults)."""
         self.faults = Faults.parse(faults)
+        self.settings = ManagerSettings.checked(self.faults, host_blocks=host_blocks, **settings)
+        shm_key = self.settings.shm_key
         self._attachment = None if shm_key is None else PoolAttachment(shm_key, self.faults.shm_segment_left)
         try:
-            self._build(kv_caches, host_blocks, host_budget_bytes, slice_policy, parallelism, timeout_s, listen,
-                        pull_slots, pull_slot_blocks, sub_managers, serve_host)
+            self._build(kv_caches, self.settings)
         except BaseException:
             if self._attachment is not None:
                 self._attachment.release()
@@ -77,20 +64,14 @@ class KVCacheManager:
         self._close = weakref.finalize(self, _closer(self._listener, self._pulls, self._host_transfers,
                                                      self._attachment))  # runs once
 
-    def _build(self, kv_caches, host_blocks, host_budget_bytes, slice_policy, parallelism, timeout_s, listen,
-               pull_slots, pull_slot_blocks, sub_managers, serve_host) -> None:
-        if not self.faults.unchecked_settings:
-            parallelism, timeout_s = check_parallelism(parallelism), check_timeout(timeout_s)
-        self.timeout_s = timeout_s
-        if slice_policy not in SLICE_POLICIES:
-            raise ValueError(f"slice_policy {slice_policy!r} is not one of {SLICE_POLICIES}")
-        host_blocks = integer(host_blocks, "host_blocks", 1)
+    def _build(self, kv_caches, settings: ManagerSettings) -> None:
+        self.timeout_s = settings.timeout_s
+        host_blocks = settings.host_blocks
         layers, placements = _layers(kv_caches)
         views = [[unpack_buffer(a, self.faults) for a in layer] for layer in layers]
         _check_devices(views, self.faults)
-        plan = plan_host(views, int(host_blocks), slice_policy, self.faults, placements)
-        budget = default_host_budget() if host_budget_bytes is None else integer(host_budget_bytes,
-                                                                                 "host_budget_bytes", 0)
+        plan = plan_host(views, host_blocks, settings.slice_policy, self.faults, placements)
+        budget = default_host_budget() if settings.host_budget_bytes is None else settings.host_budget_bytes
         if plan.host_bytes > budget and not self.faults.no_host_budget:
             raise HostBudgetError(
                 f"the host pool would take {plan.host_bytes:,} bytes ({plan.host_bytes / 2**30:.1f} "
@@ -100,16 +81,17 @@ class KVCacheManager:
         check_allocation(plan.allocate_bytes, "the host pool")  # whatever budget was given
         self.recovered = False
         if self._attachment is None:
-            self._mover = _core.BlockMover(plan.layers, int(host_blocks), plan.allocate_bytes)
+            self._mover = _core.BlockMover(plan.layers, host_blocks, plan.allocate_bytes)
         else:  # the pool's bytes in shared memory, kept by a holder that died
             geometry = _geometry(plan, host_blocks, views)
             pool, self.recovered = self._attachment.segment("pool", plan.allocate_bytes, geometry)
-            self._mover = _core.BlockMover(plan.layers, int(host_blocks), plan.allocate_bytes, pool)
+            self._mover = _core.BlockMover(plan.layers, host_blocks, plan.allocate_bytes, pool)
         f = self.faults
         if f.leaked_pool:
             _LEAKED_POOLS.append(self._mover)
         self._mover.set_faults(f.leaky_refused_allocation, f.unchecked_unlock, f.unordered_transfers,
                                f.unfenced_copies)
+        parallelism = settings.parallelism
         if parallelism is not None and parallelism >= 1:  # (fewer only with unchecked_settings)
             self._mover.set_parallelism(parallelism)
         self._views = views
@@ -118,30 +100,27 @@ class KVCacheManager:
         self._plans = _core.PlanRegistry(len(views), self.device_blocks)
         self._host_slots = plan.host_slots
         self._addressed_shards = plan.layers[0].shard_count
-        self.host_blocks = int(host_blocks)
+        self.host_blocks = host_blocks
         self.host_bytes = plan.host_bytes
         self.layer_bytes_per_block = plan.slice_bytes
-        self.slice_policy = slice_policy
+        self.slice_policy = settings.slice_policy
         self._placements = placements
         self._up_to_date_lock = threading.RLock()
         self._staging_mover = None
-        self._staging_blocks = integer(pull_slots, "pull_slots", 1, 1024) * integer(pull_slot_blocks,
-                                                                                    "pull_slot_blocks", 1)
-        staging = Staging(_weak(self._pull_mover), _weak(self._bring_up_to_date), int(pull_slots),
-                          int(pull_slot_blocks), tuple(plan.host_slots))
-        peer_timeout = PULL_TIMEOUT_S if timeout_s is None else timeout_s
+        self._staging_blocks = settings.pull_slots * settings.pull_slot_blocks
+        staging = Staging(_weak(self._pull_mover), _weak(self._bring_up_to_date), settings.pull_slots,
+                          settings.pull_slot_blocks, tuple(plan.host_slots))
+        peer_timeout = PULL_TIMEOUT_S if settings.timeout_s is None else settings.timeout_s
+        listen = settings.listen
         if listen is None and self.faults.offload_only_listens:
             listen = "127.0.0.1:0"
-        if flag(serve_host, "serve_host") and listen is None:
-            raise ValueError("serve_host=True serves host-to-host transfers on the listener; give listen= too")
-        sub_managers = integer(sub_managers, "sub_managers", 1)
-        self._listener = None if listen is None else Listener(listen, sub_managers, plan.host_slots[0])
+        self._listener = None if listen is None else Listener(listen, settings.sub_managers, plan.host_slots[0])
         self._pulls = PullService(staging, tuple(plan.slice_bytes), self.device_blocks, peer_timeout,
                                   self._listener, self.faults)
         self._host_transfers = HostTransfers(_weak(self._current_mover), tuple(plan.slice_bytes),
                                              tuple(plan.host_slots), self.host_blocks, peer_timeout, self.faults)
         if self._listener is not None:
-            self._listener.start([self._pulls, self._host_transfers] if serve_host else [self._pulls])
+            self._listener.start([self._pulls, self._host_transfers] if settings.serve_host else [self._pulls])
 
     @property
     def num_layers(self) -> int:

@@ -33,6 +33,12 @@ HEADER_BYTES = 4096  # a segment's header: its format and the geometry it was ma
 MAGIC = b"kvref-segment-1\n"
 
 
+def check_key(key, name: str = "shm_key") -> str:
+    if not isinstance(key, str) or not KEY.fullmatch(key):
+        raise ValueError(f"{name} must be 1 to 200 letters, digits, '.', '_' or '-', got {key!r}")
+    return key
+
+
 def _same_file(fd: int, path: Path) -> bool:
     """Whether `path` still names the file open at `fd`."""
     try:
@@ -45,8 +51,7 @@ class PoolAttachment:
     def __init__(self, key, leave_segment: bool = False, prefix: str = PREFIX):
         """Hold `key` (segments named `prefix` + key); `leave_segment`: leave
         them all when released, as an old bug did."""
-        if not isinstance(key, str) or not KEY.fullmatch(key):
-            raise ValueError(f"shm_key must be 1 to 200 letters, digits, '.', '_' or '-', got {key!r}")
+        key = check_key(key)
         self.path = SEGMENTS / f"{prefix}{key}"
         self._leave_segment = leave_segment
         self._segments: list[Path] = []

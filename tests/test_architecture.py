@@ -9,6 +9,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import kvref
@@ -235,3 +236,23 @@ def test_a_module_left_off_the_map_is_found():
     text = (ROOT / "ARCHITECTURE.md").read_text()
     assert "kvref/host_transfers.py" in unmapped(text.replace("host_transfers.py", "elsewhere"))
     assert "csrc/block_mover.cc" in unmapped(text.replace("block_mover.h", "elsewhere"))
+
+
+def test_the_managers_settings_are_declared_once():
+    """One record, one check per field, and the manager's constructor names none of them itself."""
+    import dataclasses
+    import inspect
+
+    names = [f.name for f in dataclasses.fields(kvref.ManagerSettings)]
+    checks = sorted(n[len("_check_"):] for n in vars(kvref.ManagerSettings) if n.startswith("_check_"))
+    assert checks == sorted(names)
+    own = set(inspect.signature(kvref.KVCacheManager.__init__).parameters) - {"self", "kv_caches", "faults", "settings"}
+    assert own == {"host_blocks"}  # the one setting every manager needs, passed into the record
+
+
+def test_an_unknown_setting_is_refused_by_name_and_a_manager_keeps_its_record():
+    cache = kvref.SimDevice("v6e").put(np.zeros((8, 8, 128), np.float32))
+    with pytest.raises(TypeError, match=r"unknown manager setting\(s\) \['paralelism'\]"):
+        kvref.KVCacheManager([cache], 4, paralelism=2)
+    manager = kvref.KVCacheManager([cache], 4, parallelism=np.int64(2))
+    assert manager.settings == kvref.ManagerSettings(host_blocks=4, parallelism=2)

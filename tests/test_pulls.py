@@ -285,8 +285,8 @@ def test_one_manager_at_a_time_attaches_a_shared_memory_key_and_its_segment_goes
     key = f"kvref-test-{os.getpid()}"
     arrays, _ = caches(device, 1)
     first = kvref.KVCacheManager(arrays, 8, shm_key=key)
-    segments = [p for p in os.listdir("/dev/shm") if key in p]
-    assert len(segments) == 1
+    segments = sorted(p for p in os.listdir("/dev/shm") if key in p)
+    assert segments == [f"kvref-pool-{key}", f"kvref-pool-{key}+pool"]  # the hold, and the pool's bytes
     with pytest.raises(ValueError, match=f"attached by another manager \\(pid {os.getpid()}\\)"):
         kvref.KVCacheManager(arrays, 8, shm_key=key)
     monkeypatch.setenv("RAIDEN_SHM_KEY", key)

@@ -215,3 +215,23 @@ def test_cases_that_wait_on_the_device_run_beside_the_others(monkeypatch):
     threads = run_cases(cases, jobs=2)
     assert [t.split("_")[0] for t in threads] == ["waiting" if w else "working" for w in waits]
     assert {t.split("_")[0] for t in run_cases(cases, jobs=1)} == {"working"}
+
+
+def test_a_two_process_case_forks_both_workers_from_the_zygote_unless_it_reads_its_network(monkeypatch):
+    """Both workers of a pull forked from the IUT's warm zygote, sharing its
+    network namespace; a probe that reads its namespace's counters gets one
+    of its own, fresh."""
+    from probes.run import runner as watched
+    from probes.suite.registry import probe as declared
+
+    def no(*_):
+        raise AssertionError("this path must not be taken")
+    forked = Case("pull_blocks", "tpu7x", "kvref-sim", "pull_blocks-subset", declared("pull_blocks").subject,
+                  timeout=30.0, kind="subset")
+    own = Case("pull_failures", "tpu7x", "kvref-sim", "pull_failures-connection_refused",
+               declared("pull_failures").subject, timeout=30.0, kind="connection_refused")
+    monkeypatch.setattr(watched, "_fresh_pair", no)
+    assert watched.run_case(forked).outcome.verdict == "PASS"
+    monkeypatch.undo()
+    monkeypatch.setattr(watched, "_forked_pair", no)
+    assert watched.run_case(own).outcome.verdict == "PASS"

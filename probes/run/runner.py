@@ -75,7 +75,8 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
     except TpuUnavailable as e:  # the runtime's environment could not be read
         return CaseResult(case, Outcome(ERROR, f"{case.iut}: {e}"), 0.0, "", *this_host())
     if probe(case.probe).two_process:
-        return _run_two(case, python, env)
+        shared = not (fresh or probe(case.probe).own_network)  # a zygote's namespace is every case's it forks
+        return _run_two(case, python, env, declared.preload if shared else None)
     start = time.monotonic()
     text = case.to_json()
     limit = case.startup_timeout + case.timeout + GRACE_SECONDS
@@ -91,35 +92,77 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
     return CaseResult(case, outcome, time.monotonic() - start, ran.err, *this_host())
 
 
-def _run_two(case: Case, python: str, env: dict) -> CaseResult:
-    """A two-process case: its producer and consumer workers side by side
-    (probes.run.pair), in one loopback-only network namespace of their own
-    where one can be made (a loopback_only IUT's cases are SKIP where none
-    can), and one verdict from both."""
+def _run_two(case: Case, python: str, env: dict, preload: tuple[str, ...] | None) -> CaseResult:
+    """A two-process case: its producer and consumer workers side by side,
+    in one loopback-only network namespace of their own where one can be
+    made (a loopback_only IUT's cases are SKIP where none can), and one
+    verdict from both. Both are forked from the IUT's warm zygote (in such a
+    namespace, shared by the cases it forks, each on ports of its own);
+    `preload` None, or no zygote: fresh interpreters (probes.run.pair), in a
+    namespace of the case's own."""
     start = time.monotonic()
     limit = case.startup_timeout + case.timeout + GRACE_SECONDS
-    folder = tempfile.mkdtemp(prefix="kvprobe-pair-")
-    try:
-        cases = [dataclasses.replace(case, role=role, rendezvous=folder).to_json() for role in ROLES]
-        isolated = netns.unavailable() is None
-        command = netns.python_command(python, PAIR) if isolated else [python, "-m", PAIR]
-        request = json.dumps({"cases": cases, "limit": limit})
-        parent = run_watched(command, request, limit + PAIR_GRACE_SECONDS, env)
-        dying = {role for role in ROLES if posted_by(folder, role, DIES)}
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    line = next((text for text in reversed(parent.out.splitlines()) if text.startswith(PAIR_PREFIX)), None)
-    if line is None:
-        return CaseResult(case, Outcome(ERROR, f"the two workers' parent exited {parent.returncode} without "
-                                        f"their results\n{parent.err[-4000:]}"), time.monotonic() - start,
-                          parent.err, *this_host())
-    ran = [ran_of(fields) for fields in json.loads(line[len(PAIR_PREFIX):])]
+    isolated = netns.unavailable() is None
+    ran = None if preload is None else _forked_pair(case, python, env, preload, isolated, limit)
+    if isinstance(ran, CaseResult):
+        return ran
+    if ran is None:
+        ran, parent = _fresh_pair(case, python, env, isolated, limit)
+        if ran is None:
+            return CaseResult(case, Outcome(ERROR, f"the two workers' parent exited {parent.returncode} without "
+                                            f"their results\n{parent.err[-4000:]}"), time.monotonic() - start,
+                              parent.err, *this_host())
+    ran, dying = ran
     outcomes = [Outcome(PASS, "killed itself mid-pull, as the probe has it do")
                 if role in dying and worker.returncode == -signal.SIGKILL
                 else classify(worker, case.timeout, case.startup_timeout) for role, worker in zip(ROLES, ran)]
     stderr = "\n".join(f"--- {role} ---\n{worker.err}" for role, worker in zip(ROLES, ran))
     return CaseResult(case, both_sides(dict(zip(ROLES, outcomes))), time.monotonic() - start, stderr,
                       *this_host())
+
+
+def _role_cases(case: Case, folder: str) -> list[str]:
+    return [dataclasses.replace(case, role=role, rendezvous=folder).to_json() for role in ROLES]
+
+
+def _forked_pair(case: Case, python: str, env: dict, preload: tuple[str, ...], isolated: bool, limit: float):
+    """(both workers' Ran, the roles that said they would die), forked from
+    the zygote; None where there is none; a CaseResult when it died under them."""
+    folder = tempfile.mkdtemp(prefix="kvprobe-pair-")
+    try:
+        zygote = zygote_for(python, case.iut, preload, env, isolated)
+        with ThreadPoolExecutor(len(ROLES)) as pool:
+            runs = [pool.submit(zygote.run, text, env, limit) for text in _role_cases(case, folder)]
+            errors = [run.exception() for run in runs]
+        lost = next((e for e in errors if isinstance(e, ZygoteLost)), None)
+        if lost is not None:
+            return CaseResult(case, Outcome(ERROR, str(lost)), 0.0, "", *this_host())
+        if any(errors):
+            if all(isinstance(e, ZygoteUnavailable) for e in errors if e):
+                return None
+            raise next(e for e in errors if e)
+        return [run.result() for run in runs], {role for role in ROLES if posted_by(folder, role, DIES)}
+    except ZygoteUnavailable:
+        return None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _fresh_pair(case: Case, python: str, env: dict, isolated: bool, limit: float):
+    """(both workers' Ran and the roles that said they would die, or None;
+    their parent's Ran), started fresh by probes.run.pair."""
+    folder = tempfile.mkdtemp(prefix="kvprobe-pair-")
+    try:
+        command = netns.python_command(python, PAIR) if isolated else [python, "-m", PAIR]
+        request = json.dumps({"cases": _role_cases(case, folder), "limit": limit})
+        parent = run_watched(command, request, limit + PAIR_GRACE_SECONDS, env)
+        dying = {role for role in ROLES if posted_by(folder, role, DIES)}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    line = next((text for text in reversed(parent.out.splitlines()) if text.startswith(PAIR_PREFIX)), None)
+    if line is None:
+        return None, parent
+    return ([ran_of(fields) for fields in json.loads(line[len(PAIR_PREFIX):])], dying), parent
 
 
 def _run_fresh(python: str, text: str, env: dict, limit: float, loopback_only: bool = False) -> Ran:

@@ -59,6 +59,8 @@ class Probe:
     #                                   for arrays that can (probes.iut.protocol.ShardedArrays)
     waits: bool = False  # spends most of its time waiting on the device (a step computing, a copy held
     #                      in flight): the runner runs it beside the cases that compute, not in their place
+    own_network: bool = False  # a two-process probe that reads its network namespace's counters (bytes over
+    #                            lo): its workers get a namespace no other case shares
 
     def __post_init__(self):
         if self.scope not in tuple(Scope):
@@ -149,7 +151,7 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     Probe("pull_refusals", pull_failures.pull_refusals, Scope.ROBUSTNESS, always(PASS), subject=PULL_SUBJECT,
           kinds=pull_failures.REFUSAL_KINDS, default=False, two_process=True),
     Probe("pull_failures", pull_failures.pull_failures, Scope.ROBUSTNESS, always(PASS), subject=PULL_SUBJECT,
-          kinds=pull_failures.FAILURE_KINDS, default=False, two_process=True),
+          kinds=pull_failures.FAILURE_KINDS, default=False, two_process=True, own_network=True),
     Probe("pull_across_donation", pull_donation.pull_across_donation, Scope.GENERATION, always(PASS),
           subject=PULL_SUBJECT, default=False, two_process=True),
     Probe("pull_sockets", pull_failures.pull_sockets, Scope.GENERATION, always(PASS), subject=PULL_SUBJECT,

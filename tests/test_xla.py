@@ -44,9 +44,17 @@ def test_kvref_over_xla_tensors(xla_python, check):
 AS_IT_IS_SECONDS = 1800  # every probe in watched workers: minutes, more on a loaded machine
 
 
+# The rows whose caches the XLA CPU device treats differently: a rank-3 cache
+# with every construction probe, a rank-2 one, and f8, which DLPack cannot
+# carry. The whole matrix is `make xla-probe`'s.
+ROWS = ("seed-rank3", "seed-rank2-bf16", "f8-rank3")
+
+
 @pytest.fixture(scope="module")
 def as_it_is(xla_python):
-    return run_cases(build_cases(["cpu"], load_matrix("cpu"), probes=tuple(PROBES), iut=IUT), jobs=2)
+    rows = [row for row in load_matrix("cpu") if row.name in ROWS]
+    assert len(rows) == len(ROWS)
+    return run_cases(build_cases(["cpu"], rows, probes=tuple(PROBES), iut=IUT), jobs=2)
 
 
 def landed_first(r) -> bool:

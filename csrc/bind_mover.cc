@@ -128,6 +128,14 @@ void bind_mover(nb::module_& m) {
       .def_ro("host_stride", &LayerAddressing::host_stride)
       .def_ro("host_shard_stride", &LayerAddressing::host_shard_stride);
 
+  nb::enum_<kvref::ChunkState>(m, "ChunkState")
+      .value("FREE", kvref::ChunkState::kFree, "unlocked, no bytes (never written, or its save failed)")
+      .value("WRITING", kvref::ChunkState::kWriting, "unlocked, a d2h into it in flight")
+      .value("CACHED", kvref::ChunkState::kCached, "unlocked, holding bytes until handed out again")
+      .value("SAVING", kvref::ChunkState::kSaving, "locked, its save in flight")
+      .value("SAVED", kvref::ChunkState::kSaved, "locked, holding its save's bytes")
+      .value("FAILED", kvref::ChunkState::kFailed, "locked, its save failed: no bytes");
+
   nb::enum_<Direction>(m, "Direction")
       .value("DEVICE_TO_HOST", Direction::kDeviceToHost)
       .value("HOST_TO_DEVICE", Direction::kHostToDevice);
@@ -198,10 +206,7 @@ void bind_mover(nb::module_& m) {
       .def("adopt",
            [](BlockMover& mover, Int64s ids) { mover.pool().chunks.adopt(ids.data(), ids.size()); },
            nb::arg("ids"), "Locks FREE chunks of a recovered pool as SAVED.")
-      .def("chunk_state",
-           [](BlockMover& mover, int64_t id) {
-             return kvref::chunk_state_name(mover.pool().chunks.state(id));
-           },
+      .def("chunk_state", [](BlockMover& mover, int64_t id) { return mover.pool().chunks.state(id); },
            nb::arg("id"))
       .def_prop_ro("chunks_available", [](BlockMover& m) { return m.pool().chunks.available(); })
       .def("set_faults",

@@ -8,7 +8,7 @@ from kvref.futures import TransferFuture
 from kvref.generations import GENERATIONS
 from kvref.kv_store import KVCacheStore, RaidenId
 from kvref.limits import AllocationError
-from kvref.manager import KVCacheManager
+from kvref.manager import ChunkState, KVCacheManager
 from kvref.settings import ManagerSettings
 from kvref.oracle import LayoutAnswer, OracleUnavailable, tpu_layout
 from kvref.placement import element_byte_offsets, element_physical_indices, pack, unpack
@@ -27,7 +27,7 @@ from kvref.torch_interop import from_torch, to_torch, torch_dtype
 from kvref.transfer import transfer_d2h, transfer_d2h_async, transfer_h2d, transfer_h2d_async
 
 __all__ = [
-    "AllocationError", "ELEMENT_TYPES", "FAULTS", "Faults", "GENERATIONS", "BufferState", "DeviceArray", "DeviceError",
+    "AllocationError", "ChunkState", "ELEMENT_TYPES", "FAULTS", "Faults", "GENERATIONS", "BufferState", "DeviceArray", "DeviceError",
     "HostBudgetError", "HostPoolExhausted", "KVCacheManager", "KVCacheStore", "ManagerSettings", "Layout", "LayoutAnswer", "LayoutError", "MajorSlice",
     "NotAFlag", "NotAnInteger", "OracleUnavailable", "PeerTransferFailed", "Plan", "PoolTooLarge", "RaidenId", "Shape", "ShapeKey", "Sharding", "SimDevice", "StartTransferRequest", "TransferFuture",
     "element_byte_offsets", "from_torch", "to_torch", "torch_dtype", "element_physical_indices", "element_type", "legacy_major_slice_byte_size", "major_slice", "pack",

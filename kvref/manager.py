@@ -39,6 +39,7 @@ from kvref.shared_pool import PoolAttachment
 from kvref.staging import Staging
 from kvref.values import flag, integer
 
+ChunkState = _core.ChunkState  # what a host chunk holds, and whether it is locked
 BUDGET_SHARE = 0.5  # default budget: this share of the memory available now
 PULL_TIMEOUT_S = 120.0  # how long a pull may take when timeout_s is not given
 _LEAKED_POOLS: list = []  # the leaked_pool fault model's pools, never freed
@@ -178,8 +179,8 @@ class KVCacheManager:
                              "with this geometry): its chunks hold no saved block to adopt")
         self._mover.adopt(block_list(chunk_ids, "chunk_ids"))
 
-    def chunk_state(self, chunk_id: int) -> str:
-        """FREE, WRITING, CACHED, SAVING, SAVED or FAILED (csrc/host_chunks.h)."""
+    def chunk_state(self, chunk_id: int) -> ChunkState:
+        """A ChunkState: FREE, WRITING, CACHED, SAVING, SAVED or FAILED (csrc/host_chunks.h)."""
         return self._mover.chunk_state(self._indices(0, 0, chunk_id)[2])
 
     @property

@@ -65,7 +65,7 @@ def test_a_failed_save_is_unlocked_and_its_chunks_come_back():
     chunks, future = m.d2h_auto_allocate([0, 1])
     with pytest.raises(RuntimeError, match="injected DMA failure"):
         future.Await()
-    assert [m.reference.chunk_state(c) for c in chunks] == ["FAILED", "FAILED"]
+    assert [m.reference.chunk_state(c) for c in chunks] == [kvref.ChunkState.FAILED, kvref.ChunkState.FAILED]
     m.unlock_blocks(chunks)  # what get_finished does after a failed save
     assert m.reference.chunks_available == CHUNKS
 

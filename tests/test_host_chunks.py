@@ -37,7 +37,7 @@ def manager(dev, chunks=8, **kwargs):
 
 
 def states(m, n=8):
-    return [m.chunk_state(i) for i in range(n)]
+    return [m.chunk_state(i).name for i in range(n)]
 
 
 def test_a_save_locks_fresh_chunks_in_order_and_holds_the_blocks(dev):
@@ -109,7 +109,7 @@ def test_a_save_in_flight_cannot_be_unlocked_and_its_chunk_is_never_handed_out(d
     m, cache, host = manager(dev, chunks=2)
     cache.hold_next_dma(300_000)
     (chunk,), future = m.d2h_auto_allocate([4])
-    assert m.chunk_state(chunk) == "SAVING"
+    assert m.chunk_state(chunk) == kvref.ChunkState.SAVING
     with pytest.raises(ValueError, match="still being saved"):
         m.unlock_blocks([chunk])
     del future  # dropped: the copy still owns its chunk
@@ -119,9 +119,9 @@ def test_a_save_in_flight_cannot_be_unlocked_and_its_chunk_is_never_handed_out(d
         m.d2h_auto_allocate([6])
     f.result()
     deadline = time.monotonic() + 10
-    while m.chunk_state(chunk) == "SAVING" and time.monotonic() < deadline:
+    while m.chunk_state(chunk) == kvref.ChunkState.SAVING and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert m.chunk_state(chunk) == "SAVED" and m.read_block_bytes(0, chunk) == block(host, 4)
+    assert m.chunk_state(chunk) == kvref.ChunkState.SAVED and m.read_block_bytes(0, chunk) == block(host, 4)
 
 
 def test_a_failed_save_leaves_failed_chunks_that_cannot_be_loaded_until_unlocked(dev):
@@ -130,11 +130,11 @@ def test_a_failed_save_leaves_failed_chunks_that_cannot_be_loaded_until_unlocked
     chunks, future = m.d2h_auto_allocate([0])
     with pytest.raises(kvref.DeviceError):
         future.result()
-    assert m.chunk_state(chunks[0]) == "FAILED"
+    assert m.chunk_state(chunks[0]) == kvref.ChunkState.FAILED
     with pytest.raises(ValueError, match="save failed \\(FAILED\\)"):
         m.h2d(chunks, [3])
     m.unlock_blocks(chunks)
-    assert m.chunk_state(chunks[0]) == "FREE"
+    assert m.chunk_state(chunks[0]) == kvref.ChunkState.FREE
 
 
 def test_a_plain_d2h_into_a_locked_chunk_is_refused(dev):
@@ -144,14 +144,14 @@ def test_a_plain_d2h_into_a_locked_chunk_is_refused(dev):
     with pytest.raises(ValueError, match="host block 0 is locked \\(SAVED\\) by d2h_auto_allocate"):
         m.d2h([1], chunks)
     m.d2h([1], [5]).result()  # an unlocked block is the caller's to write
-    assert m.chunk_state(5) == "CACHED"
+    assert m.chunk_state(5) == kvref.ChunkState.CACHED
 
 
 def test_a_chunk_a_plain_d2h_is_writing_is_not_handed_out(dev):
     m, cache, host = manager(dev, chunks=2)
     cache.hold_next_dma(300_000)
     f = m.d2h([3], [0])
-    assert m.chunk_state(0) == "WRITING"
+    assert m.chunk_state(0) == kvref.ChunkState.WRITING
     chunks, g = m.d2h_auto_allocate([4])
     assert chunks == [1]
     f.result()
@@ -225,7 +225,7 @@ def test_transfers_on_jax_arrays_have_landed_when_the_call_returns():
     cache = jax.device_put(host.copy(), jax.devices("cpu")[0])
     m = kvref.KVCacheManager([cache], 8)
     chunks, future = m.d2h_auto_allocate(list(range(8)))
-    assert future.done() and m.chunk_state(chunks[-1]) == "SAVED"
+    assert future.done() and m.chunk_state(chunks[-1]) == kvref.ChunkState.SAVED
     assert m.h2d(chunks, list(range(8, 16))).done()
     assert np.array_equal(np.asarray(cache)[8:16], host[:8])
 

@@ -50,7 +50,7 @@ def test_a_read_lands_each_block_in_the_chunk_reported_for_it(peers):
     ids, future = client.h2h_read(peer, [9, 2, 14])
     future.result()
     assert ids != sorted(ids)
-    assert [client.chunk_state(i) for i in ids] == ["SAVED"] * 3
+    assert [client.chunk_state(i) for i in ids] == [kvref.ChunkState.SAVED] * 3
     assert same_blocks(client, ids, server, [9, 2, 14])
     client.unlock_blocks(ids)
 
@@ -61,7 +61,7 @@ def test_a_write_lands_in_chunks_the_peer_keeps_locked(peers):
     ids, future = client.h2h_write(peer, [4, 7])
     assert future.done()
     future.result()
-    assert [server.chunk_state(i) for i in ids] == ["SAVED", "SAVED"]
+    assert [server.chunk_state(i) for i in ids] == [kvref.ChunkState.SAVED, kvref.ChunkState.SAVED]
     assert server.chunks_available == before - 2
     assert same_blocks(server, ids, client, [4, 7])
 
@@ -106,7 +106,7 @@ def test_a_block_that_holds_no_bytes_is_not_read_or_written():
         ids, future = client.h2h_read(empty.get_local_endpoints()[0]["endpoint"], [0])
         with pytest.raises(kvref.PeerTransferFailed, match="FREE"):
             future.result()
-        assert client.chunk_state(ids[0]) == "FAILED"
+        assert client.chunk_state(ids[0]) == kvref.ChunkState.FAILED
     finally:
         for m in (server, client, empty):
             m.close()
@@ -149,7 +149,7 @@ def test_managers_whose_blocks_differ_refuse_each_others_bytes():
         ids, future = other.h2h_read(server.get_local_endpoints()[0]["endpoint"], [1])
         with pytest.raises(kvref.PeerTransferFailed, match="bytes per block"):
             future.result()
-        assert other.chunk_state(ids[0]) == "FAILED"
+        assert other.chunk_state(ids[0]) == kvref.ChunkState.FAILED
     finally:
         server.close()
         other.close()
@@ -217,7 +217,7 @@ def test_close_fails_a_read_in_flight():
     with pytest.raises(kvref.PeerTransferFailed):
         future.result()
     client.close()
-    assert client.chunk_state(ids[0]) == "FAILED"
+    assert client.chunk_state(ids[0]) == kvref.ChunkState.FAILED
 
 
 def test_the_facade_moves_host_blocks_as_the_native_manager_does():

@@ -81,7 +81,7 @@ def test_a_restart_after_a_crash_recovers_entries_order_and_bytes(key):
     assert [h for h, _ in hits] == hashes[:2]
     chunks = [i.data_replica_idx for _, i in store.lookup([hashes[0]]) + store.lookup([hashes[1]])]
     chunks += [store.lookup([h])[0][1].data_replica_idx for h in hashes[2:]]
-    assert [manager.reference.chunk_state(c) for c in chunks] == ["SAVED"] * 4
+    assert [manager.reference.chunk_state(c) for c in chunks] == [kvref.ChunkState.SAVED] * 4
     assert all(store.pins(h) == 0 for h in hashes)  # the pin in flight died with its process
     manager.h2d(chunks, [0, 1, 2, 3], [1, 1, 1, 1]).Await()
     for layer, cache in enumerate(caches):

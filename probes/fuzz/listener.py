@@ -26,6 +26,7 @@ SETTLE_SECONDS = 10.0  # an honest pull's bound
 METHODS = ("/kvref.BlockPull/Pull", "/kvref.BlockPull/Settled", "/kvref.HostTransfer/Read",
            "/kvref.HostTransfer/Write")
 FORMS = ("junk", "broken", "valid", "stalled")
+HOLDING_BYTES = (kvref.ChunkState.CACHED, kvref.ChunkState.SAVED)  # the chunks a peer may read
 FORM_WEIGHTS = (0.35, 0.4, 0.2, 0.05)  # a stall holds a call for the listener's timeout_s: few of them
 
 
@@ -131,7 +132,7 @@ class HostilePeer:
         if method.endswith("/Pull"):
             return parsed.uuid == uuid and form == "valid"
         return (bool(ids) and len(set(ids)) == len(ids) and all(0 <= i < HOST_BLOCKS for i in ids)
-                and all(producer.chunk_state(i) in ("CACHED", "SAVED") for i in ids))  # holding bytes
+                and all(producer.chunk_state(i) in HOLDING_BYTES for i in ids))
 
     def _request(self, method: str, form: str, rng, producer, uuid: int):
         """The bytes of a unary request, or a write's messages."""

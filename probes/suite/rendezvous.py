@@ -56,10 +56,11 @@ class Rendezvous:
         """The first of `names` the other worker posts, waiting at most `seconds`."""
         deadline = time.monotonic() + seconds
         while True:
+            done = self.posted(DONE)  # first: what it posted before it was done is then all seen below
             for name in names:
                 if self.posted(name):
                     return name
-            if self.posted(DONE):
+            if done:
                 raise PeerSilent(f"the {self.peer} finished its side without posting {' or '.join(names)}")
             if time.monotonic() > deadline:
                 raise PeerSilent(f"the {self.peer} did not post {' or '.join(names)} within {seconds:.0f}s")

@@ -30,7 +30,6 @@ tpu-sync's listener lets it. No call is served longer than timeout_s."""
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import threading
 import time
@@ -42,8 +41,8 @@ from kvref.endpoints import address
 from kvref.errors import HostPoolExhausted, PeerTransferFailed
 from kvref.faults import Faults
 from kvref.futures import TransferFuture
-from kvref.listener import CHANNEL_OPTIONS, grpc_module as _grpc
-from kvref.offsets import block_list
+from kvref.listener import CHANNEL_OPTIONS, grpc_module as _grpc, layers_mismatch
+from kvref.offsets import block_list, id_problem
 from kvref.proto.pull_pb2 import (BlockBytes, HostReadRequest, HostWriteHeader, HostWritePart, HostWritten,
                                   PullHeader, PullReply)
 
@@ -110,7 +109,7 @@ class HostTransfers:
     def _serve_read(self, request: HostReadRequest, context):
         grpc = _grpc()
         ids = list(request.block_ids)
-        problem = self._id_problem(ids, "the read's block_ids", self.host_blocks)
+        problem = id_problem(ids, "the read's block_ids", self.host_blocks, "host blocks")
         if problem:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         mover = self._mover()
@@ -140,8 +139,9 @@ class HostTransfers:
             if first is None or first.WhichOneof("part") != "header":
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a host write starts with its header")
             header = first.header
-            if (tuple(header.layer_block_bytes), tuple(header.layer_shards)) != self._shape():
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._mismatch(header, "the writer"))
+            mismatch = layers_mismatch(header, self.layer_block_bytes, self.layer_parts, "the writer")
+            if mismatch:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, mismatch)
             if not 1 <= header.blocks <= self.host_blocks:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a host write of {header.blocks} blocks; this "
                               f"manager takes 1 to {self.host_blocks} (its host blocks)")
@@ -206,8 +206,9 @@ class HostTransfers:
                         call.cancel()
                 replies = iter(call)
                 header = next(replies).header
-                if (tuple(header.layer_block_bytes), tuple(header.layer_shards)) != self._shape():
-                    raise ValueError(self._mismatch(header, f"the peer at {peer}"))
+                mismatch = layers_mismatch(header, self.layer_block_bytes, self.layer_parts, f"the peer at {peer}")
+                if mismatch:
+                    raise ValueError(mismatch)
                 expected = set(self._keys(len(ids)))
                 for reply in replies:
                     key = (reply.block.layer, reply.block.shard, reply.block.position)
@@ -237,7 +238,7 @@ class HostTransfers:
         grpc = _grpc()
         peer = address(peer, "peer")
         ids = block_list(block_ids, "src_block_ids").tolist()
-        problem = self._id_problem(ids, "src_block_ids", self.host_blocks)
+        problem = id_problem(ids, "src_block_ids", self.host_blocks, "host blocks")
         if problem:
             raise ValueError(problem)
         mover = self._mover()
@@ -297,33 +298,12 @@ class HostTransfers:
     def _header(self) -> PullHeader:
         return PullHeader(layer_block_bytes=self.layer_block_bytes, layer_shards=self.layer_parts)
 
-    def _shape(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        return tuple(self.layer_block_bytes), tuple(self.layer_parts)
-
-    def _mismatch(self, header, who: str) -> str:
-        return (f"{who} has layers of {list(header.layer_block_bytes)} bytes per block in "
-                f"{list(header.layer_shards)} parts; this manager's are {list(self.layer_block_bytes)} in "
-                f"{list(self.layer_parts)}")
-
     def _remote_ids(self, values) -> list[int]:
         ids = block_list(values, "src_block_ids").tolist()
-        problem = self._id_problem(ids, "src_block_ids", None)
+        problem = id_problem(ids, "src_block_ids", None, "host blocks")
         if problem:
             raise ValueError(problem)
         if len(ids) > self.host_blocks:
             raise HostPoolExhausted(f"h2h_read of {len(ids)} blocks: this manager has {self.host_blocks} host "
                                     "blocks in all; no chunk was taken")
         return ids
-
-    @staticmethod
-    def _id_problem(ids: list[int], what: str, limit: int | None) -> str:
-        if not ids:
-            return f"{what} is empty; expected at least one host block"
-        bad = [b for b in ids if b < 0 or (limit is not None and b >= limit)]
-        if bad:
-            bound = "non-negative" if limit is None else f"in [0, {limit}) (this manager's host blocks)"
-            return f"{what} must be {bound}, got {bad[0]}"
-        repeated = sorted(b for b, n in collections.Counter(ids).items() if n > 1)
-        if repeated:
-            return f"{what} names host blocks {repeated[:8]} more than once; each is moved once"
-        return ""

@@ -87,7 +87,13 @@ class KVCacheStore:
         self.recovered = list(self._table.recovered) if self._table is not None else []
         for block_hash, raiden_id in self.recovered:
             self._entries[block_hash] = raiden_id
-        self.close = weakref.finalize(self, self._table.release) if self._table is not None else lambda: None
+        # The table is released by close() or, for a store dropped unclosed, when it is collected.
+        self._release = weakref.finalize(self, self._table.release) if self._table is not None else None
+
+    def close(self) -> None:
+        """Release the shared table (removing its segment); again: nothing."""
+        if self._release is not None:
+            self._release()
 
     def _kept(self, block_hash: bytes) -> None:
         """Mirror an entry's change (stored or used: the latest; gone) into the shared table."""

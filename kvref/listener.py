@@ -16,7 +16,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from kvref.endpoints import address, port_of, with_port
+from kvref.endpoints import port_of, with_port
 
 SERVER_THREADS = 4
 CLOSE_SECONDS = 5.0  # the longest stopping one server waits
@@ -36,6 +36,17 @@ def grpc_module():
     return grpc
 
 
+def layers_mismatch(header, layer_block_bytes, layer_parts, who: str) -> str:
+    """'' when a peer's header (its layers' bytes per block and parts) is
+    this manager's; else the difference, naming the peer `who`."""
+    theirs = (list(header.layer_block_bytes), list(header.layer_shards))
+    ours = (list(layer_block_bytes), list(layer_parts))
+    if theirs == ours:
+        return ""
+    return (f"{who} has layers of {theirs[0]} bytes per block in {theirs[1]} parts; this manager's are "
+            f"{ours[0]} in {ours[1]}")
+
+
 class Service(Protocol):
     receive_bytes: int  # the largest message a client sends it
 
@@ -45,15 +56,12 @@ class Service(Protocol):
 
 class Listener:
     def __init__(self, where: str, sub_managers: int, parts: int):
-        """`where` 'host:port' (port 0: any free one); `sub_managers` servers
-        on consecutive ports from it, splitting a block's `parts` among them."""
-        self.where = address(where, "listen")
+        """`where` 'host:port' (port 0: any free one) and `sub_managers`, as
+        ManagerSettings checked them: servers on consecutive ports from it,
+        splitting a block's `parts` among them."""
+        self.where = where
         if not 1 <= sub_managers <= parts:
             raise ValueError(f"sub_managers must be in [1, {parts}] (the parts of a block), got {sub_managers}")
-        base = port_of(where)
-        if base and base + sub_managers - 1 > 65535:
-            raise ValueError(f"{sub_managers} sub-managers listen on consecutive ports from {base}: the last, "
-                             f"{base + sub_managers - 1}, is past 65535")
         self.groups = [tuple(range(parts))[i::sub_managers] for i in range(sub_managers)]
         self._servers: list[tuple[object, str, tuple[int, ...]]] = []
 

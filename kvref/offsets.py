@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import sys
 
 import numpy as np
@@ -51,3 +52,20 @@ def transfer_lists(src, dst, sizes) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         raise ValueError(f"src_offsets, dst_offsets and copy_sizes must have equal lengths, "
                          f"got {len(src)}, {len(dst)} and {len(sizes)}")
     return src, dst, sizes
+
+
+def id_problem(ids: list[int], what: str, limit: int | None, whose: str, *, once: bool = True) -> str:
+    """'' when `ids` name at least one of this manager's `whose` (device or
+    host blocks), each in [0, limit) (limit None: the peer's, so only
+    non-negative) and, if `once`, once; else what is wrong, naming the
+    argument `what`."""
+    if not ids:
+        return f"{what} is empty; expected at least one of the {whose}"
+    bad = [b for b in ids if b < 0 or (limit is not None and b >= limit)]
+    if bad:
+        bound = "non-negative" if limit is None else f"in [0, {limit}) (this manager's {whose})"
+        return f"{what} must be {bound}, got {bad[0]}"
+    repeated = sorted(b for b, n in collections.Counter(ids).items() if n > 1) if once else []
+    if repeated:
+        return f"{what} names {whose} {repeated[:8]} more than once; each is moved once"
+    return ""

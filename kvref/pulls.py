@@ -34,7 +34,6 @@ address the peers you trust reach."""
 
 from __future__ import annotations
 
-import collections
 import itertools
 import threading
 import time
@@ -43,8 +42,8 @@ from dataclasses import dataclass, field
 
 from kvref.endpoints import Route, routes
 from kvref.faults import Faults
-from kvref.listener import CHANNEL_OPTIONS, Listener, grpc_module as _grpc
-from kvref.offsets import block_list
+from kvref.listener import CHANNEL_OPTIONS, Listener, grpc_module as _grpc, layers_mismatch
+from kvref.offsets import block_list, id_problem
 from kvref.proto.pull_pb2 import BlockBytes, PullHeader, PullReply, PullRequest, PullSettled, PullSettledReply
 from kvref.settings import check_parallelism
 from kvref.staging import Staging
@@ -110,7 +109,10 @@ class PullService:
         """Announce `block_ids` as request `req_id`'s, to be pulled under
         `uuid`; False (nothing registered) for an empty list."""
         req_id, uuid = _req_id(req_id), _uuid(uuid)
-        blocks = self._block_ids(block_ids, "block_ids")
+        blocks = tuple(block_list(block_ids, "block_ids").tolist())
+        problem = id_problem(blocks, "block_ids", self.device_blocks, "device blocks", once=False) if blocks else ""
+        if problem:
+            raise ValueError(problem)
         if self._listener is None:
             raise ValueError("this manager does not listen (it was built without listen=), so no consumer "
                              "could pull what it registers")
@@ -250,19 +252,17 @@ class PullService:
 
     def _pairs(self, remote_block_ids, local_block_ids) -> tuple[list[int], list[int]]:
         remote = block_list(remote_block_ids, "remote_block_ids").tolist()
-        local = self._block_ids(local_block_ids, "local_block_ids")
+        local = block_list(local_block_ids, "local_block_ids").tolist()
         if len(remote) != len(local):
             raise ValueError(f"remote_block_ids has {len(remote)} blocks but local_block_ids has {len(local)}; "
                              "they pair one to one")
         if not local:
             raise ValueError("the pull names no block (remote_block_ids and local_block_ids are empty)")
-        if any(b < 0 for b in remote):
-            raise ValueError(f"remote_block_ids must be non-negative, got {min(remote)}")
-        repeated = sorted(b for b, n in collections.Counter(local).items() if n > 1)
-        if repeated:
-            raise ValueError(f"local_block_ids names blocks {repeated[:8]} more than once; each local block "
-                             "takes one remote block")
-        return remote, list(local)
+        problem = (id_problem(local, "local_block_ids", self.device_blocks, "device blocks")
+                   or id_problem(sorted(set(remote)), "remote_block_ids", None, "device blocks"))
+        if problem:
+            raise ValueError(problem)
+        return remote, local
 
     def _check_free(self, pull: Pull) -> None:
         if len(self._pulls) >= MAX_PULLS:
@@ -330,7 +330,10 @@ class PullService:
                     call.cancel()
             replies = iter(call)
             header = next(replies).header
-            self._check_header(header, route.address)
+            mismatch = layers_mismatch(header, self.layer_block_bytes, self.layer_parts,
+                                       f"the producer at {route.address}")
+            if mismatch:
+                raise ValueError(mismatch)
             parts = route.shards or range(self.layer_parts[0])
             expected = {(layer, part, i) for layer in range(len(self.layer_parts)) for part in parts
                         for i in range(first, end)}
@@ -355,13 +358,6 @@ class PullService:
                 raise ValueError(f"the producer's answer ended after {len(received)} of {len(expected)} block "
                                  "parts")
             return received
-
-    def _check_header(self, header: PullHeader, where: str) -> None:
-        theirs = (tuple(header.layer_block_bytes), tuple(header.layer_shards))
-        ours = (self.layer_block_bytes, self.layer_parts)
-        if theirs != ours:
-            raise ValueError(f"the producer at {where} has layers of {list(theirs[0])} bytes per block in "
-                             f"{list(theirs[1])} parts; this manager's are {list(ours[0])} in {list(ours[1])}")
 
     def _tell_producer(self, pull: Pull) -> None:
         """That the pull landed; best effort: a producer that does not hear it
@@ -418,14 +414,6 @@ class PullService:
             self._settle(pull, False, "the manager was closed while the pull was in flight")
             if pull.thread is not None and pull.thread is not threading.current_thread():
                 pull.thread.join(CLOSE_SECONDS)
-
-    def _block_ids(self, values, name: str) -> tuple[int, ...]:
-        blocks = block_list(values, name).tolist()
-        bad = [b for b in blocks if not 0 <= b < self.device_blocks]
-        if bad:
-            raise ValueError(f"{name} must be in [0, {self.device_blocks}) (this manager's device blocks), "
-                             f"got {bad[0]}")
-        return tuple(blocks)
 
 
 def _req_id(value) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from kvref.addressing import SLICE_POLICIES
-from kvref.endpoints import address
+from kvref.endpoints import address, port_of
 from kvref.faults import Faults
 from kvref.shared_pool import check_key
 from kvref.values import flag, integer
@@ -91,6 +91,10 @@ class ManagerSettings:
         checked = {f.name: getattr(cls, f"_check_{f.name}")(getattr(settings, f.name), faults) for f in fields(cls)}
         if checked["serve_host"] and checked["listen"] is None and not faults.offload_only_listens:
             raise ValueError("serve_host=True serves host-to-host transfers on the listener; give listen= too")
+        base = port_of(checked["listen"]) if checked["listen"] is not None else 0
+        if base and base + checked["sub_managers"] - 1 > 65535:
+            raise ValueError(f"{checked['sub_managers']} sub-managers listen on consecutive ports from {base}: the "
+                             f"last, {base + checked['sub_managers'] - 1}, is past 65535")
         return replace(settings, **checked)
 
     @staticmethod

@@ -91,6 +91,21 @@ def test_protocol_check_names_a_missing_part():
     assert protocol.missing_members(NoScramble, protocol.Arrays) == ["scramble"]
 
 
+def test_an_entry_point_and_its_iut_carry_one_name(monkeypatch):
+    """The name is declared by both the IUT and its entry point; one never
+    silently replaces the other."""
+    from importlib import metadata
+
+    from probes.iut import registry
+
+    point = metadata.EntryPoint("renamed", "probes.iut.declared:KVREF_SIM", registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "_entry_points", lambda: {"renamed": [point]})
+    monkeypatch.setattr(registry, "RESOLVED", {})
+    with pytest.raises(registry.IUTError, match="loads an IUT named 'kvref-sim'; an entry point's name is the name "
+                                                "of the IUT it loads"):
+        iut("renamed")
+
+
 def test_unknown_iut_and_faults_are_refused():
     with pytest.raises(ValueError, match=r"unknown implementation under test 'nope'; expected one of \["):
         iut("nope")

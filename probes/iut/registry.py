@@ -3,7 +3,8 @@ the zygote and every worker (each resolves the name itself; nothing is
 handed over but the name):
 
 - `NAME`: an entry point of the group `kvprobe.iuts` of any installed
-  distribution, this project's own IUTs included (probes.iut.declared);
+  distribution, this project's own IUTs included (probes.iut.declared),
+  loading an IUT of that same name;
 - `package.module:ATTR`: the IUT object ATTR of an importable module; its
   cases carry that text as their IUT name, so a worker imports the module too;
 - either, `==VERSION`: that IUT with another build of its library
@@ -165,7 +166,11 @@ def _load_entry_point(name: str) -> IUT:
         loaded = point.load()
     except Exception as e:  # noqa: BLE001
         raise IUTError(f"{source_of(point)} does not load: {type(e).__name__}: {e}") from None
-    return dataclasses.replace(checked(loaded, source_of(point)), name=name)
+    declared = checked(loaded, source_of(point))
+    if declared.name != name:  # one name: neither may silently replace the other
+        raise IUTError(f"{source_of(point)} loads an IUT named {declared.name!r}; an entry point's name is the "
+                       "name of the IUT it loads: make them the same")
+    return declared
 
 
 def iut(name: str) -> IUT:

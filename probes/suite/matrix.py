@@ -10,12 +10,10 @@ import kvref
 import kvref.serving
 from probes.iut.registry import iut as declared_iut
 from probes.suite.cases import PROBE_SECONDS, Case
-from probes.suite.registry import DEFAULT_PROBES, PROBES, SHAPE_PROBES, Scope
+from probes.suite.registry import DEFAULT_PROBES, PROBES, SHAPE_PROBES, SHARDED_SHAPE_PROBES, Scope
 
 MATRIX_DIR = Path(__file__).with_name("matrices")
 COLUMNS = "name,shape[,probes][,sharding]"
-# The shape probes that make a row's cache over a mesh when the row has a sharding.
-SHARDED_SHAPE_PROBES = ("roundtrip",)
 
 
 @dataclass(frozen=True)

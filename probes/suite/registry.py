@@ -61,6 +61,8 @@ class Probe:
     #                      in flight): the runner runs it beside the cases that compute, not in their place
     own_network: bool = False  # a two-process probe that reads its network namespace's counters (bytes over
     #                            lo): its workers get a namespace no other case shares
+    sharded_rows: bool = False  # a shape probe that also takes a matrix row with a sharding (its cache made
+    #                             over a mesh of devices)
 
     def __post_init__(self):
         if self.scope not in tuple(Scope):
@@ -68,6 +70,8 @@ class Probe:
         object.__setattr__(self, "scope", Scope(self.scope))
         if bool(self.kinds) != (self.scope == Scope.ROBUSTNESS):
             raise ValueError(f"probe {self.name!r}: a robustness probe, and only one, has kinds of input")
+        if self.sharded_rows and self.scope != Scope.SHAPE:
+            raise ValueError(f"probe {self.name!r}: only a shape probe takes matrix rows, sharded or not")
 
     @property
     def doc(self) -> str:
@@ -77,7 +81,7 @@ class Probe:
 PLAN_SHAPE = kvref.ShapeKey("bf16", (512, 8, 2048))
 
 PROBES: dict[str, Probe] = {p.name: p for p in (
-    Probe("roundtrip", roundtrip.roundtrip, Scope.SHAPE, addressable_or_refused),
+    Probe("roundtrip", roundtrip.roundtrip, Scope.SHAPE, addressable_or_refused, sharded_rows=True),
     Probe("deferred_construction", construction.deferred_construction, Scope.SHAPE,
           addressable_or_refused),
     Probe("host_transferred_construction", construction.host_transferred_construction, Scope.SHAPE,
@@ -167,6 +171,7 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
 
 DEFAULT_PROBES = tuple(name for name, p in PROBES.items() if p.default)
 SHAPE_PROBES = tuple(name for name, p in PROBES.items() if p.scope == Scope.SHAPE)
+SHARDED_SHAPE_PROBES = tuple(name for name, p in PROBES.items() if p.sharded_rows)
 
 
 def probe(name: str) -> Probe:

@@ -11,15 +11,31 @@ from kvref.generations import report_name
 
 from probes.suite.verdicts import Prediction, Verdict
 
-# The results table, declared once: each column and where a case's row takes
-# it from (`run`: the run's id and time; `case`, `outcome`, `result`: the
+# The results table, declared once: each column, where a case's row takes it
+# from (`run`: the run's id and time; `case`, `outcome`, `result`: the
 # attribute of that name, or `attr`; `facts`: the reference's facts about
-# the case, probes.suite.predict.describe). probes.run.rows fills it.
+# the case, probes.suite.predict.describe), the kind of its values, and
+# whether a rerun of the same cases reproduces it (the committed baseline
+# keeps those). probes.run.rows fills it.
+KINDS = {"text": str, "int": "int64", "count": "Int64", "real": "float64", "flag": "boolean"}
+NULLABLE = ("count", "real", "flag")  # an empty cell is a missing value (an int, a float, a bool or none)
+
+
 @dataclass(frozen=True)
 class Column:
     name: str
     source: str
+    kind: str = "text"  # one of KINDS
     attr: str = ""
+    reproduced: bool = True
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"column {self.name!r} has kind {self.kind!r}; expected one of {list(KINDS)}")
+
+    @property
+    def nullable(self) -> bool:
+        return self.kind in NULLABLE
 
     def value(self, sources: dict):
         found = sources[self.source]
@@ -28,23 +44,22 @@ class Column:
 
 
 SCHEMA = (
-    Column("run_id", "run"), Column("time", "run"), Column("generation", "case"),
-    Column("device_kind", "outcome"), Column("iut", "case"), Column("iut_version", "outcome"),
-    Column("iut_options", "case", "options_text"), Column("backend", "outcome"), Column("layout_source", "facts"),
-    Column("probe", "case"), Column("case_id", "case"), Column("dtype", "facts"), Column("shape", "facts"),
-    Column("sharding", "facts"), Column("layout", "facts"), Column("physical_bytes", "facts"),
-    Column("slice_bytes", "facts"), Column("legacy_slice_bytes", "facts"), Column("predicted", "facts"),
-    Column("verdict", "outcome"), Column("detail", "outcome"), Column("pending_at_construction", "outcome"),
-    Column("host_bytes", "outcome"), Column("bytes_moved", "outcome"), Column("seconds", "outcome"),
-    Column("gbps", "outcome"), Column("baseline_gbps", "outcome"), Column("faults", "case", "faults_text"),
-    Column("host", "result"), Column("host_generation", "result"),
+    Column("run_id", "run", reproduced=False), Column("time", "run", reproduced=False),
+    Column("generation", "case"), Column("device_kind", "outcome"), Column("iut", "case"),
+    Column("iut_version", "outcome", reproduced=False), Column("iut_options", "case", attr="options_text"),
+    Column("backend", "outcome"), Column("layout_source", "facts", reproduced=False), Column("probe", "case"),
+    Column("case_id", "case"), Column("dtype", "facts"), Column("shape", "facts"), Column("sharding", "facts"),
+    Column("layout", "facts"), Column("physical_bytes", "facts", "int"), Column("slice_bytes", "facts", "count"),
+    Column("legacy_slice_bytes", "facts", "int"), Column("predicted", "facts"), Column("verdict", "outcome"),
+    Column("detail", "outcome", reproduced=False), Column("pending_at_construction", "outcome", "flag"),
+    Column("host_bytes", "outcome", "count"), Column("bytes_moved", "outcome", "count"),
+    Column("seconds", "outcome", "real", reproduced=False), Column("gbps", "outcome", "real", reproduced=False),
+    Column("baseline_gbps", "outcome", "real", reproduced=False),
+    Column("faults", "case", attr="faults_text"), Column("host", "result", reproduced=False),
+    Column("host_generation", "result", reproduced=False),
 )
 COLUMNS = [c.name for c in SCHEMA]
-# Columns a rerun of the same cases reproduces exactly (the committed baseline).
-DETERMINISTIC = ["generation", "device_kind", "iut", "iut_options", "backend", "probe", "case_id",
-                 "dtype", "shape", "sharding", "layout", "physical_bytes", "slice_bytes", "legacy_slice_bytes",
-                 "predicted", "verdict", "pending_at_construction", "host_bytes", "bytes_moved",
-                 "faults"]
+DETERMINISTIC = [c.name for c in SCHEMA if c.reproduced]
 
 
 def write_runs(frame: pd.DataFrame, out: Path) -> list[Path]:
@@ -68,11 +83,10 @@ def generation_dir(generation: str) -> str:
 
 def read_run(path) -> pd.DataFrame:
     """A run CSV (or a baseline, which has only the deterministic columns)."""
-    frame = pd.read_csv(path, dtype={"faults": str, "detail": str, "iut_options": str, "sharding": str,
-                                     "pending_at_construction": "boolean"}, keep_default_na=False,
-                        na_values={"slice_bytes": [""], "host_bytes": [""], "bytes_moved": [""],
-                                   "seconds": [""], "gbps": [""], "baseline_gbps": [""],
-                                   "pending_at_construction": [""]})
+    header = set(pd.read_csv(path, nrows=0).columns)
+    frame = pd.read_csv(path, keep_default_na=False,
+                        dtype={c.name: KINDS[c.kind] for c in SCHEMA if c.kind == "text" and c.name in header},
+                        na_values={c.name: [""] for c in SCHEMA if c.nullable and c.name in header})
     return typed(frame)
 
 
@@ -84,9 +98,9 @@ def typed(frame: pd.DataFrame) -> pd.DataFrame:
                      "sharding", "")
     if "gbps" in frame.columns and "baseline_gbps" not in frame.columns:  # written before it was measured
         frame.insert(frame.columns.get_loc("gbps") + 1, "baseline_gbps", float("nan"))
-    for col in ("slice_bytes", "host_bytes", "bytes_moved"):
-        frame[col] = frame[col].astype("Int64")
-    frame["pending_at_construction"] = frame["pending_at_construction"].astype("boolean")
+    for column in SCHEMA:
+        if column.nullable and column.name in frame.columns:
+            frame[column.name] = frame[column.name].astype(KINDS[column.kind])
     return frame
 
 

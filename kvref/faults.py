@@ -109,6 +109,12 @@ class Faults:
     settled_uuid_served_stale: bool = _fault(
         "the producer remembers a uuid's first blocks: a later registration under a reused "
         "uuid serves the blocks of the first")
+    pull_route_reused: bool = _fault(
+        "the consumer keeps the route of its first pull and sends every later pull there: a "
+        "pull from a second producer asks the first")
+    settled_registration_served: bool = _fault(
+        "the producer keeps a registration once its pull settled and serves its blocks, which the "
+        "engine reuses once told done sending, to the next consumer that asks")
     sub_manager_serves_own_parts: bool = _fault(
         "a sub-manager asked for parts of a block it does not hold sends its own parts in their "
         "place: a pull of every part from one endpoint lands other parts' bytes")

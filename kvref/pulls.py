@@ -95,6 +95,7 @@ class PullService:
         self._lock = threading.Lock()
         self._registrations: dict[int, Registration] = {}
         self._served_before: dict[int, tuple[int, ...]] = {}  # settled_uuid_served_stale's memory
+        self._first_routes: list[Route] | None = None  # pull_route_reused's memory
         self._pulls: dict[str, Pull] = {}
         self._done_sending: list[str] = []
         self._done_recving: list[str] = []
@@ -195,7 +196,10 @@ class PullService:
         return PullSettledReply()
 
     def _settle_registration(self, registration: Registration) -> None:
-        del self._registrations[registration.uuid]
+        if self._faults.settled_registration_served and registration.deadline > time.monotonic():
+            registration.landed_parts = set()  # kept, still served, until it expires
+        else:
+            del self._registrations[registration.uuid]
         self._done_sending.append(registration.req_id)
 
     def _expire(self) -> None:
@@ -215,6 +219,8 @@ class PullService:
         try:
             pull.req_id, pull.uuid = _req_id(req_id), _uuid(uuid)
             pull.routes = self._routes(remote_endpoint)
+            if self._faults.pull_route_reused:
+                self._first_routes = pull.routes = self._first_routes or pull.routes
             pull.remote, pull.local = self._pairs(remote_block_ids, local_block_ids)
             pull.streams = min(check_parallelism(parallelism) or 1, len(pull.remote))
             with self._lock:

@@ -66,6 +66,10 @@ TEETH = [
     ("shared_pool", "", (), ["shm_segment_left"], "ERROR"),
     ("pull_across_donation", "", (), ["refuses_donated_storage"], "ERROR"),
     ("pull_blocks/parallel", "", (), ["parallel_pull_drops_remainder"], "ERROR|CORRUPT"),
+    # Pulls among more than two managers.
+    ("pull_fan/fan_out", "", (), ["registrations_keyed_by_blocks"], "ERROR"),
+    ("pull_fan/fan_in", "", (), ["pull_route_reused"], "ERROR"),
+    ("pull_fan/settled_once", "", (), ["settled_registration_served"], "ERROR"),
     # Host blocks moved between two managers' host pools.
     ("host_to_host/read", "", (), ["host_pairs_sorted"], "CORRUPT"),
     ("host_to_host/write", "", (), ["host_pairs_sorted"], "CORRUPT"),

@@ -22,6 +22,7 @@ SUBJECT = kvref.ShapeKey("bf16", (256, 8, 1024))  # 16 KiB blocks; contiguous ro
 SHARDED = (kvref.ShapeKey("bf16", (64, 16, 8, 128)), kvref.Sharding.parse("mesh(model=4) spec(None,None,model)"))
 LAYERS = 4
 PRODUCER_SEED, CONSUMER_SEED = 100, 200  # layer i's contents: random_host(key, seed + i)
+COPY_SEEDS = 50  # a worker's second manager (copy 1) has caches of seeds 50 on: no layer shares contents
 PULL_TIMEOUT_S = 10.0  # the managers' timeout_s where a pull is meant to land
 FAILING_TIMEOUT_S = 5.0  # where one is meant to fail, or to be waited past
 PROMPT_S = 2.0  # a failure the manager can see at once (a refusal, a lost peer) is reported within this
@@ -57,6 +58,12 @@ class Side:
     sharding: kvref.Sharding | None = None  # each cache split over a mesh of the arrays' devices
     caches: list = field(default_factory=list)
     manager: object = None
+    copy: int = 0  # which of the worker's managers: each has caches of its own contents
+
+    def another(self) -> "Side":
+        """The worker's next manager, over caches of other contents (a probe of
+        more than two managers runs several in one worker)."""
+        return Side(self.case, self.iut, self.lib, self.key, self.keys, self.sharding, copy=self.copy + 1)
 
     @property
     def rendezvous(self) -> Rendezvous:
@@ -72,7 +79,12 @@ class Side:
 
     @property
     def seed(self) -> int:
-        return PRODUCER_SEED if self.producer else CONSUMER_SEED
+        return self.seed_of(self.producer, self.copy)
+
+    @staticmethod
+    def seed_of(producer: bool, copy: int = 0) -> int:
+        """The first layer's seed of a producer's or a consumer's manager `copy`."""
+        return (PRODUCER_SEED if producer else CONSUMER_SEED) + COPY_SEEDS * copy
 
     def build(self, listen: bool | None = None, timeout_s: float = PULL_TIMEOUT_S, form: str = "slots",
               max_blocks: int | None = None, sub_managers: int = 1):
@@ -126,22 +138,30 @@ class Side:
 
     @property
     def other_seed(self) -> int:
-        return CONSUMER_SEED if self.producer else PRODUCER_SEED
+        return self.seed_of(not self.producer)
 
-    def check_blocks(self, pairs: list[tuple[int, int]]) -> str:
+    def check_blocks(self, pairs: list[tuple[int, int]], from_copy: int = 0) -> str:
         """"" when each local block of `pairs` (remote, local) holds the other
-        side's remote block in every layer and every other local block still
-        holds its own contents; else what differs."""
-        written = {local: remote for remote, local in pairs}
+        side's remote block (of its manager `from_copy`) in every layer and
+        every other local block still holds its own contents; else what differs."""
+        return self.check_landed({local: (from_copy, remote) for remote, local in pairs})
+
+    def check_landed(self, landed: dict[int, tuple[int, int]]) -> str:
+        """"" when each local block of `landed` {local: (the other side's
+        manager, its block)} holds that block in every layer and every other
+        local block still holds its own contents; else what differs."""
         other = "consumer" if self.producer else "producer"
         for layer, cache in enumerate(self.caches):
             got = _rows(self.contents(layer))
-            theirs = _rows(self.expected(layer, self.other_seed))
+            theirs = {copy: _rows(self.expected(layer, self.seed_of(not self.producer, copy)))
+                      for copy in {copy for copy, _ in landed.values()}}
             ours = _rows(self.expected(layer, self.seed))
             for block in range(got.shape[0]):
-                want = theirs[written[block]] if block in written else ours[block]
+                copy, remote = landed.get(block, (None, None))
+                want = ours[block] if copy is None else theirs[copy][remote]
                 if not np.array_equal(got[block], want):
-                    source = f"the {other}'s block {written[block]}" if block in written else "its own bytes"
+                    source = "its own bytes" if copy is None else \
+                        f"block {remote} of the {other}'s manager {copy}" if copy else f"the {other}'s block {remote}"
                     return f"layer {layer} block {block} does not hold {source}"
         return ""
 

@@ -11,7 +11,7 @@ from typing import Callable
 
 import kvref
 from probes.suite import (call_sequence, construction, donation, host_budget, host_chunks, host_transfers, kv_store,
-                          ordering, plan_binding, pull_donation, pull_failures, pulls, requests, robustness,
+                          ordering, plan_binding, pull_donation, pull_failures, pull_fans, pulls, requests, robustness,
                           roundtrip, serving_step, settings, shared_pool, sharded)
 from probes.suite.pull_sides import SUBJECT as PULL_SUBJECT
 from probes.suite.ownership import row_byte_ranges
@@ -160,6 +160,9 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           subject=PULL_SUBJECT, default=False, two_process=True),
     Probe("pull_sockets", pull_failures.pull_sockets, Scope.GENERATION, always(PASS), subject=PULL_SUBJECT,
           default=False, two_process=True),
+    # Pulls among more than two managers: one producer to several consumers, several to one.
+    Probe("pull_fan", pull_fans.pull_fan, Scope.ROBUSTNESS, always(PASS), subject=PULL_SUBJECT,
+          kinds=pull_fans.FAN_KINDS, default=False, two_process=True),
     # Host blocks moved between two managers' host pools (h2h_read, h2h_write).
     Probe("host_to_host", host_transfers.host_to_host, Scope.ROBUSTNESS, always(PASS), subject=PULL_SUBJECT,
           kinds=host_transfers.HOST_KINDS, default=False, two_process=True),

@@ -115,6 +115,18 @@ class Faults:
     settled_registration_served: bool = _fault(
         "the producer keeps a registration once its pull settled and serves its blocks, which the "
         "engine reuses once told done sending, to the next consumer that asks")
+    metrics_by_uuid_slot: bool = _fault(
+        "the consumer keeps each pull's record in one of 1024 slots by uuid: a pull whose uuid "
+        "shares a slot with an earlier one's replaces its record")
+    metrics_json_unescaped: bool = _fault(
+        "the metrics dump writes each request id between quotes as given: one with a quote or a "
+        "backslash makes the dump invalid JSON")
+    metrics_last_byte_unset: bool = _fault(
+        "a pull's network_transit_us is measured to a last-byte time that is never set: a huge "
+        "negative number")
+    metrics_uniform_layers: bool = _fault(
+        "a pull's total_bytes is its blocks x layers x the first layer's block bytes: wrong for "
+        "layers of several block sizes")
     sub_manager_serves_own_parts: bool = _fault(
         "a sub-manager asked for parts of a block it does not hold sends its own parts in their "
         "place: a pull of every part from one endpoint lands other parts' bytes")

@@ -255,6 +255,11 @@ class KVCacheManager:
         takes and locks: (the peer's chunk ids, in order; a done future)."""
         return self._host_transfers.write(peer, src_block_ids)
 
+    def dump_metrics_to_string(self) -> str:
+        """Telemetry: each pull this manager started, as a JSON array
+        (kvref.pull_records)."""
+        return self._pulls.records.dump()
+
     def failure_reason(self, req_id: str) -> str:
         """Why a pull reported in failed_recving failed; KeyError for one that did not."""
         return self._pulls.failures[req_id]

@@ -44,6 +44,7 @@ from kvref.endpoints import Route, routes
 from kvref.faults import Faults
 from kvref.listener import CHANNEL_OPTIONS, Listener, grpc_module as _grpc, layers_mismatch
 from kvref.offsets import block_list, id_problem
+from kvref.pull_records import PullRecord, PullRecords
 from kvref.proto.pull_pb2 import BlockBytes, PullHeader, PullReply, PullRequest, PullSettled, PullSettledReply
 from kvref.settings import check_parallelism
 from kvref.staging import Staging
@@ -80,6 +81,7 @@ class Pull:
     thread: threading.Thread | None = None
     refusal: str = ""  # late_refusal: the refusal it should have had
     streams: int = 1  # the pull's parallelism: streams per route, each a contiguous run of its blocks
+    record: PullRecord | None = None  # what telemetry keeps of it
 
 
 class PullService:
@@ -96,6 +98,7 @@ class PullService:
         self._registrations: dict[int, Registration] = {}
         self._served_before: dict[int, tuple[int, ...]] = {}  # settled_uuid_served_stale's memory
         self._first_routes: list[Route] | None = None  # pull_route_reused's memory
+        self.records = PullRecords(faults)
         self._pulls: dict[str, Pull] = {}
         self._done_sending: list[str] = []
         self._done_recving: list[str] = []
@@ -233,9 +236,18 @@ class PullService:
             if self._closed:
                 raise ValueError("this manager was closed")
             self._pulls[pull.req_id] = pull
+        pull.record = PullRecord(pull.uuid, pull.req_id, len(pull.remote), self._pull_bytes(len(pull.remote)),
+                                 time.monotonic())
+        self.records.add(pull.record)
         pull.thread = threading.Thread(target=self._run, args=(pull,), name=f"kvref-pull-{pull.req_id}",
                                        daemon=True)
         pull.thread.start()
+
+    def _pull_bytes(self, blocks: int) -> int:
+        """What a pull of `blocks` blocks moves: every layer's every part."""
+        if self._faults.metrics_uniform_layers:
+            return blocks * len(self.layer_parts) * self.layer_parts[0] * self.layer_block_bytes[0]
+        return blocks * sum(b * p for b, p in zip(self.layer_block_bytes, self.layer_parts))
 
     def _routes(self, remote_endpoint) -> list[Route]:
         found = routes(remote_endpoint)
@@ -296,8 +308,11 @@ class PullService:
                 with ThreadPoolExecutor(len(spans), thread_name_prefix=f"kvref-pull-{pull.req_id}") as streams:
                     for part in streams.map(lambda span: self._fetch(pull, route, span), spans):
                         received.update(part)
+            pull.record.stamp("last_byte")
             local = sorted(pull.local) if self._faults.pull_pairs_sorted else pull.local
+            pull.record.stamp("writing")
             self._staging.write(local, received, None, pull.deadline)
+            pull.record.stamp("written")
         except grpc.RpcError as e:
             if self._faults.lost_pull_unsettled and e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                 return
@@ -336,6 +351,7 @@ class PullService:
                     call.cancel()
             replies = iter(call)
             header = next(replies).header
+            pull.record.stamp("connected")
             mismatch = layers_mismatch(header, self.layer_block_bytes, self.layer_parts,
                                        f"the producer at {route.address}")
             if mismatch:
@@ -383,6 +399,8 @@ class PullService:
             if pull.settled:
                 return
             pull.settled = True
+            if pull.record is not None:
+                pull.record.stamp("settled")
             if self._pulls.get(pull.req_id) is pull:
                 del self._pulls[pull.req_id]
             if not done:

@@ -70,6 +70,11 @@ TEETH = [
     ("pull_fan/fan_out", "", (), ["registrations_keyed_by_blocks"], "ERROR"),
     ("pull_fan/fan_in", "", (), ["pull_route_reused"], "ERROR"),
     ("pull_fan/settled_once", "", (), ["settled_registration_served"], "ERROR"),
+    # The consumer's telemetry of its pulls.
+    ("pull_telemetry/sizes", "", (), ["metrics_uniform_layers"], "ERROR"),
+    ("pull_telemetry/stages", "", (), ["metrics_last_byte_unset"], "ERROR"),
+    ("pull_telemetry/uuid_slots", "", (), ["metrics_by_uuid_slot"], "ERROR"),
+    ("pull_telemetry/req_id_text", "", (), ["metrics_json_unescaped"], "ERROR"),
     # Host blocks moved between two managers' host pools.
     ("host_to_host/read", "", (), ["host_pairs_sorted"], "CORRUPT"),
     ("host_to_host/write", "", (), ["host_pairs_sorted"], "CORRUPT"),

@@ -65,6 +65,28 @@ def rows(a):
     return np.asarray(a).view(np.uint16).reshape(a.shape[0], -1)
 
 
+def test_each_pull_is_one_telemetry_record_of_its_request_blocks_and_bytes(device):
+    import json
+
+    from kvref.pull_records import MAX_RECORDS
+
+    (producer, _, _), (consumer, _, _) = pair(device, keys=(KEY, HALF, KEY))
+    assert json.loads(consumer.dump_metrics_to_string()) == []
+    req = 'r "1" \\ \u00e9'
+    producer.register_read(req, 7 + MAX_RECORDS, [5, 3])
+    producer.register_read("r2", 7, [1])
+    consumer.start_read(req, 7 + MAX_RECORDS, producer.get_local_endpoints()[0]["endpoint"], [5, 3], [0, 1])
+    consumer.start_read("r2", 7, producer.get_local_endpoints()[0]["endpoint"], [1], [2])
+    assert sorted(settle(consumer, [req, "r2"])[1]) == sorted([req, "r2"])
+    records = json.loads(consumer.dump_metrics_to_string())
+    block = [KEY.dims[1] * KEY.dims[2] * 2, HALF.dims[1] * HALF.dims[2] * 2, KEY.dims[1] * KEY.dims[2] * 2]
+    assert [(r["uuid"], r["req_id"], r["num_blocks"], r["total_bytes"]) for r in records] == [
+        (7 + MAX_RECORDS, req, 2, 2 * sum(block)), (7, "r2", 1, sum(block))]
+    for r in records:
+        assert 0 <= r["connection_setup_us"] <= r["e2e_duration_us"] and r["h2d_copy_us"] >= 0
+    assert json.loads(producer.dump_metrics_to_string()) == []  # the consumer's record only
+
+
 def test_a_pull_moves_the_named_blocks_of_every_layer_in_list_order(device):
     (producer, _, theirs), (consumer, arrays, ours) = pair(device, keys=(KEY, HALF, KEY))
     remote, local = [5, 3, 9, 0, 63], [10, 2, 7, 63, 0]

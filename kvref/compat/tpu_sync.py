@@ -32,7 +32,6 @@ nothing: the reference always orders transfers (kvref.manager)."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import sys
 import types
@@ -119,7 +118,6 @@ class KVCacheManager:
         self._manager = kvref.KVCacheManager(kv_caches, host_blocks_to_allocate, parallelism=parallelism,
                                              timeout_s=timeout_s, listen=listen, shm_key=shm_key,
                                              slice_policy="per_layer", serve_host=listen is not None, **pulls)
-        self._moved = {"d2h": [0, 0], "h2d": [0, 0]}  # transfers, blocks
         if shm_key:
             _meet(shm_key, manager=self._manager)
 
@@ -136,14 +134,10 @@ class KVCacheManager:
         if _empty(src) and _empty(dst) and (sizes is None or _empty(sizes)):
             src = dst = [0]
             sizes = [self._manager.device_blocks]
-        future = getattr(self._manager, direction)(src, dst, sizes)
-        self._count(direction, src, sizes)
-        return TransferFuture(future)
+        return TransferFuture(getattr(self._manager, direction)(src, dst, sizes))
 
     def d2h_auto_allocate(self, src_offsets, copy_sizes=None) -> tuple[list[int], TransferFuture]:
-        saved = self._pool_call(self._manager.d2h_auto_allocate, src_offsets, copy_sizes)
-        self._count("d2h", src_offsets, copy_sizes)
-        return saved
+        return self._pool_call(self._manager.d2h_auto_allocate, src_offsets, copy_sizes)
 
     def h2h_read(self, peer: str, src_block_ids) -> tuple[list[int], TransferFuture]:
         """The peer's host blocks into host chunks locked here: (their ids, the future)."""
@@ -165,16 +159,10 @@ class KVCacheManager:
         """The native manager's calls (h2h_read, h2h_write, local_port) are this one's."""
         return self
 
-    def _count(self, direction: str, src, sizes) -> None:
-        self._moved[direction][0] += 1
-        self._moved[direction][1] += sum(int(n) for n in sizes) if sizes is not None else len(list(src))
-
     def dump_metrics_to_string(self) -> str:
-        """The manager's counters as JSON: transfers and blocks each way, and
-        the host pool's bytes."""
-        return json.dumps({"d2h_transfers": self._moved["d2h"][0], "d2h_blocks": self._moved["d2h"][1],
-                           "h2d_transfers": self._moved["h2d"][0], "h2d_blocks": self._moved["h2d"][1],
-                           "host_buffer_allocated_bytes": self._manager.host_bytes})
+        """The wrapper's telemetry: a JSON array with one object per pull this
+        manager started (kvref.pull_records has the keys)."""
+        return self._manager.dump_metrics_to_string()
 
     @property
     def local_control_port(self) -> int | None:

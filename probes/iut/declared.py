@@ -37,6 +37,8 @@ LANDS_BEFORE_RETURN = ("unawaited_transfers",
 # torch_xla writes an in-place step's output to a new buffer: no step of it aliases a cache's storage.
 NO_XLA_ALIASING = tuple((probe, "torch_xla gives an in-place step's output a buffer of its own, so no step "
                                 "donates a cache in place") for probe in ("donation_in_place", "pull_across_donation"))
+# The wheel records its pulls for dump_metrics_to_string only with this set, exactly so.
+PULL_RECORDS = ("ENABLE_RAIDEN_METRICS", "true")
 # JAX CPU workers get enough devices for the sharded probes and the serving matrix (TP 8).
 JAX_CPU_MESH = ("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 LANDS_AT_ONCE = ("host_transferred_construction",
@@ -48,7 +50,7 @@ KVREF_SIM = IUT("kvref-sim", SimArrays, KvrefLibrary, targets=kvref.GENERATIONS,
 KVREF_JAX = IUT("kvref-jax", JaxCpuArrays, KvrefLibrary, targets=("cpu",), preload=("jax",),
                 environment=(JAX_CPU_MESH,), not_applicable=(NO_JAX_VIEWS, LANDS_BEFORE_RETURN))
 TPU_SYNC_JAX = IUT("tpu-sync-jax", JaxCpuArrays, TpuSyncJaxLibrary, targets=("cpu",), interpreter="jax",
-                   preload=("jax",), environment=(JAX_CPU_MESH,), loopback_only=True,
+                   preload=("jax",), environment=(JAX_CPU_MESH, PULL_RECORDS), loopback_only=True,
                    not_applicable=(NO_JAX_VIEWS, NO_JAX_PLANS))
 # kvref's drop-in facade on the arrays tpu-sync-jax runs on, through the wrapper's API.
 KVREF_COMPAT = IUT("kvref-compat", JaxCpuArrays, CompatLibrary, targets=("cpu",), preload=("jax",),

@@ -11,8 +11,8 @@ from typing import Callable
 
 import kvref
 from probes.suite import (call_sequence, construction, donation, host_budget, host_chunks, host_transfers, kv_store,
-                          ordering, plan_binding, pull_donation, pull_failures, pull_fans, pulls, requests, robustness,
-                          roundtrip, serving_step, settings, shared_pool, sharded)
+                          ordering, plan_binding, pull_donation, pull_failures, pull_fans, pull_telemetry, pulls,
+                          requests, robustness, roundtrip, serving_step, settings, shared_pool, sharded)
 from probes.suite.pull_sides import SUBJECT as PULL_SUBJECT
 from probes.suite.ownership import row_byte_ranges
 from probes.suite.verdicts import PASS, REJECTED, Prediction, Verdict
@@ -163,6 +163,9 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     # Pulls among more than two managers: one producer to several consumers, several to one.
     Probe("pull_fan", pull_fans.pull_fan, Scope.ROBUSTNESS, always(PASS), subject=PULL_SUBJECT,
           kinds=pull_fans.FAN_KINDS, default=False, two_process=True),
+    # The consumer's record of each pull it made (dump_metrics_to_string).
+    Probe("pull_telemetry", pull_telemetry.pull_telemetry, Scope.ROBUSTNESS, always(PASS), subject=PULL_SUBJECT,
+          kinds=pull_telemetry.TELEMETRY_KINDS, default=False, two_process=True),
     # Host blocks moved between two managers' host pools (h2h_read, h2h_write).
     Probe("host_to_host", host_transfers.host_to_host, Scope.ROBUSTNESS, always(PASS), subject=PULL_SUBJECT,
           kinds=host_transfers.HOST_KINDS, default=False, two_process=True),

@@ -14,6 +14,7 @@
 
 #include "bindings.h"
 #include "block_mover.h"
+#include "thread_pool.h"
 
 namespace kvref_bind {
 
@@ -102,6 +103,9 @@ using kvref::TransferFuture;
 
 void bind_mover(nb::module_& m) {
   pthread_atfork(nullptr, nullptr, forget_releases_in_child);
+  m.def("keep_copy_pool_across_fork", &kvref::ThreadPool::keep_across_fork, nb::arg("kept"),
+        "The fault model pool_kept_across_fork, for the whole process: a forked child keeps the "
+        "parent's copy pool, without its threads.");
   nb::class_<DeviceRegion>(m, "DeviceRegion")
       .def_static("of_buffer", [](kvref::DeviceBuffer& b) {
         return DeviceRegion{b.shared_from_this(), nullptr, b.size()};

@@ -12,17 +12,21 @@ namespace {
 
 std::atomic<ThreadPool*> g_pool{nullptr};
 std::mutex g_pool_mu;
+std::atomic<bool> g_kept_across_fork{false};
 
 // A forked child has none of the parent's threads: it forgets the pool (and
 // the lock, which a parent thread may have held) and makes its own on first
 // use. The parent's pool object is left as it was; nothing in the child can
 // use it.
 void forget_pool_in_child() {
+  if (g_kept_across_fork.load()) return;
   g_pool.store(nullptr);
   new (&g_pool_mu) std::mutex();
 }
 
 }  // namespace
+
+void ThreadPool::keep_across_fork(bool kept) { g_kept_across_fork.store(kept); }
 
 ThreadPool& ThreadPool::shared() {
   if (ThreadPool* pool = g_pool.load()) return *pool;

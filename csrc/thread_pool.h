@@ -16,6 +16,9 @@ class ThreadPool {
   // that no worker ever joins itself while finishing a manager's last task.
   // A forked child gets a pool of its own on first use.
   static ThreadPool& shared();
+  // The fault model pool_kept_across_fork: a forked child keeps the parent's
+  // pool, whose threads it does not have, so every copy it queues waits forever.
+  static void keep_across_fork(bool kept);
   void submit(std::function<void()> task);
   int size() const { return static_cast<int>(workers_.size()); }
 

@@ -85,6 +85,9 @@ class Faults:
     unchecked_shard_shapes: bool = _fault(
         "the shards of one layer are not checked to be equal parts: every shard is addressed "
         "with shard 0's block size (a split that does not divide, the remainder on the last)")
+    pool_kept_across_fork: bool = _fault(
+        "a forked child keeps its parent's copy threads, which it does not have: every copy it "
+        "starts, on a manager of its own or one it inherited, waits forever")
     # Pulls between managers (kvref.pulls).
     parallel_pull_drops_remainder: bool = _fault(
         "a pull with parallelism p splits its blocks into p runs of len // p and never asks "

@@ -92,6 +92,8 @@ class KVCacheManager:
             _LEAKED_POOLS.append(self._mover)
         self._mover.set_faults(f.leaky_refused_allocation, f.unchecked_unlock, f.unordered_transfers,
                                f.unfenced_copies)
+        if f.pool_kept_across_fork:  # the whole process's, from now on (a probe's worker is its own)
+            _core.keep_copy_pool_across_fork(True)
         parallelism = settings.parallelism
         if parallelism is not None and parallelism >= 1:  # (fewer only with unchecked_settings)
             self._mover.set_parallelism(parallelism)

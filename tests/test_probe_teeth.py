@@ -48,6 +48,10 @@ TEETH = [
     ("block_sharded/mixed_layers", "", (), ["block_ids_on_every_shard"], "ERROR"),
     ("uneven_shards", "", (), ["unchecked_shard_shapes"], "CORRUPT|ERROR"),
     ("block_sharded/blocks", "", (), ["runs_as_single_blocks"], "CORRUPT"),  # a run across shard boundaries
+    # Managers across os.fork(): a child left with its parent's copy threads.
+    ("fork_forms/pool_in_child", "", (), ["pool_kept_across_fork"], "HANG"),
+    ("fork_forms/slots_in_child", "", (), ["pool_kept_across_fork"], "HANG"),
+    ("fork_forms/inherited_call", "", (), ["pool_kept_across_fork"], "HANG"),
     # Pulls between two managers, each case a producer and a consumer worker.
     ("pull_blocks/permuted", "", (), ["pull_pairs_sorted"], "CORRUPT"),
     ("pull_blocks/subset", "", (), ["pull_never_reports"], "ERROR"),

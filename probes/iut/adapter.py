@@ -85,9 +85,14 @@ class Adapter:
 
     def __init__(self, iut: IUT, generation: str, faults: kvref.Faults = kvref.Faults(),
                  options: dict | None = None):
-        self.iut, self.generation, self.faults = iut, generation, faults
+        self.iut, self.generation, self.faults, self.options = iut, generation, faults, options
         self.arrays = iut.arrays(generation)
         self.library = iut.library(faults, options)
+
+    def fresh(self) -> "Adapter":
+        """This IUT made again, arrays and library: for a forked child, whose
+        parent's device and executors run in the parent only."""
+        return Adapter(self.iut, self.generation, self.faults, self.options)
 
     @property
     def name(self) -> str:

@@ -50,6 +50,10 @@ class NotInPlace(Exception):
 class Arrays(Protocol):
     backend: str  # "sim", "jax-cpu", "jax-tpu", "torch-tpu"
     scrambles_in_place: bool  # False: scramble() cannot overwrite the device
+    # Optional (absent: False): a forked child can make and read caches afresh
+    # (Adapter.fresh) while its parent holds some; fork_forms SKIPs the kinds
+    # that need it where not.
+    # runs_in_forked_child: bool
 
     def __init__(self, generation: str) -> None: ...
 

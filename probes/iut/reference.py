@@ -137,6 +137,7 @@ class SimArrays:
 
     backend = "sim"
     scrambles_in_place = True
+    runs_in_forked_child = True  # a SimDevice made in the child runs there
     # Host->device copies still landing when the manager is built. The device
     # lands copies one after another, so delaying the first delays them all;
     # all host contents exist before it, so it need only outlast issuing the

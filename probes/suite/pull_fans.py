@@ -129,7 +129,7 @@ def _fan_in_consumer(sides: list[Side]) -> Outcome:
         problem = _one_done(side, settled, name, "the consumer")
         if problem:
             return Outcome(ERROR, problem)
-    wrong = side.check_landed({l: (n, r) for n, pairs in requests for r, l in pairs})
+    wrong = side.check_landed({l: (Side.seed_of(True, n), r) for n, pairs in requests for r, l in pairs})
     if wrong:
         return Outcome(CORRUPT, f"after pulls from {FANS} producers reported done: {wrong}")
     return Outcome(PASS, f"one consumer pulled from {FANS} producers at once, each block from its own producer")

@@ -144,24 +144,23 @@ class Side:
         """"" when each local block of `pairs` (remote, local) holds the other
         side's remote block (of its manager `from_copy`) in every layer and
         every other local block still holds its own contents; else what differs."""
-        return self.check_landed({local: (from_copy, remote) for remote, local in pairs})
+        seed = self.seed_of(not self.producer, from_copy)
+        return self.check_landed({local: (seed, remote) for remote, local in pairs})
 
     def check_landed(self, landed: dict[int, tuple[int, int]]) -> str:
-        """"" when each local block of `landed` {local: (the other side's
-        manager, its block)} holds that block in every layer and every other
-        local block still holds its own contents; else what differs."""
-        other = "consumer" if self.producer else "producer"
+        """"" when each local block of `landed` {local: (the seed of the
+        caches it came from, their block)} holds that block in every layer and
+        every other local block still holds its own contents; else what differs."""
         for layer, cache in enumerate(self.caches):
             got = _rows(self.contents(layer))
-            theirs = {copy: _rows(self.expected(layer, self.seed_of(not self.producer, copy)))
-                      for copy in {copy for copy, _ in landed.values()}}
+            sources = {seed: _rows(self.expected(layer, seed)) for seed, _ in landed.values()}
             ours = _rows(self.expected(layer, self.seed))
             for block in range(got.shape[0]):
-                copy, remote = landed.get(block, (None, None))
-                want = ours[block] if copy is None else theirs[copy][remote]
+                seed, remote = landed.get(block, (None, None))
+                want = ours[block] if seed is None else sources[seed][remote]
                 if not np.array_equal(got[block], want):
-                    source = "its own bytes" if copy is None else \
-                        f"block {remote} of the {other}'s manager {copy}" if copy else f"the {other}'s block {remote}"
+                    source = "its own bytes" if seed is None else f"block {remote} of the caches it came from " \
+                        f"(seed {seed})"
                     return f"layer {layer} block {block} does not hold {source}"
         return ""
 

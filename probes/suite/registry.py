@@ -10,9 +10,9 @@ from enum import StrEnum
 from typing import Callable
 
 import kvref
-from probes.suite import (call_sequence, construction, donation, host_budget, host_chunks, host_transfers, kv_store,
-                          ordering, plan_binding, pull_donation, pull_failures, pull_fans, pull_telemetry, pulls,
-                          requests, robustness, roundtrip, serving_step, settings, shared_pool, sharded)
+from probes.suite import (call_sequence, construction, donation, fork_forms, host_budget, host_chunks, host_transfers,
+                          kv_store, ordering, plan_binding, pull_donation, pull_failures, pull_fans, pull_telemetry,
+                          pulls, requests, robustness, roundtrip, serving_step, settings, shared_pool, sharded)
 from probes.suite.pull_sides import SUBJECT as PULL_SUBJECT
 from probes.suite.ownership import row_byte_ranges
 from probes.suite.verdicts import PASS, REJECTED, Prediction, Verdict
@@ -172,6 +172,9 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     # Refusing the second manager is right; so is sharing one allocator.
     Probe("shared_pool", shared_pool.shared_pool, Scope.GENERATION, always(PASS), subject=PULL_SUBJECT, default=False,
           two_process=True, devices=shared_pool.SHARDED[1].devices, mesh_kinds=("",)),
+    # Managers across os.fork(): built in a child while the parent holds one, or inherited.
+    Probe("fork_forms", fork_forms.fork_forms, Scope.ROBUSTNESS, always(PASS), subject=PULL_SUBJECT,
+          kinds=fork_forms.FORK_KINDS, default=False),
     Probe("call_sequence", call_sequence.call_sequence, Scope.FUZZ, always(PASS), default=False),
 )}
 

@@ -108,6 +108,11 @@ def test_run_report_and_diff(tmp_path, capsys):
     assert "s8[512,12288]{1,0:T(8,128)(4,1)}" in diff and "s8[512,12288]{1,0:T(32,128)(4,1)}" in diff
     assert cli.main(["diff", str(v3_csv), str(v3_csv)]) == 0
     assert "no differences" in capsys.readouterr().out
+    two_iuts = tmp_path / "two-iuts.csv"  # a case on several IUTs is a row for each, compared with its own
+    pd.concat([frame, frame.assign(iut="other-iut", verdict="ERROR")]).to_csv(two_iuts, index=False)
+    assert cli.main(["diff", str(v3_csv), str(two_iuts)]) == 1
+    changes = capsys.readouterr().out
+    assert "only in B" in changes and "on other-iut" in changes and "on kvref-sim |" not in changes
 
     (out / "v3" / "summary.md").unlink()
     assert cli.main(["report", "--out", str(out)]) == 0

@@ -1,15 +1,19 @@
 """`kvprobe diff A.csv B.csv`: what changed between two runs, case by case
-(matched on probe and case name, so a new generation compares with the last)."""
+(matched on probe, case name and implementation, so a new generation
+compares with the last, and each IUT with itself)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
+from probes.report.results import implementation
+
 COMPARED = ["layout", "slice_bytes", "legacy_slice_bytes", "verdict"]
 
 
 def case_key(frame: pd.DataFrame) -> pd.Series:
-    return frame["case_id"].str.split("/", n=1).str[1]
+    """probe/case on an implementation, without the generation."""
+    return frame["case_id"].str.split("/", n=1).str[1] + " on " + implementation(frame)
 
 
 def diff_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:

@@ -112,6 +112,15 @@ class Faults:
     settled_uuid_served_stale: bool = _fault(
         "the producer remembers a uuid's first blocks: a later registration under a reused "
         "uuid serves the blocks of the first")
+    shared_listen_port: bool = _fault(
+        "a listener binds its port shared (SO_REUSEPORT): a second manager built on a port the "
+        "first listens on is accepted, and peers' pulls reach either")
+    named_port_ignored: bool = _fault(
+        "a listener picks a port of its own, whatever port it is given: the port the serving "
+        "stack advertises reaches nothing")
+    busy_port_falls_back: bool = _fault(
+        "a listener whose port is taken listens on any free port instead, and says nothing: the "
+        "port the serving stack advertises reaches another socket")
     pull_route_reused: bool = _fault(
         "the consumer keeps the route of its first pull and sends every later pull there: a "
         "pull from a second producer asks the first")

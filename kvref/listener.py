@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from kvref.endpoints import port_of, with_port
+from kvref.faults import Faults
 
 SERVER_THREADS = 4
 CLOSE_SECONDS = 5.0  # the longest stopping one server waits
@@ -55,11 +56,11 @@ class Service(Protocol):
 
 
 class Listener:
-    def __init__(self, where: str, sub_managers: int, parts: int):
+    def __init__(self, where: str, sub_managers: int, parts: int, faults: Faults = Faults()):
         """`where` 'host:port' (port 0: any free one) and `sub_managers`, as
         ManagerSettings checked them: servers on consecutive ports from it,
         splitting a block's `parts` among them."""
-        self.where = where
+        self.where, self._faults = where, faults
         if not 1 <= sub_managers <= parts:
             raise ValueError(f"sub_managers must be in [1, {parts}] (the parts of a block), got {sub_managers}")
         self.groups = [tuple(range(parts))[i::sub_managers] for i in range(sub_managers)]
@@ -71,15 +72,21 @@ class Listener:
         receive = max(s.receive_bytes for s in services)
         try:
             for i, group in enumerate(self.groups):
+                options = [*SERVER_OPTIONS, ("grpc.max_receive_message_length", receive)]
+                if self._faults.shared_listen_port:
+                    options = [(k, 1 if k == "grpc.so_reuseport" else v) for k, v in options]
                 server = grpc.server(ThreadPoolExecutor(SERVER_THREADS, thread_name_prefix="kvref-listen"),
-                                     options=[*SERVER_OPTIONS, ("grpc.max_receive_message_length", receive)],
-                                     maximum_concurrent_rpcs=SERVER_THREADS)
+                                     options=options, maximum_concurrent_rpcs=SERVER_THREADS)
                 server.add_generic_rpc_handlers([s.handlers(group) for s in services])
-                asked = with_port(self.where, base + i if base else 0)
+                asked = with_port(self.where, base + i if base and not self._faults.named_port_ignored else 0)
                 try:
                     port = server.add_insecure_port(asked)
                 except RuntimeError as e:
-                    raise OSError(f"cannot listen at {asked}: {e}") from None
+                    if not self._faults.busy_port_falls_back:
+                        raise OSError(f"cannot listen at {asked}: {e}") from None
+                    port = 0
+                if not port and self._faults.busy_port_falls_back:
+                    port = server.add_insecure_port(with_port(self.where, 0))
                 if not port:
                     raise OSError(f"cannot listen at {asked} (in use, or not this machine's address)")
                 server.start()

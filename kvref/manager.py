@@ -117,7 +117,8 @@ class KVCacheManager:
         listen = settings.listen
         if listen is None and self.faults.offload_only_listens:
             listen = "127.0.0.1:0"
-        self._listener = None if listen is None else Listener(listen, settings.sub_managers, plan.host_slots[0])
+        self._listener = None if listen is None else Listener(listen, settings.sub_managers, plan.host_slots[0],
+                                                                      self.faults)
         self._pulls = PullService(staging, tuple(plan.slice_bytes), self.device_blocks, peer_timeout,
                                   self._listener, self.faults)
         self._host_transfers = HostTransfers(_weak(self._current_mover), tuple(plan.slice_bytes),

@@ -48,6 +48,10 @@ TEETH = [
     ("block_sharded/mixed_layers", "", (), ["block_ids_on_every_shard"], "ERROR"),
     ("uneven_shards", "", (), ["unchecked_shard_shapes"], "CORRUPT|ERROR"),
     ("block_sharded/blocks", "", (), ["runs_as_single_blocks"], "CORRUPT"),  # a run across shard boundaries
+    # The port a serving stack names for a manager.
+    ("constructor_ports/named_port", "", (), ["named_port_ignored"], "ERROR"),
+    ("constructor_ports/port_of_a_manager", "", (), ["shared_listen_port"], "ERROR"),
+    ("constructor_ports/port_held_elsewhere", "", (), ["busy_port_falls_back"], "ERROR"),
     # Managers across os.fork(): a child left with its parent's copy threads.
     ("fork_forms/pool_in_child", "", (), ["pool_kept_across_fork"], "HANG"),
     ("fork_forms/slots_in_child", "", (), ["pool_kept_across_fork"], "HANG"),

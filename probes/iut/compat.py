@@ -70,6 +70,10 @@ class CompatLibrary(WrapperHostTransfers, SyncLibrary):
             return tpu_sync.KVCacheManager(caches, pool_port(listen), host_blocks_to_allocate=max_blocks)
         return tpu_sync.KVCacheManager(caches, 0, max_blocks=max_blocks, num_slots=PULL_SLOTS, timeout_s=timeout_s)
 
+    def port_manager(self, caches, port, timeout_s, max_blocks):
+        """As a serving stack names the control port."""
+        return tpu_sync.KVCacheManager(caches, port, max_blocks=max_blocks, num_slots=PULL_SLOTS, timeout_s=timeout_s)
+
     def close_manager(self, manager) -> None:
         manager.reference.close()
 

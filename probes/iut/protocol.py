@@ -286,6 +286,20 @@ class PullLibrary(Protocol):
 
 
 @runtime_checkable
+class PortLibrary(Protocol):
+    """What a Library whose managers serve pulls on a port the caller names
+    also provides (the constructor_ports probe SKIPs for one without it,
+    naming this protocol). Its managers are closed with
+    PullLibrary.close_manager."""
+
+    def port_manager(self, caches, port: int, timeout_s: float, max_blocks: int) -> PullManager:
+        """A slots-form manager over `caches` serving pulls on loopback at
+        `port` (0: one it picks), as a serving stack names its control port
+        (tpu-sync's local_control_port); raises whatever the library raises
+        when it cannot."""
+
+
+@runtime_checkable
 class HostTransferLibrary(Protocol):
     """What a Library whose managers move host blocks to one another's host
     pools also provides: h2h_read and h2h_write (the host_to_host probe

@@ -66,6 +66,11 @@ class KvrefLibrary:
                                     slice_policy="per_layer",
                                     listen="127.0.0.1:0" if listen else None, sub_managers=sub_managers, **slots)
 
+    def port_manager(self, caches, port, timeout_s, max_blocks):
+        return kvref.KVCacheManager(caches, max_blocks, faults=self.faults, timeout_s=timeout_s,
+                                    slice_policy="per_layer", listen=f"127.0.0.1:{port}", pull_slots=4,
+                                    pull_slot_blocks=max_blocks)
+
     def close_manager(self, manager) -> None:
         manager.close()
 

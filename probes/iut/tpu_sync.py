@@ -350,6 +350,14 @@ class TpuSyncJaxLibrary(WrapperHostTransfers, SyncLibrary):
             return KVCacheManager(caches, pool_port(listen), host_blocks_to_allocate=max_blocks, **settings)
         return KVCacheManager(caches, 0, max_blocks=max_blocks, num_slots=PULL_SLOTS, timeout_s=timeout_s, **settings)
 
+    def port_manager(self, caches, port, timeout_s, max_blocks):
+        """The wrapper's slots form on the control port a serving stack names."""
+        from tpu_sync.api.jax.kv_cache_manager import KVCacheManager
+
+        settings = {k: v for k, v in self.options.items() if k == "unsafe_skip_buffer_lock"}
+        return KVCacheManager(caches, port, max_blocks=max_blocks, num_slots=PULL_SLOTS, timeout_s=timeout_s,
+                              **settings)
+
     def close_manager(self, manager) -> None:
         """The wrapper has no close: its native manager goes when the last reference does."""
         manager.__dict__.pop("_impl", None)

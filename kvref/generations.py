@@ -40,6 +40,7 @@ GOOGLE_PCI_VENDOR = "0x1ae0"
 
 # Everything below is derived from CHIPS.
 GENERATIONS: tuple[str, ...] = tuple(c.name for c in CHIPS if c.topology)
+DEFAULT_GENERATION = GENERATIONS[-1]  # the newest shipped: what a device or command assumes unless told
 TOPOLOGIES: dict[str, str] = {c.name: c.topology for c in CHIPS if c.topology}
 RAY_ACCELERATOR_TYPES: dict[str, str] = {c.name: c.ray_accelerator_type for c in CHIPS}
 TORCH_TPU_NAMES: dict[str, str] = {c.torch_tpu_name: c.name for c in CHIPS if c.torch_tpu_name}

@@ -11,7 +11,7 @@ import numpy as np
 
 from kvref import _core
 from kvref.dtypes import element_type
-from kvref.generations import check_generation
+from kvref.generations import DEFAULT_GENERATION, check_generation
 from kvref.limits import check_allocation
 from kvref.oracle import tpu_layout
 from kvref.placement import unpack
@@ -143,7 +143,7 @@ class SimDevice:
     """One simulated TPU chip of `generation`. Buffers take that generation's
     compiler layout unless a `shape=` with an explicit layout is given."""
 
-    def __init__(self, generation: str = "tpu7x", id: int = 0):
+    def __init__(self, generation: str = DEFAULT_GENERATION, id: int = 0):
         self.generation = check_generation(generation)
         self.id = int(id)
         self._core = _core.SimDevice(self.id)

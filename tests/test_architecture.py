@@ -256,3 +256,32 @@ def test_an_unknown_setting_is_refused_by_name_and_a_manager_keeps_its_record():
         kvref.KVCacheManager([cache], 4, paralelism=2)
     manager = kvref.KVCacheManager([cache], 4, parallelism=np.int64(2))
     assert manager.settings == kvref.ManagerSettings(host_blocks=4, parallelism=2)
+
+
+def test_the_plugins_options_are_the_commands_options():
+    """Each `--kvprobe-NAME` is declared in probes.run.options, as its
+    command's `--NAME` is: one help, one parser, one default (or unset)."""
+    from probes.run import options, pytest_plugin
+
+    added = {}
+
+    class Group:
+        def addoption(self, flag, **kwargs):
+            added[flag] = kwargs
+
+    class Parser:
+        def getgroup(self, *args):
+            return Group()
+
+    pytest_plugin.pytest_addoption(Parser())
+    assert added and {flag.removeprefix("--kvprobe-") for flag in added} <= set(options.OPTIONS)
+    for flag, kwargs in added.items():
+        assert kwargs["help"].startswith(options.OPTIONS[flag.removeprefix("--kvprobe-")].help), flag
+
+
+def test_the_default_generation_is_one_name():
+    source = "\n".join(p.read_text() for p in Path(kvref.__file__).parent.parent.glob("probes/run/*.py"))
+    source += (Path(kvref.__file__).parent / "sim.py").read_text()
+    named = "|".join(map(re.escape, kvref.GENERATIONS))
+    assert not re.search(rf"""default=\[?["'](?:{named})["']|generation: str = ["'](?:{named})|or \[["'](?:{named})""", source)
+    assert kvref.generations.DEFAULT_GENERATION == kvref.GENERATIONS[-1]

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 from kvref import GENERATIONS
-from kvref.generations import CHIP_NAMES
+from kvref.generations import CHIP_NAMES, DEFAULT_GENERATION
+from kvref.serving import PRESETS
 from probes.iut.peer_env import PEER_ENVS
 from probes.run import options
 from probes.report.paths import file_safe
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("shapes", nargs="+", metavar="SHAPE",
                     help="'bf16[512,3,2048]' (layout from the compiler) or a full XLA layout text")
     ex.add_argument("--generation", "-g", type=options.generations, default=None,
-                    help="one, several (comma-separated) or 'all' (default tpu7x)")
+                    help=f"one, several (comma-separated) or 'all' (default {DEFAULT_GENERATION})")
     ex.add_argument("--host-blocks", type=options.positive, default=None,
                     help="host blocks per layer for the host-pool estimate (default: dims[0])")
     ex.add_argument("--layers", type=options.positive, default=1, help="layers for the host-pool estimate")
@@ -119,14 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     mod = sub.add_parser("model", help="will this model, at this TP degree and block size, offload on "
                          "this TPU: its caches as tpu-inference allocates them, per-shard layouts, host pool, "
                          "and the round trip on them")
-    mod.add_argument("model", help="a preset (llama-3.1-8b, llama-3.1-70b, qwen2.5-7b, gemma-2-9b, "
-                     "deepseek-v3) or a Hugging Face config.json file")
+    mod.add_argument("model", help=f"a preset ({', '.join(PRESETS)}) or a Hugging Face config.json file")
     mod.add_argument("--dtype", default="bf16", help="cache type: bf16, f8e4m3fn (fp8), f32, ... (default bf16)")
     mod.add_argument("--block-size", type=options.positive, default=16, help="tokens per block (default 16)")
     mod.add_argument("--tp", type=options.positive, default=1, help="tensor-parallel degree: the model axis")
     mod.add_argument("--dp", type=options.positive, default=1, help="data-parallel degree: splits the blocks")
-    mod.add_argument("--generation", "-g", type=options.generations, default=["v6e"],
-                     help="one, several (comma-separated) or 'all' (default v6e)")
+    mod.add_argument("--generation", "-g", type=options.generations, default=[DEFAULT_GENERATION],
+                     help=f"one, several (comma-separated) or 'all' (default {DEFAULT_GENERATION})")
     mod.add_argument("--host-blocks", type=options.positive, default=4096,
                      help="host blocks per layer for the host pool (default 4096)")
     mod.add_argument("--iut", default="kvref-sim", help="the implementation the round trip runs on")
@@ -306,7 +306,7 @@ def _model(args) -> int:
 def _explain(args) -> int:
     from probes.report import explain, memory_map
 
-    gens = args.generation or ["tpu7x"]
+    gens = args.generation or [DEFAULT_GENERATION]
     # A full layout text does not depend on the generation: explain it once.
     jobs = [(text, None if "{" in text else gen) for text in args.shapes
             for gen in (gens[:1] if "{" in text else gens)]

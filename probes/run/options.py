@@ -90,13 +90,17 @@ class Option:
     help: str
     short: str = ""
     metavar: str | None = None
+    unset: str = ""  # what leaving it unset means where a command lets it be (the plugin)
+    shown_default: str = ""  # the default as help shows it, where its help does not say it
 
 
 OPTIONS = {o.name: o for o in (
-    Option("generation", generations, list(GENERATIONS), "one, several (comma-separated) or 'all' (default)", "-g"),
+    Option("generation", generations, list(GENERATIONS), "one, several (comma-separated), 'all' or 'local' "
+           "(this TPU)", "-g", unset="the IUT's targets, or this TPU for an IUT on real hardware",
+           shown_default="all"),
     Option("iut", names, ["kvref-sim"], "implementation(s) under test, comma-separated (several give a "
            "side-by-side report): a name `kvprobe iuts` lists, or package.module:ATTR; either ==VERSION for "
-           "another build of its library"),
+           "another build of its library", unset="no kvprobe cases are collected"),
     Option("matrix", None, DEFAULT_MATRIX, f"shape matrices, comma-separated (default {DEFAULT_MATRIX}): "
            "'default', 'serving' (the caches tpu-inference allocates for a few models, sharded), 'seed', 'cpu', "
            "or a CSV file (name,shape[,probes][,sharding])"),
@@ -105,7 +109,7 @@ OPTIONS = {o.name: o for o in (
     Option("jobs", positive, None, "parallel workers (default: cores)", "-j"),
     Option("timeout", positive_number(float), PROBE_SECONDS, "seconds per case (a probe, to its worker's exit)"),
     Option("faults", faults, kvref.Faults(), "comma-separated kvref fault models to switch on (kvref IUTs)"),
-    Option("out", Path, Path("reports"), "report directory"),
+    Option("out", Path, Path("reports"), "report directory", unset="the run's CSVs and reports are not written"),
 )}
 
 
@@ -114,17 +118,23 @@ def add(parser: argparse.ArgumentParser, *which: str, **defaults) -> None:
     for name in which:
         option = OPTIONS[name]
         flags = [f"--{name}"] + ([option.short] if option.short else [])
-        kwargs = {"default": defaults.get(name, option.default), "help": option.help}
+        default = defaults.get(name, option.default)
+        shown = f" (default: {option.shown_default})" if option.shown_default and name not in defaults else ""
+        kwargs = {"default": default, "help": option.help + shown}
         if option.parse is not None:
             kwargs["type"] = option.parse
         parser.add_argument(*flags, **kwargs)
 
 
-def add_to_pytest(group, *which: str, **defaults) -> None:
-    """The options `which` as `--kvprobe-NAME` (None by default where given so)."""
+def add_to_pytest(group, *which: str, raw: tuple[str, ...] = (), **defaults) -> None:
+    """The options `which` as `--kvprobe-NAME`, with other defaults where
+    given (None: unset, as its help then says); those in `raw` are taken as
+    text, for the plugin to parse where it needs more than the value."""
     for name in which:
         option = OPTIONS[name]
-        kwargs = {"default": defaults.get(name, option.default), "help": option.help, "metavar": name.upper()}
-        if option.parse is not None:
+        default = defaults.get(name, option.default)
+        kwargs = {"default": default, "metavar": name.upper(),
+                  "help": option.help + (f"; unset: {option.unset}" if default is None and option.unset else "")}
+        if option.parse is not None and name not in raw:
             kwargs["type"] = option.parse
         group.addoption(f"--kvprobe-{name}", **kwargs)

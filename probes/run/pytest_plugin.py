@@ -30,14 +30,9 @@ def pytest_addoption(parser):
     from probes.run import options
 
     group = parser.getgroup(GROUP, "qualify a KV-cache manager with kvprobe")
-    group.addoption("--kvprobe-iut", default=None, metavar="IUT",
-                    help="run kvprobe's cases against this IUT (comma-separated for several): a name "
-                    "`kvprobe iuts` lists, or package.module:ATTR")
-    group.addoption("--kvprobe-generation", default=None, metavar="G",
-                    help="TPU generation(s) as for `kvprobe run -g` ('local': this TPU); default: the "
-                    "IUT's targets, or this TPU for an IUT on real hardware")
-    options.add_to_pytest(group, "matrix", "probe", "timeout", "faults")
-    options.add_to_pytest(group, "out", out=None)  # None: the run's CSVs and reports are not written
+    # The IUT names and generations are read as text: 'local' is resolved per IUT (cases).
+    options.add_to_pytest(group, "iut", "generation", "matrix", "probe", "timeout", "faults", "out",
+                          raw=("iut", "generation"), iut=None, generation=None, out=None)
 
 
 def pytest_configure(config):

@@ -24,10 +24,11 @@ def test_a_short_campaign_finds_nothing():
         assert t.refused and t.accepted, f"{t.category} exercised only one side"
 
 
-def test_a_short_listener_run_finds_nothing_and_each_form_is_answered_both_ways():
-    tallies = campaign.campaign(total=0, seed=2024, listener=40)
-    assert [t.category for t in tallies] == ["listener"]
-    assert tallies[0].inputs == 40 and not tallies[0].failures, campaign.render(tallies, 1.0)
+@pytest.mark.parametrize("category, inputs", [("listener", 40), ("imports", 16)])
+def test_a_short_run_of_a_category_finds_nothing_and_meets_both_answers(category, inputs):
+    tallies = campaign.campaign(total=0, seed=2024, **{category: inputs})
+    assert [t.category for t in tallies] == [category]
+    assert tallies[0].inputs == inputs and not tallies[0].failures, campaign.render(tallies, 1.0)
     assert tallies[0].refused and tallies[0].accepted
 
 
@@ -37,6 +38,18 @@ def test_the_listener_category_finds_a_listener_that_lands_writes_in_the_wrong_c
     monkeypatch.setenv("KVREF_FAULTS", "host_pairs_sorted")
     tallies = campaign.campaign(total=0, seed=2024, listener=10)
     assert tallies[0].failures and all("h2h_read" in f["detail"] for f in tallies[0].failures)
+
+
+def test_the_imports_category_finds_a_resolution_that_does_not_vet_the_module(monkeypatch):
+    """Without the watched first import, a module that prints at import resolves (its line on kvprobe's stdout)."""
+    from probes.fuzz.outside_imports import OutsideImports
+    from probes.iut import registry
+
+    category = OutsideImports()
+    assert category.run({"behaviours": ["prints"], "code": 0}) == "refused"
+    monkeypatch.setattr(registry, "vet_import", lambda module, spec: None)
+    with pytest.raises(Mismatch, match=r"does \['prints'\] at import resolved to"):
+        category.run({"behaviours": ["prints"], "code": 0})
 
 
 def test_a_crash_is_pinned_to_its_input_and_the_campaign_goes_on(tmp_path):

@@ -161,6 +161,8 @@ def test_a_bug_planted_outside_fails_the_cases_its_fault_model_fails(outside, tm
     ("fails_iuts:IUT", "fails_iuts:IUT: importing module fails_iuts ended its process with status 3"),
     ("forks_iuts:IUT", "forks_iuts:IUT: module forks_iuts forks at import"),
     ("prints_iuts:IUT", "prints_iuts:IUT: module prints_iuts prints at import ('KVPROBE-RESULT"),
+    ("forks_then_raises_iuts:IUT", "module forks_then_raises_iuts does not import: ValueError: broken"),
+    ("prints_then_raises_iuts:IUT", "module prints_then_raises_iuts prints at import ('KVPROBE-RESULT"),
 ])
 def test_a_declaration_that_cannot_be_used_is_one_error_before_any_case(outside, tmp_path, spec, needle):
     work, env = outside
@@ -186,6 +188,9 @@ def test_a_declaration_that_cannot_be_used_is_one_error_before_any_case(outside,
     (work / "fails_iuts.py").write_text("raise SystemExit(3)\n")
     (work / "forks_iuts.py").write_text("import os\nos.fork()\nfrom probes.iut.declared import KVREF_SIM as IUT\n")
     (work / "prints_iuts.py").write_text("print('KVPROBE-RESULT {}')\nfrom probes.iut.declared import KVREF_SIM as IUT\n")
+    # Found by the imports fuzz category: a module that misbehaves and then raises was imported again in kvprobe.
+    (work / "forks_then_raises_iuts.py").write_text("import os\nos.fork()\nraise ValueError('broken')\n")
+    (work / "prints_then_raises_iuts.py").write_text("print('KVPROBE-RESULT {}')\nraise ValueError('broken')\n")
     done = run([*KVPROBE, "run", "--iut", spec, "-g", "tpu7x", "--out", str(tmp_path / "never")], work, env,
                timeout=120)
     assert done.returncode == 2 and needle in done.stderr, done.stderr[-2000:]

@@ -1,10 +1,11 @@
 """A fuzz campaign over kvref's API: `python -m probes.fuzz.campaign
---inputs 100000 --lifecycle 600 --listener 2000` (`make fuzz`). Inputs run in a worker process
+--inputs 100000 --lifecycle 600 --listener 2000 --imports 200` (`make fuzz`). Inputs run in a worker process
 that logs each one before running it, so a crash or a hang is pinned to the
 input that caused it, and the campaign goes on from the next. The lifecycle
 cases (probes.fuzz.lifecycle) each run in a process of their own besides, and
 the listener's (probes.fuzz.listener) put a hostile peer before a manager's
-listener.
+listener, and the imports' (probes.fuzz.outside_imports) name outside IUTs
+whose modules misbehave at import.
 Prints inputs, refusals, acceptances and failures per category, with every
 failure's input."""
 
@@ -73,14 +74,16 @@ def run_category(spec: str, count: int, seed: int, log_dir: Path) -> Tally:
 
 LIFECYCLE = "probes.fuzz.lifecycle:Lifecycle"
 LISTENER = "probes.fuzz.listener:HostilePeer"
+IMPORTS = "probes.fuzz.outside_imports:OutsideImports"
 
 
-def campaign(total: int, seed: int = 0, specs=None, lifecycle: int = 0, listener: int = 0) -> list[Tally]:
-    """`total` inputs shared by the API categories, then `lifecycle` cases
-    and `listener` inputs."""
+def campaign(total: int, seed: int = 0, specs=None, lifecycle: int = 0, listener: int = 0,
+             imports: int = 0) -> list[Tally]:
+    """`total` inputs shared by the API categories, then `lifecycle` cases,
+    `listener` inputs and `imports` outside IUTs."""
     specs = specs or [f"probes.fuzz.kvref_api:{type(c).__name__}" for c in CATEGORIES.values()]
     per = -(-total // len(specs)) if total else 0
-    counts = [(spec, per) for spec in specs] + [(LIFECYCLE, lifecycle), (LISTENER, listener)]
+    counts = [(spec, per) for spec in specs] + [(LIFECYCLE, lifecycle), (LISTENER, listener), (IMPORTS, imports)]
     with tempfile.TemporaryDirectory(prefix="kvref-fuzz-") as tmp:
         return [run_category(spec, count, seed, Path(tmp)) for spec, count in counts if count]
 
@@ -107,11 +110,14 @@ def main(argv=None) -> int:
                         help="process-lifecycle cases, each in a process of its own (default 600)")
     parser.add_argument("--listener", type=int, default=2000,
                         help="hostile peers' calls to a manager's listener (default 2000)")
+    parser.add_argument("--imports", type=int, default=200,
+                        help="outside IUTs whose modules misbehave at import (default 200)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     start = time.perf_counter()
-    tallies = campaign(args.inputs, args.seed, lifecycle=args.lifecycle, listener=args.listener)
+    tallies = campaign(args.inputs, args.seed, lifecycle=args.lifecycle, listener=args.listener,
+                       imports=args.imports)
     print(render(tallies, time.perf_counter() - start))
     return 1 if any(t.failures for t in tallies) else 0
 

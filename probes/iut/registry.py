@@ -114,8 +114,12 @@ def vet_import(module_name: str, spec: str) -> None:
     marks = [line for line in out.splitlines() if line.startswith(VETTED_MARK)]
     said = [line for line in out.splitlines() if line.strip() and not line.startswith(VETTED_MARK)]
     last = (err.strip().splitlines() or [""])[-1]
+    if said:  # before anything else: what it printed would reach kvprobe's output on any later import
+        raise IUTError(f"{spec}: module {module_name} prints at import ({said[0][:80]!r}); an IUT's module must "
+                       "import silently: kvprobe's output is read by tools")
     if proc.returncode != 0 and "Traceback (most recent call last)" in err:
-        return  # an exception at import: importing here says which, as for any module
+        # Never imported here: what ran before the exception (a fork, say) would run in kvprobe too.
+        raise IUTError(f"{spec}: module {module_name} does not import: {last[:300]}")
     if proc.returncode != 0:
         raise IUTError(f"{spec}: importing module {module_name} ended its process with status {proc.returncode}"
                        + (f": {last}" if last else " (os._exit or SystemExit at import?)"))
@@ -125,9 +129,6 @@ def vet_import(module_name: str, spec: str) -> None:
     if len(marks) > 1 or marks[0].split()[-1] != str(proc.pid):
         raise IUTError(f"{spec}: module {module_name} forks at import (the import returned in {len(marks)} "
                        "processes); an IUT's module must not start processes when imported")
-    if said:
-        raise IUTError(f"{spec}: module {module_name} prints at import ({said[0][:80]!r}); an IUT's module must "
-                       "import silently: kvprobe's output is read by tools")
     os.environ[VETTED_VARIABLE] = os.pathsep.join(filter(None, [os.environ.get(VETTED_VARIABLE), module_name]))
 
 

@@ -39,6 +39,10 @@ NO_XLA_ALIASING = tuple((probe, "torch_xla gives an in-place step's output a buf
                                 "donates a cache in place") for probe in ("donation_in_place", "pull_across_donation"))
 # The wheel records its pulls for dump_metrics_to_string only with this set, exactly so.
 PULL_RECORDS = ("ENABLE_RAIDEN_METRICS", "true")
+# JAX, torch_xla and TorchTPU deadlock in a forked child of a process that used them: no cache is made there.
+NO_FORKED_CACHES = tuple((f"fork_forms/{kind}", "this framework deadlocks in a forked child of a process that used "
+                          "it (its runtime's threads stay in the parent), so no cache can be made there")
+                         for kind in ("pool_in_child", "slots_in_child"))
 # JAX CPU workers get enough devices for the sharded probes and the serving matrix (TP 8).
 JAX_CPU_MESH = ("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 LANDS_AT_ONCE = ("host_transferred_construction",
@@ -48,22 +52,23 @@ LANDS_AT_ONCE = ("host_transferred_construction",
 KVREF_SIM = IUT("kvref-sim", SimArrays, KvrefLibrary, targets=kvref.GENERATIONS, any_tpu_type=True,
                 not_applicable=(NO_SIM_VIEWS,))
 KVREF_JAX = IUT("kvref-jax", JaxCpuArrays, KvrefLibrary, targets=("cpu",), preload=("jax",),
-                environment=(JAX_CPU_MESH,), not_applicable=(NO_JAX_VIEWS, LANDS_BEFORE_RETURN))
+                environment=(JAX_CPU_MESH,), not_applicable=(NO_JAX_VIEWS, LANDS_BEFORE_RETURN, *NO_FORKED_CACHES))
 TPU_SYNC_JAX = IUT("tpu-sync-jax", JaxCpuArrays, TpuSyncJaxLibrary, targets=("cpu",), interpreter="jax",
                    preload=("jax",), environment=(JAX_CPU_MESH, PULL_RECORDS), loopback_only=True,
-                   not_applicable=(NO_JAX_VIEWS, NO_JAX_PLANS))
+                   not_applicable=(NO_JAX_VIEWS, NO_JAX_PLANS, *NO_FORKED_CACHES))
 # kvref's drop-in facade on the arrays tpu-sync-jax runs on, through the wrapper's API.
 KVREF_COMPAT = IUT("kvref-compat", JaxCpuArrays, CompatLibrary, targets=("cpu",), preload=("jax",),
-                   environment=(JAX_CPU_MESH,), not_applicable=(NO_JAX_VIEWS, NO_WRAPPER_PLANS, LANDS_BEFORE_RETURN))
+                   environment=(JAX_CPU_MESH,),
+                   not_applicable=(NO_JAX_VIEWS, NO_WRAPPER_PLANS, LANDS_BEFORE_RETURN, *NO_FORKED_CACHES))
 KVREF_TORCH_XLA = IUT("kvref-torch-xla", TorchXlaArrays, KvrefLibrary, targets=("cpu",), interpreter="xla",
                       preload=("torch_xla",), environment=(("PJRT_DEVICE", "CPU"),),
-                      not_applicable=(*NO_TORCH_MESH, LANDS_BEFORE_RETURN, *NO_XLA_ALIASING))
+                      not_applicable=(*NO_TORCH_MESH, LANDS_BEFORE_RETURN, *NO_XLA_ALIASING, *NO_FORKED_CACHES))
 TPU_SYNC_JAX_TPU = IUT("tpu-sync-jax-tpu", JaxTpuArrays, TpuSyncJaxLibrary, targets=kvref.GENERATIONS,
                        interpreter="jax", jax_platforms=None, owns_device=True, startup_seconds=300.0,
                        any_tpu_type=True, loopback_only=True,
-                       not_applicable=(NO_JAX_VIEWS, NO_JAX_PLANS, LANDS_AT_ONCE))
+                       not_applicable=(NO_JAX_VIEWS, NO_JAX_PLANS, LANDS_AT_ONCE, *NO_FORKED_CACHES))
 TPU_SYNC_TORCH_TPU = IUT("tpu-sync-torch-tpu", TorchTpuArrays, TpuSyncTorchLibrary,
                          targets=TORCH_TPU_GENERATIONS, interpreter="torch", jax_platforms=None,
                          owns_device=True, startup_seconds=300.0, any_tpu_type=True, loopback_only=True,
                          not_applicable=(NO_TORCH_TPU_VIEWS, NO_TORCH_PLANS, *NO_TORCH_ALLOCATOR, LANDS_AT_ONCE,
-                                         *NO_TORCH_MESH))
+                                         *NO_TORCH_MESH, *NO_FORKED_CACHES))

@@ -12,7 +12,7 @@ from probes.iut.adapter import Adapter
 from probes.iut.protocol import PortLibrary
 from probes.suite.cases import Case
 from probes.suite.pull_sides import PULL_TIMEOUT_S, SUBJECT
-from probes.suite.sockets import listeners
+from probes.suite.sockets import free_loopback_port, listeners
 from probes.suite.verdicts import ERROR, PASS, SKIP, Outcome
 
 PORT_KINDS = ("named_port", "port_of_a_manager", "port_held_elsewhere")
@@ -36,7 +36,7 @@ def constructor_ports(case: Case, iut: Adapter) -> Outcome:
     made = []
     try:
         if case.kind == "named_port":
-            port = _free_port()
+            port = free_loopback_port()
             made.append(lib.port_manager(layers[0], port, PULL_TIMEOUT_S, MAX_BLOCKS))
             return _serves_at(made[0], port) or Outcome(PASS, f"built on port {port}, it listens there and says so")
         if case.kind == "port_of_a_manager":
@@ -60,13 +60,6 @@ def constructor_ports(case: Case, iut: Adapter) -> Outcome:
     finally:
         for manager in made:
             iut.library.close_manager(manager)
-
-
-def _free_port() -> int:
-    """A port loopback has free now (bound and let go: nothing else here takes ports by number)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _ports(manager) -> list[int]:

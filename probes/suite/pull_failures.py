@@ -17,7 +17,7 @@ from probes.suite.cases import Case
 from probes.suite.pull_sides import (FAILING_TIMEOUT_S, PEER_WAIT_S, PROMPT_S, SETTLE_GRACE_S, SUBJECT,
                                      Side, endpoint_for, no_pulls, poll, pull_library, uuid_of)
 from probes.suite.refusals import first_line
-from probes.suite.sockets import listeners, loopback_bytes, socket_inodes
+from probes.suite.sockets import free_loopback_port, listeners, loopback_bytes, socket_inodes
 from probes.suite.verdicts import CORRUPT, ERROR, PASS, SKIP, Outcome
 
 REFUSAL_KINDS = ("lengths", "empty_endpoint", "local_out_of_range", "uuid_in_use", "register_out_of_range",
@@ -176,13 +176,6 @@ class _silent_listener:
         self.sock.close()
 
 
-def _closed_port() -> str:
-    """A loopback port nothing listens on (bound, then let go)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
-
-
 def pull_failures(case: Case, iut: Adapter) -> Outcome:
     """Pulls that cannot land must be reported failed, once, and leave the
     consumer's blocks as they were: the producer killed right after the pull
@@ -261,7 +254,7 @@ def _failed_pull(side: Side, kind: str, endpoint, uuid: int, everything: list[in
                            "no failure to judge")
         return _expect_failed(side, "req-0", started, PROMPT_S, "a pull whose producer was killed", settled)
     if kind == "connection_refused":
-        side.manager.start_read("req-0", uuid, _closed_port(), everything, local)
+        side.manager.start_read("req-0", uuid, f"127.0.0.1:{free_loopback_port()}", everything, local)
         return _expect_failed(side, "req-0", started, PROMPT_S, "a pull from a port nothing listens on")
     if kind == "silent_remote":
         with _silent_listener() as silent:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 from dataclasses import dataclass
 
 LISTEN = "0A"  # the TCP state /proc/net/tcp writes for a listening socket
@@ -76,3 +77,10 @@ def _address(hex_text: str) -> str:
     raw = bytes.fromhex(hex_text)
     words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
     return str(ipaddress.ip_address(words))
+
+
+def free_loopback_port() -> int:
+    """A loopback port nothing listens on now (bound, then let go)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

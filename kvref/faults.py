@@ -142,6 +142,22 @@ class Faults:
     sub_manager_serves_own_parts: bool = _fault(
         "a sub-manager asked for parts of a block it does not hold sends its own parts in their "
         "place: a pull of every part from one endpoint lands other parts' bytes")
+    # A worker's registration with its controller (kvref.worker_registration, through the facade).
+    worker_without_controller: bool = _fault(
+        "a named raiden_worker_port is listened on even without a controller: a port open to "
+        "anyone that no controller ever drives")
+    worker_port_ignored: bool = _fault(
+        "the worker listens on any free port, not the raiden_worker_port it was given: a controller "
+        "or firewall set up for that port never reaches it")
+    worker_port_shared: bool = _fault(
+        "a manager that names another raiden_worker_port than the process's worker listens on is "
+        "silently given the worker's port: the port it was told is served by nobody")
+    registered_requested_port: bool = _fault(
+        "the registration carries each transfer endpoint with the port the caller asked for (0: "
+        "any) instead of the one bound: the controller routes pulls to a port nobody serves")
+    registration_waits_for_controller: bool = _fault(
+        "the registration waits for an unreachable controller to come up, for the manager's whole "
+        "timeout_s: a host whose controller is down cannot start serving")
     # Host-to-host transfers between managers (kvref.host_transfers).
     host_pairs_sorted: bool = _fault(
         "a host-to-host transfer writes block i into the i-th lowest chunk it took, not the i-th "

@@ -14,6 +14,8 @@ import pytest
 
 import kvref
 from kvref.compat import tpu_sync
+from probes.suite.controller import StandinController
+from probes.suite.sockets import free_loopback_port
 
 SHAPE = (64, 16, 8, 128)  # (blocks, block size, kv heads x 2 / packing, head dim), f32: 64 KiB blocks
 CHUNKS = 32
@@ -89,8 +91,13 @@ def test_the_connector_pattern_on_jax_cpu_arrays():
 def test_the_constructor_refuses_what_the_facade_does_not_do():
     dev = kvref.SimDevice("v6e")
     caches, _ = caches_on(dev)
-    with pytest.raises(NotImplementedError, match="raiden_worker_port=5000"):
-        tpu_sync.KVCacheManager(caches, 0, host_blocks_to_allocate=4, raiden_worker_port=5000)
+    with pytest.raises(NotImplementedError, match="backend_configs="):
+        tpu_sync.KVCacheManager(caches, 0, host_blocks_to_allocate=4, backend_configs=[{"kind": "gcs"}])
+    for bad, match in ((dict(raiden_controller_address="nope"), "raiden_controller_address 'nope' is not"),
+                       (dict(worker_id=""), "worker_id must be printable text"),
+                       (dict(node_id=-1), "node_id must be"), (dict(raiden_worker_port=70000), "raiden_worker_port")):
+        with pytest.raises(ValueError, match=match):
+            tpu_sync.KVCacheManager(caches, 0, host_blocks_to_allocate=4, **bad)
     with pytest.raises(ValueError, match="local_control_port must be"):
         tpu_sync.KVCacheManager(caches, 70000, host_blocks_to_allocate=4)
     with pytest.raises(ValueError, match="Must specify either"):
@@ -162,3 +169,34 @@ def test_install_gives_every_name_the_connectors_import():
     finally:
         for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
             del sys.modules[module]
+
+
+def test_a_manager_given_a_controller_registers_its_worker_and_where_it_serves():
+    dev = kvref.SimDevice("v6e")
+    caches, _ = caches_on(dev)
+    quiet = tpu_sync.KVCacheManager(caches, 0, max_blocks=4, num_slots=2, raiden_worker_port=0)
+    assert quiet.get_raiden_worker_port() == 0 and not quiet.is_listener_active  # no controller: no worker
+    with StandinController() as controller:
+        m = tpu_sync.KVCacheManager(caches, 0, max_blocks=4, num_slots=2, worker_id="w-3", node_id=2,
+                                    raiden_controller_address=controller.address)
+        again = tpu_sync.KVCacheManager(caches, 0, max_blocks=4, num_slots=2, raiden_controller_address=controller.address)
+        first, second = controller.registrations(2, 10.0)
+    port = m.get_raiden_worker_port()
+    assert port > 0 and m.is_listener_active and again.get_raiden_worker_port() == port  # one worker per process
+    assert (first["worker_id"], int(first["node_id"]), first["raiden_worker_endpoint"]) == ("w-3", 2, f"127.0.0.1:{port}")
+    assert second["worker_id"] == "worker_0"  # the wrapper's default
+    assert [(e["endpoint"], [int(s) for s in e["shards"]]) for e in first["raiden_transfer_endpoints"]] == \
+        [(e["endpoint"], e["shards"]) for e in m.get_local_endpoints()]
+    assert tuple(int(b) for b in first["block_array_bytes"]) == m.reference.layer_bytes_per_block
+    with pytest.raises(ValueError, match=f"already listens on 127.0.0.1:{port}"):
+        tpu_sync.KVCacheManager(caches, 0, max_blocks=4, num_slots=2, raiden_controller_address=controller.address,
+                                raiden_worker_port=port + 1 if port < 65535 else port - 1)
+
+
+def test_a_controller_that_is_down_is_logged_and_the_manager_serves_on(caplog):
+    dev = kvref.SimDevice("v6e")
+    caches, _ = caches_on(dev)
+    dead = f"127.0.0.1:{free_loopback_port()}"
+    m = tpu_sync.KVCacheManager(caches, 0, max_blocks=4, num_slots=2, raiden_controller_address=dead)
+    assert f"could not register with the controller at {dead}" in caplog.text
+    assert m.get_local_endpoints() and m.get_raiden_worker_port() > 0

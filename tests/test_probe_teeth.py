@@ -165,3 +165,24 @@ def test_the_facade_iut_carries_the_fault_models_to_the_reference_beneath(probe,
     broken = run_case(Case(name, "cpu", "kvref-compat", probe.replace("/", "-"), declared(name).subject,
                            Faults.parse(faults), kind=kind)).outcome
     assert not prediction(c).admits(broken.verdict), broken.detail
+
+
+# Probes of the wrapper's own settings, which only the facade (kvref-compat) takes.
+FACADE_TEETH = [
+    ("worker_registration/no_controller", ["worker_without_controller"], "ERROR"),
+    ("worker_registration/registers", ["registered_requested_port"], "ERROR"),
+    ("worker_registration/named_worker_port", ["worker_port_ignored"], "ERROR"),
+    ("worker_registration/second_worker_port", ["worker_port_shared"], "ERROR"),
+    ("worker_registration/controller_unreachable", ["registration_waits_for_controller"], "ERROR"),
+]
+
+
+@pytest.mark.parametrize("probe, faults, verdict", FACADE_TEETH)
+def test_facade_probe_catches_its_fault_model(probe, faults, verdict):
+    name, _, kind = probe.partition("/")
+    fixed = Case(name, "cpu", "kvref-compat", probe.replace("/", "-"), declared(name).subject, kind=kind)
+    assert prediction(fixed).admits(run_case(fixed).outcome.verdict)
+    broken = run_case(Case(name, "cpu", "kvref-compat", probe.replace("/", "-"), declared(name).subject,
+                           Faults.parse(faults), kind=kind)).outcome
+    assert Prediction.parse(verdict).admits(broken.verdict), broken.detail
+    assert not prediction(fixed).admits(broken.verdict)

@@ -25,8 +25,11 @@ Pulls between managers too (`register_read`, `start_read`, `poll_stats`,
 free port), as the disaggregated connector builds it; one built with
 `host_blocks_to_allocate` serves them at a control port it is given, and
 with none only offloads and calls its peers, listening nowhere. `enable_shm=True` attaches the pool under $RAIDEN_SHM_KEY,
-one manager per key (kvref.shared_pool). A worker port, a controller and
-storage backends are refused by name. `unsafe_skip_buffer_lock` is taken and changes
+one manager per key (kvref.shared_pool). Given `raiden_controller_address`,
+the process's worker listens (at `raiden_worker_port`, 0: any) and each
+manager registers with the controller as `worker_id` on `node_id`
+(kvref.worker_registration); without one, no worker listens and
+get_raiden_worker_port() is 0. Storage backends are refused by name. `unsafe_skip_buffer_lock` is taken and changes
 nothing: the reference always orders transfers (kvref.manager)."""
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ import types
 import weakref
 
 import kvref
-from kvref.endpoints import LOOPBACK
+from kvref import worker_registration
+from kvref.endpoints import LOOPBACK, with_port
 from kvref import kv_store
 from kvref.kv_store import RaidenId  # noqa: F401 (the facade's name)
 from kvref.values import flag, integer
@@ -92,12 +96,13 @@ class KVCacheManager:
                  parallelism: int = 4, node_id: int = 0, raiden_worker_port: int = 0,
                  raiden_controller_address: str | None = None, worker_id: str | None = None,
                  enable_shm: bool = False, backend_configs=None):
-        for name, value, quiet in (("raiden_worker_port", raiden_worker_port, 0),
-                                   ("raiden_controller_address", raiden_controller_address, None),
-                                   ("backend_configs", backend_configs, None)):
-            if value not in (quiet, [], ()):
-                raise NotImplementedError(f"{name}={value!r}: the reference facade moves blocks within "
-                                          "one host only; pass the default")
+        if backend_configs not in (None, [], ()):
+            raise NotImplementedError(f"backend_configs={backend_configs!r}: the reference facade keeps blocks in "
+                                      "its host pool only; pass the default")
+        controller = worker_registration.check_controller(raiden_controller_address)
+        worker_id = worker_registration.check_worker_id(worker_id)
+        node_id = integer(node_id, "node_id", 0)
+        worker_port = integer(raiden_worker_port, "raiden_worker_port", 0, 65535)
         port = integer(local_control_port, "local_control_port", 0, 65535)
         pulls = {}
         if host_blocks_to_allocate is None:
@@ -120,6 +125,29 @@ class KVCacheManager:
                                              slice_policy="per_layer", serve_host=listen is not None, **pulls)
         if shm_key:
             _meet(shm_key, manager=self._manager)
+        self._worker = None
+        faults = self._manager.faults
+        if controller is not None or (worker_port and faults.worker_without_controller):
+            try:
+                self._worker = worker_registration.worker_endpoint(self._listen_host, worker_port, faults)
+            except ValueError:
+                self._manager.close()
+                raise
+        if controller is not None:
+            self._register(controller, worker_id, node_id, port)
+
+    def _register(self, controller: str, worker_id: str, node_id: int, asked_port: int) -> None:
+        """Tell `controller` of this worker and where this manager serves
+        (kvref.worker_registration); a controller that is down is logged."""
+        faults = self._manager.faults
+        endpoints = self._manager.get_local_endpoints()
+        if faults.registered_requested_port:
+            endpoints = [dict(e, endpoint=with_port(e["endpoint"], asked_port)) for e in endpoints]
+        registration = worker_registration.Registration(
+            worker_id, node_id, tuple((e["endpoint"], tuple(e["shards"])) for e in endpoints),
+            tuple(self._manager.layer_bytes_per_block), self._manager.num_shards)
+        wait = (self._manager.settings.timeout_s or 0.0) if faults.registration_waits_for_controller else 0.0
+        worker_registration.register(controller, self._worker, registration, wait_for_controller_s=wait)
 
     def d2h(self, src_offsets=(), dst_offsets=(), copy_sizes=None) -> TransferFuture:
         """Device blocks -> host blocks; with no offsets at all, every block
@@ -180,7 +208,8 @@ class KVCacheManager:
         return self._manager.get_local_endpoints()
 
     def get_raiden_worker_port(self) -> int:
-        return 0  # no worker service
+        """The port of the process's worker, once a controller was named; else 0."""
+        return worker_registration.worker_port(self._worker)
 
     @property
     def is_listener_active(self) -> bool:

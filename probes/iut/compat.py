@@ -11,7 +11,7 @@ import os
 import kvref
 from kvref.compat import tpu_sync
 from probes.iut.store_views import KvrefStoreView
-from probes.iut.tpu_sync import PULL_SLOTS, SyncLibrary, SyncManagerView, WrapperHostTransfers, pool_port
+from probes.iut.tpu_sync import PULL_SLOT_BLOCKS, PULL_SLOTS, SyncLibrary, SyncManagerView, WrapperHostTransfers, pool_port
 
 
 class CompatManagerView(SyncManagerView):
@@ -73,6 +73,11 @@ class CompatLibrary(WrapperHostTransfers, SyncLibrary):
     def port_manager(self, caches, port, timeout_s, max_blocks):
         """As a serving stack names the control port."""
         return tpu_sync.KVCacheManager(caches, port, max_blocks=max_blocks, num_slots=PULL_SLOTS, timeout_s=timeout_s)
+
+    def worker_manager(self, caches, worker_port, controller, worker_id, node_id, timeout_s):
+        return tpu_sync.KVCacheManager(caches, 0, max_blocks=PULL_SLOT_BLOCKS, num_slots=PULL_SLOTS, timeout_s=timeout_s,
+                                       raiden_worker_port=worker_port, raiden_controller_address=controller,
+                                       worker_id=worker_id, node_id=node_id)
 
     def close_manager(self, manager) -> None:
         manager.reference.close()

@@ -43,6 +43,11 @@ PULL_RECORDS = ("ENABLE_RAIDEN_METRICS", "true")
 NO_FORKED_CACHES = tuple((f"fork_forms/{kind}", "this framework deadlocks in a forked child of a process that used "
                           "it (its runtime's threads stay in the parent), so no cache can be made there")
                          for kind in ("pool_in_child", "slots_in_child"))
+# kvref's own manager has no worker or controller settings; its facade has tpu-sync's.
+NO_WORKER = ("worker_registration", "kvref's own manager has no worker or controller (the wrapper's settings); "
+                                    "its facade, kvref-compat, registers as the wrapper does")
+NO_TORCH_WORKER = ("worker_registration", "the TorchTPU adapter builds tpu-sync-torch's manager without its worker "
+                                          "settings")
 # JAX CPU workers get enough devices for the sharded probes and the serving matrix (TP 8).
 JAX_CPU_MESH = ("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 LANDS_AT_ONCE = ("host_transferred_construction",
@@ -50,9 +55,10 @@ LANDS_AT_ONCE = ("host_transferred_construction",
                  "seen in flight")
 
 KVREF_SIM = IUT("kvref-sim", SimArrays, KvrefLibrary, targets=kvref.GENERATIONS, any_tpu_type=True,
-                not_applicable=(NO_SIM_VIEWS,))
+                not_applicable=(NO_SIM_VIEWS, NO_WORKER))
 KVREF_JAX = IUT("kvref-jax", JaxCpuArrays, KvrefLibrary, targets=("cpu",), preload=("jax",),
-                environment=(JAX_CPU_MESH,), not_applicable=(NO_JAX_VIEWS, LANDS_BEFORE_RETURN, *NO_FORKED_CACHES))
+                environment=(JAX_CPU_MESH,),
+                not_applicable=(NO_JAX_VIEWS, LANDS_BEFORE_RETURN, *NO_FORKED_CACHES, NO_WORKER))
 TPU_SYNC_JAX = IUT("tpu-sync-jax", JaxCpuArrays, TpuSyncJaxLibrary, targets=("cpu",), interpreter="jax",
                    preload=("jax",), environment=(JAX_CPU_MESH, PULL_RECORDS), loopback_only=True,
                    not_applicable=(NO_JAX_VIEWS, NO_JAX_PLANS, *NO_FORKED_CACHES))
@@ -62,7 +68,8 @@ KVREF_COMPAT = IUT("kvref-compat", JaxCpuArrays, CompatLibrary, targets=("cpu",)
                    not_applicable=(NO_JAX_VIEWS, NO_WRAPPER_PLANS, LANDS_BEFORE_RETURN, *NO_FORKED_CACHES))
 KVREF_TORCH_XLA = IUT("kvref-torch-xla", TorchXlaArrays, KvrefLibrary, targets=("cpu",), interpreter="xla",
                       preload=("torch_xla",), environment=(("PJRT_DEVICE", "CPU"),),
-                      not_applicable=(*NO_TORCH_MESH, LANDS_BEFORE_RETURN, *NO_XLA_ALIASING, *NO_FORKED_CACHES))
+                      not_applicable=(*NO_TORCH_MESH, LANDS_BEFORE_RETURN, *NO_XLA_ALIASING, *NO_FORKED_CACHES,
+                                      NO_WORKER))
 TPU_SYNC_JAX_TPU = IUT("tpu-sync-jax-tpu", JaxTpuArrays, TpuSyncJaxLibrary, targets=kvref.GENERATIONS,
                        interpreter="jax", jax_platforms=None, owns_device=True, startup_seconds=300.0,
                        any_tpu_type=True, loopback_only=True,
@@ -71,4 +78,4 @@ TPU_SYNC_TORCH_TPU = IUT("tpu-sync-torch-tpu", TorchTpuArrays, TpuSyncTorchLibra
                          targets=TORCH_TPU_GENERATIONS, interpreter="torch", jax_platforms=None,
                          owns_device=True, startup_seconds=300.0, any_tpu_type=True, loopback_only=True,
                          not_applicable=(NO_TORCH_TPU_VIEWS, NO_TORCH_PLANS, *NO_TORCH_ALLOCATOR, LANDS_AT_ONCE,
-                                         *NO_TORCH_MESH, *NO_FORKED_CACHES))
+                                         *NO_TORCH_MESH, *NO_FORKED_CACHES, NO_TORCH_WORKER))

@@ -300,6 +300,22 @@ class PortLibrary(Protocol):
 
 
 @runtime_checkable
+class WorkerLibrary(Protocol):
+    """What a Library whose managers register with a serving fleet's
+    controller also provides (the worker_registration probe SKIPs for one
+    without it, naming this protocol). Its managers say
+    get_raiden_worker_port() and is_listener_active, and are closed with
+    PullLibrary.close_manager."""
+
+    def worker_manager(self, caches, worker_port: int, controller: str | None, worker_id: str, node_id: int,
+                       timeout_s: float) -> PullManager:
+        """A slots-form manager over `caches` (any control port) built with
+        tpu-sync's worker settings: raiden_worker_port `worker_port` (0: any),
+        raiden_controller_address `controller` ('host:port' or None),
+        `worker_id` and `node_id`."""
+
+
+@runtime_checkable
 class HostTransferLibrary(Protocol):
     """What a Library whose managers move host blocks to one another's host
     pools also provides: h2h_read and h2h_write (the host_to_host probe

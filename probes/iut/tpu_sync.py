@@ -206,6 +206,7 @@ class TorchSyncManager(SyncManagerView):
 
 
 PULL_SLOTS = 4  # num_slots of a pulling manager: pulls in flight at once
+PULL_SLOT_BLOCKS = 16  # max_blocks of a manager built for its worker settings: blocks one pull moves
 MULTI_NUMA = "ENABLE_MULTI_NUMA"  # the jax wheel's switch: one sub-manager per NUMA node
 
 # Set by the runner for a build other than the pinned one: its directory,
@@ -357,6 +358,15 @@ class TpuSyncJaxLibrary(WrapperHostTransfers, SyncLibrary):
         settings = {k: v for k, v in self.options.items() if k == "unsafe_skip_buffer_lock"}
         return KVCacheManager(caches, port, max_blocks=max_blocks, num_slots=PULL_SLOTS, timeout_s=timeout_s,
                               **settings)
+
+    def worker_manager(self, caches, worker_port, controller, worker_id, node_id, timeout_s):
+        """The wrapper's slots form with its worker settings."""
+        from tpu_sync.api.jax.kv_cache_manager import KVCacheManager
+
+        settings = {k: v for k, v in self.options.items() if k == "unsafe_skip_buffer_lock"}
+        return KVCacheManager(caches, 0, max_blocks=PULL_SLOT_BLOCKS, num_slots=PULL_SLOTS, timeout_s=timeout_s,
+                              raiden_worker_port=worker_port, raiden_controller_address=controller,
+                              worker_id=worker_id, node_id=node_id, **settings)
 
     def close_manager(self, manager) -> None:
         """The wrapper has no close: its native manager goes when the last reference does."""

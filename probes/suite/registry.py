@@ -13,7 +13,7 @@ import kvref
 from probes.suite import (call_sequence, construction, constructor_ports, donation, fork_forms, host_budget,
                           host_chunks, host_transfers, kv_store, ordering, plan_binding, pull_donation, pull_failures,
                           pull_fans, pull_telemetry, pulls, requests, robustness, roundtrip, serving_step, settings,
-                          shared_pool, sharded)
+                          shared_pool, sharded, worker_registration)
 from probes.suite.pull_sides import SUBJECT as PULL_SUBJECT
 from probes.suite.ownership import row_byte_ranges
 from probes.suite.verdicts import PASS, REJECTED, Prediction, Verdict
@@ -164,6 +164,9 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     # The port a serving stack names when it builds a manager.
     Probe("constructor_ports", constructor_ports.constructor_ports, Scope.ROBUSTNESS, always(PASS),
           subject=PULL_SUBJECT, kinds=constructor_ports.PORT_KINDS, default=False),
+    # A worker's registration with its serving fleet's controller.
+    Probe("worker_registration", worker_registration.worker_registration, Scope.ROBUSTNESS, always(PASS),
+          subject=PULL_SUBJECT, kinds=worker_registration.WORKER_KINDS, default=False),
     # Pulls among more than two managers: one producer to several consumers, several to one.
     Probe("pull_fan", pull_fans.pull_fan, Scope.ROBUSTNESS, always(PASS), subject=PULL_SUBJECT,
           kinds=pull_fans.FAN_KINDS, default=False, two_process=True),

@@ -368,6 +368,12 @@ def default_host_budget() -> int:
     return int(memory_available() * BUDGET_SHARE)
 
 
+def shards_of(kv_caches) -> int:
+    """How many shards (one per device) each layer of `kv_caches` has, as a
+    manager splits them; the manager's own errors for caches it refuses."""
+    return len(_layers(kv_caches)[0][0])
+
+
 def _layers(kv_caches) -> tuple[list[list], list]:
     """Per layer, its shards (one per device) and, for one array split over
     devices, where each shard lies (None: each shard holds every block)."""

@@ -14,6 +14,7 @@ import pytest
 
 import kvref
 from kvref.compat import tpu_sync
+from kvref.sim_mesh import SimMesh
 from probes.suite.controller import StandinController
 from probes.suite.sockets import free_loopback_port
 
@@ -200,3 +201,49 @@ def test_a_controller_that_is_down_is_logged_and_the_manager_serves_on(caplog):
     m = tpu_sync.KVCacheManager(caches, 0, max_blocks=4, num_slots=2, raiden_controller_address=dead)
     assert f"could not register with the controller at {dead}" in caplog.text
     assert m.get_local_endpoints() and m.get_raiden_worker_port() > 0
+
+
+def interfaces(root, **mtus):
+    """A sysfs root whose class/net has these interfaces (each with a PCI device and its MTU) and lo."""
+    for name, mtu in {**mtus, "lo": 65536}.items():
+        (root / "class" / "net" / name).mkdir(parents=True)
+        (root / "class" / "net" / name / "mtu").write_text(f"{mtu}\n")
+        if name != "lo":
+            (root / "class" / "net" / name / "device").mkdir()
+    return root
+
+
+def test_multi_numa_splits_a_listening_manager_per_data_plane_nic(tmp_path, monkeypatch):
+    mesh = SimMesh("v5e", 4)
+    key = kvref.ShapeKey("f32", (32, 16, 8, 128))
+    sharding = kvref.Sharding.parse("mesh(model=4) spec(None,None,model)")
+    cache = mesh.put(np.random.default_rng(0).standard_normal(key.dims).astype(np.float32), sharding)
+    monkeypatch.setenv("TPU_RAIDEN_SYSFS_ROOT", str(interfaces(tmp_path, ens6=9000, enp192s4=9000, eth0=1500)))
+    one = tpu_sync.KVCacheManager([cache], 0, max_blocks=4, num_slots=2)
+    assert [e["shards"] for e in one.get_local_endpoints()] == [[0, 1, 2, 3]]  # ENABLE_MULTI_NUMA unset
+    monkeypatch.setenv("ENABLE_MULTI_NUMA", "true")
+    split = tpu_sync.KVCacheManager([cache], 0, max_blocks=4, num_slots=2)
+    assert [e["shards"] for e in split.get_local_endpoints()] == [[0, 2], [1, 3]]  # two jumbo NICs with devices
+    monkeypatch.setenv("TPU_RAIDEN_DATA_NICS", "ens6,eth0,enp192s4")
+    port = free_loopback_port()
+    named = tpu_sync.KVCacheManager([cache], port, host_blocks_to_allocate=8)
+    endpoints = named.get_local_endpoints()
+    assert [e["shards"] for e in endpoints] == [[0, 3], [1], [2]]
+    assert [e["endpoint"] for e in endpoints] == [f"127.0.0.1:{port + i}" for i in range(3)]  # consecutive ports
+    offload_only = tpu_sync.KVCacheManager([cache], 0, host_blocks_to_allocate=8)
+    assert offload_only.get_local_endpoints() == []
+
+
+@pytest.mark.parametrize("variable, value, message", [
+    ("ENABLE_MULTI_NUMA", "yes", "expected 1 or true"),
+    ("TPU_RAIDEN_DATA_NICS", "ens6,ens7", r"names \['ens7'\], which this host does not have"),
+])
+def test_a_multi_numa_setting_the_facade_cannot_honour_is_refused_by_name(tmp_path, monkeypatch, variable, value,
+                                                                          message):
+    monkeypatch.setenv("TPU_RAIDEN_SYSFS_ROOT", str(interfaces(tmp_path, ens6=9000)))
+    monkeypatch.setenv("ENABLE_MULTI_NUMA", "1")
+    monkeypatch.setenv(variable, value)
+    mesh = SimMesh("v5e", 2)
+    cache = mesh.put(np.zeros((32, 16, 8, 128), np.float32), kvref.Sharding.parse("mesh(model=2) spec(None,None,model)"))
+    with pytest.raises(ValueError, match=message):
+        tpu_sync.KVCacheManager([cache], 0, max_blocks=4, num_slots=2)

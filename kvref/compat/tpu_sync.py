@@ -29,7 +29,9 @@ one manager per key (kvref.shared_pool). Given `raiden_controller_address`,
 the process's worker listens (at `raiden_worker_port`, 0: any) and each
 manager registers with the controller as `worker_id` on `node_id`
 (kvref.worker_registration); without one, no worker listens and
-get_raiden_worker_port() is 0. Storage backends are refused by name. `unsafe_skip_buffer_lock` is taken and changes
+get_raiden_worker_port() is 0. With $ENABLE_MULTI_NUMA on, a manager that
+listens is split into a sub-manager per data-plane NIC, each on the next
+port (kvref.compat.data_rails). Storage backends are refused by name. `unsafe_skip_buffer_lock` is taken and changes
 nothing: the reference always orders transfers (kvref.manager)."""
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ import weakref
 
 import kvref
 from kvref import worker_registration
+from kvref.compat import data_rails
+from kvref.manager import shards_of
 from kvref.endpoints import LOOPBACK, with_port
 from kvref import kv_store
 from kvref.kv_store import RaidenId  # noqa: F401 (the facade's name)
@@ -113,6 +117,8 @@ class KVCacheManager:
             host_blocks_to_allocate = pulls["pull_slots"] * pulls["pull_slot_blocks"]
         self._listen_host = listen_host()
         listen = f"{self._listen_host}:{port}" if pulls or port else None
+        if listen is not None:
+            pulls["sub_managers"] = data_rails.sub_managers(shards_of(kv_caches))
         flag(unsafe_skip_buffer_lock, "unsafe_skip_buffer_lock")
         shm_key = None
         if flag(enable_shm, "enable_shm"):

@@ -10,6 +10,7 @@ import os
 
 import kvref
 from kvref.compat import tpu_sync
+from probes.iut.standin_rails import rails_environment
 from probes.iut.store_views import KvrefStoreView
 from probes.iut.tpu_sync import PULL_SLOT_BLOCKS, PULL_SLOTS, SyncLibrary, SyncManagerView, WrapperHostTransfers, pool_port
 
@@ -65,7 +66,10 @@ class CompatLibrary(WrapperHostTransfers, SyncLibrary):
     def pull_manager(self, caches, form, listen, timeout_s, max_blocks, sub_managers=1):
         """As the disaggregated connector builds it ("slots": max_blocks,
         num_slots and any free control port) or the offload connector does
-        ("pool"). One sub-manager: the facade makes no per-NUMA split."""
+        ("pool"). Sub-managers: the facade's split per data-plane NIC
+        (ENABLE_MULTI_NUMA), on a stand-in host with that many NICs."""
+        if sub_managers > 1:
+            os.environ.update(rails_environment(sub_managers))
         if form == "pool":
             return tpu_sync.KVCacheManager(caches, pool_port(listen), host_blocks_to_allocate=max_blocks)
         return tpu_sync.KVCacheManager(caches, 0, max_blocks=max_blocks, num_slots=PULL_SLOTS, timeout_s=timeout_s)

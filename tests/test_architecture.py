@@ -285,3 +285,28 @@ def test_the_default_generation_is_one_name():
     named = "|".join(map(re.escape, kvref.GENERATIONS))
     assert not re.search(rf"""default=\[?["'](?:{named})["']|generation: str = ["'](?:{named})|or \[["'](?:{named})""", source)
     assert kvref.generations.DEFAULT_GENERATION == kvref.GENERATIONS[-1]
+
+
+def test_each_command_is_declared_by_its_own_module_and_the_parser_is_their_table():
+    """Every `kvprobe` command is a Command some probes.run module declares
+    (with its arguments and its run); cli.py lists them and declares none."""
+    import importlib
+    import pkgutil
+
+    import probes.run
+    from probes.run import cli
+    from probes.run.subcommand import Command
+
+    declared = {}
+    for module in pkgutil.iter_modules(probes.run.__path__):
+        if module.name in ("cli", "netns", "pytest_plugin"):  # netns and the plugin run as __main__ or in pytest
+            continue
+        for name, value in vars(importlib.import_module(f"probes.run.{module.name}")).items():
+            if isinstance(value, Command):
+                declared[value.name] = f"{module.name}.{name}"
+    assert sorted(c.name for c in cli.COMMANDS) == sorted(declared)
+    assert not any(isinstance(v, Command) for v in vars(cli).values() if v not in cli.COMMANDS)
+    source = Path(cli.__file__).read_text()
+    assert "add_argument(" not in source and "add_parser(" not in source
+    parsed = cli.build_parser().parse_args(["diff", "a.csv", "b.csv"])
+    assert parsed.run.__module__ == "probes.run.diff_command"

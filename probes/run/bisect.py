@@ -8,12 +8,16 @@ reached, stays; it answers with the two adjacent builds where it found it
 
 from __future__ import annotations
 
+import argparse
+
 import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
 from probes.iut import builds
+from probes.run import options
 from probes.run.runner import run_case
+from probes.run.subcommand import Command
 from probes.suite.cases import Case
 from probes.suite.verdicts import Outcome
 
@@ -78,3 +82,42 @@ def bisect_case(case: Case, library: str, old: str, new: str, progress=None) -> 
         return outcome
 
     return bisect(series, verdict_of)
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("case", metavar="CASE", help="a case id as in the CSVs: cpu/roundtrip/seed-rank3")
+    parser.add_argument("--iut", default="tpu-sync-jax", help="an IUT whose library has builds")
+    parser.add_argument("--old", required=True, metavar="VERSION", help="the older build")
+    parser.add_argument("--new", required=True, metavar="VERSION", help="the newer build")
+    parser.add_argument("--matrix", default="cpu", help="the matrix the case comes from")
+    parser.add_argument("--options", default="defaults",
+                        help="how the manager is built, as the iut_options column says it")
+    options.add(parser, "timeout")
+
+
+def run(args) -> int:
+    from probes.iut.registry import iut
+    from probes.suite.matrix import build_cases, load_matrix
+    from probes.suite.registry import PROBES
+
+    declared = iut(args.iut)
+    generation = args.case.split("/", 1)[0]
+    cases = [c for c in build_cases([generation], load_matrix(args.matrix), tuple(PROBES), args.iut,
+                                    timeout=args.timeout)
+             if c.case_id == args.case and c.options_text == args.options]
+    if not cases:
+        raise ValueError(f"no case {args.case!r} built {args.options!r} for {args.iut} in matrix "
+                         f"{args.matrix!r}; case ids look like cpu/roundtrip/seed-rank3")
+    found = bisect_case(cases[0], declared.library.distribution, args.old, args.new,
+                        progress=lambda v, o: print(f"  {v}: {o.verdict}", flush=True))
+    if found.after is None:
+        print(f"no build from {args.old} to {args.new} changed the verdict "
+              f"({found.steps[0].outcome.verdict} at both ends)")
+        return 0
+    for label, step in (("last without the new verdict", found.before), ("first with it", found.after)):
+        print(f"{label}: {step.build}: {step.outcome.verdict}: {step.outcome.detail.strip()[:1500]}")
+    return 0
+
+
+COMMAND = Command("bisect", "the first published build of a library whose verdict on one case differs from an "
+                  "older build's", arguments, run)

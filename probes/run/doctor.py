@@ -8,6 +8,8 @@ runtime does not start, or an IUT on it cannot start."""
 
 from __future__ import annotations
 
+import argparse
+
 import json
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +19,7 @@ from probes.iut import hardware
 from probes.iut.peer_env import PEER_ENVS
 from probes.iut.registry import iut as resolve, usable_iuts
 from probes.run.iuts_command import can_run_here
+from probes.run.subcommand import Command
 from probes.suite import matrix
 from probes.suite.registry import PROBES, Scope
 
@@ -118,3 +121,19 @@ def _iuts(d: Diagnosis, generation: str | None, names: list[str] | None) -> None
             d.problem(f"{name} targets this {generation} TPU but cannot start: {reason}")
     if generation and not any(on_this_tpu.values()):
         d.problem(f"no hardware IUT runs on {generation}")
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--iut", default=None, metavar="IUT",
+                        help="only these IUTs (comma-separated; default: every one kvprobe finds)")
+
+
+def run(args) -> int:
+    """1 when `make tpu-test` would fail for the harness's reasons."""
+    found = diagnose([n for n in args.iut.split(",") if n] if args.iut else None)
+    print("\n".join(found.lines))
+    return 1 if found.problems else 0
+
+
+COMMAND = Command("doctor", "what this machine offers the hardware path, and whether `make tpu-test` would fail "
+                  "for the harness's reasons (exit 1)", arguments, run)

@@ -6,6 +6,8 @@ reports/<generation>/findings/."""
 
 from __future__ import annotations
 
+import argparse
+
 import re
 import subprocess
 import sys
@@ -17,8 +19,9 @@ import numpy as np
 import kvref
 from probes.fuzz.sequences import addressable_shapes, random_sequence
 from probes.iut.registry import iut
-from probes.run import reproducers
+from probes.run import options, reproducers
 from probes.run.runner import CaseResult, run_case, run_cases
+from probes.run.subcommand import Command
 from probes.suite.cases import Case
 from probes.suite.verdicts import PASS
 
@@ -125,3 +128,26 @@ def summary(results: list[CaseResult], findings: list[Finding]) -> str:
                      f"call(s): {o.detail.strip().splitlines()[0][:200]}\n    -> {f.script}")
     return "\n".join(lines)
 
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--iut", default="kvref-sim", help="an IUT, as for `kvprobe run`")
+    parser.add_argument("--generation", "-g", default=None,
+                        help="its target (default: the IUT's first, e.g. cpu for tpu-sync-jax)")
+    parser.add_argument("--sequences", type=options.positive, default=40,
+                        help="sequences per way the manager is built")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=options.positive_number(float), default=60.0, help="seconds per sequence")
+    options.add(parser, "faults", "jobs", "out")
+
+
+def run(args) -> int:
+    """1 when any sequence found a failure (its reproducer is written), else 0."""
+    generation = args.generation or iut(args.iut).targets[0]
+    results, findings = fuzz_iut(args.iut, generation, args.sequences, args.seed,
+                                 kvref.Faults.parse(args.faults, environ={}), args.timeout, args.jobs, args.out)
+    print(summary(results, findings))
+    return 1 if findings else 0
+
+
+COMMAND = Command("fuzz", "random call sequences against an IUT; shrunk reproducers of every kind of failure "
+                  "under <out>/<generation>/findings/", arguments, run)

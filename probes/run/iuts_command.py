@@ -7,6 +7,8 @@ workers would get."""
 
 from __future__ import annotations
 
+import argparse
+
 import json
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from probes.iut.peer_env import interpreter_python
 from probes.iut.registry import IUTError, iut, known_iuts, source_of_iut
 from probes.run import netns
 from probes.run.runner import iut_env
+from probes.run.subcommand import Command
 
 CHECK_SECONDS = 120.0  # a cold JAX or torch import in the IUT's interpreter; never less than a case's start-up
 
@@ -85,6 +88,19 @@ def _version(adapter) -> str:
         return adapter.version
     except Exception:  # noqa: BLE001 (a library that is not installed has no version)
         return ""
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("names", nargs="*", metavar="IUT", help="also these (package.module:ATTR)")
+
+
+def run(args) -> int:
+    print(listing(args.names))
+    return 0
+
+
+COMMAND = Command("iuts", "every implementation under test kvprobe can see, where each is declared, and why any "
+                  "cannot run here", arguments, run)
 
 
 if __name__ == "__main__":

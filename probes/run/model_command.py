@@ -6,13 +6,17 @@ those caches, run by the same runner as `kvprobe run`."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 import kvref
-from kvref.serving import ServingCache, model_figures, serving_cache
+from kvref.generations import DEFAULT_GENERATION
+from kvref.serving import PRESETS, ServingCache, model_figures, serving_cache
 from kvref.sharding import placements_of
 from probes.iut.registry import iut as declared_iut
+from probes.run import options
 from probes.run.runner import CaseResult, run_cases
+from probes.run.subcommand import Command
 from probes.suite.matrix import MatrixRow, build_cases
 from probes.suite.ownership import row_byte_ranges
 from probes.suite.predict import prediction
@@ -95,3 +99,36 @@ def render(cache: ServingCache, facts: list[ShardFacts], results: list[CaseResul
         table.add_row(f.generation, str(f.shard), blocks, f"{pool / 2**30:,.2f} GiB" if pool is not None else "-",
                       verdict)
     return table
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help=f"a preset ({', '.join(PRESETS)}) or a Hugging Face config.json file")
+    parser.add_argument("--dtype", default="bf16", help="cache type: bf16, f8e4m3fn (fp8), f32, ... (default bf16)")
+    parser.add_argument("--block-size", type=options.positive, default=16, help="tokens per block (default 16)")
+    parser.add_argument("--tp", type=options.positive, default=1, help="tensor-parallel degree: the model axis")
+    parser.add_argument("--dp", type=options.positive, default=1, help="data-parallel degree: splits the blocks")
+    parser.add_argument("--generation", "-g", type=options.generations, default=[DEFAULT_GENERATION],
+                        help=f"one, several (comma-separated) or 'all' (default {DEFAULT_GENERATION})")
+    parser.add_argument("--host-blocks", type=options.positive, default=4096,
+                        help="host blocks per layer for the host pool (default 4096)")
+    parser.add_argument("--iut", default="kvref-sim", help="the implementation the round trip runs on")
+    parser.add_argument("--no-probe", action="store_true", help="layouts and host pool only")
+
+
+def run(args) -> int:
+    """1 when a round trip earned other than its prediction."""
+    from rich.console import Console
+
+    cache = model_cache(args.model, args.dtype, args.block_size, args.tp, args.dp)
+    for gen in args.generation:
+        declared_iut(args.iut).check_target(gen)
+    facts = [shard_facts(cache, gen, args.iut) for gen in args.generation]
+    results = [] if args.no_probe else probe_caches(
+        cache, f"{cache.model.name}-bs{args.block_size}-tp{args.tp}-dp{args.dp}", args.generation, args.iut)
+    Console().print(render(cache, facts, results, args.host_blocks))
+    return 0 if all_agree(results) else 1
+
+
+COMMAND = Command("model", "will this model, at this TP degree and block size, offload on this TPU: its caches "
+                  "as tpu-inference allocates them, per-shard layouts, host pool, and the round trip on them",
+                  arguments, run)

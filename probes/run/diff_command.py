@@ -1,0 +1,31 @@
+"""`kvprobe diff`: what changed between two run CSVs (probes.report.diff)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from probes.run.subcommand import Command
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("a", type=Path)
+    parser.add_argument("b", type=Path)
+
+
+def run(args) -> int:
+    """0 when the runs agree, 1 with a table of what differs."""
+    from probes.report import diff, results
+
+    for path in (args.a, args.b):
+        if not path.exists():
+            raise ValueError(f"no such run file: {path}")
+    changes = diff.diff_runs(results.read_run(args.a), results.read_run(args.b))
+    if changes.empty:
+        print("no differences")
+        return 0
+    print(changes.to_markdown(index=False))
+    return 1
+
+
+COMMAND = Command("diff", "what changed between two run CSVs", arguments, run)

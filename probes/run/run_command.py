@@ -1,0 +1,84 @@
+"""`kvprobe run`, `report` and `qualify`: the commands over probes.run.command's
+runs and reports."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from probes.run import options
+from probes.run.subcommand import Command
+
+
+def run_arguments(parser: argparse.ArgumentParser) -> None:
+    options.add(parser, "generation", "iut", "matrix", "probe", "jobs", "timeout")
+    parser.add_argument("--ray", metavar="ADDRESS", default=None,
+                        help="run the cases as tasks of a Ray cluster: 'auto' (the cluster this host "
+                        "joined), HOST:PORT, or 'local' (a private one-machine cluster, started and "
+                        "stopped by the run); needs `pip install 'kvref[ray]'`")
+    options.add(parser, "faults", "out")
+
+
+def run(args) -> int:
+    from rich.console import Console
+
+    from probes.run import command
+
+    console = Console(stderr=True)
+    start = time.monotonic()
+    frame = command.run(args.generation, args.iut, args.matrix, args.probe, args.jobs,
+                        args.timeout, args.faults, args.out, console, args.ray)
+    Console().print(command.summary_table(frame))
+    seconds = frame.attrs.get("seconds", {})
+    split = f" (runner {seconds['runner']:.1f} s, reports {seconds['reports']:.1f} s)" if seconds else ""
+    print(f"{len(frame)} cases in {time.monotonic() - start:.1f} s{split}; reports: {args.out / 'README.md'}")
+    return 0
+
+
+def report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=Path("reports"))
+    parser.add_argument("--update-baseline", action="store_true",
+                        help="also write each generation's baseline.csv from its latest run")
+
+
+def report(args) -> int:
+    from probes.run import command
+
+    frames = command.write_reports(args.out)
+    print(f"reports for {', '.join(frames)} in {args.out}")
+    if args.update_baseline:
+        for path in command.update_baselines(args.out, frames):
+            print(f"baseline: {path}")
+    return 0
+
+
+def _tpu_type(value: str) -> str:
+    (name,) = options.generations(value)
+    if name == "cpu":
+        raise argparse.ArgumentTypeError("expected a TPU type, not 'cpu'")
+    return name
+
+
+def qualify_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("new", type=_tpu_type, metavar="NEW", help="the new TPU type: v2:2x2, v2, local")
+    parser.add_argument("--against", type=_tpu_type, required=True, metavar="OLD",
+                        help="a TPU type to compare with, e.g. v3")
+    options.add(parser, "matrix", "jobs", "timeout", "out")
+
+
+def qualify(args) -> int:
+    from rich.console import Console
+
+    from probes.run import command
+
+    path, frame = command.qualify(args.new, args.against, args.matrix, args.jobs, args.timeout, args.out,
+                                  Console(stderr=True))
+    print(f"{len(frame)} cases; qualification report: {path}")
+    return 0
+
+
+RUN = Command("run", "run probe cases in watched workers; write CSVs and reports", run_arguments, run)
+REPORT = Command("report", "rewrite reports from each generation's latest run", report_arguments, report)
+QUALIFY = Command("qualify", "every default probe on a new TPU type and one already qualified, and a report "
+                  "of everything that differs", qualify_arguments, qualify)

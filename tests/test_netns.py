@@ -284,3 +284,45 @@ def test_both_workers_of_a_two_process_case_share_one_loopback_only_namespace(mo
     outcome = run_case(case).outcome
     assert outcome.verdict == "PASS", outcome.detail
     assert outcome.detail.count("SEEN[") == outcome.detail.count(ONLY_LO) == 2, outcome.detail
+
+
+RAILS_SCRIPT = """
+import os, socket
+from probes.iut import standin_rails
+
+read, write = os.pipe()
+child = os.fork()
+if child == 0:  # joins the namespace its parent makes, as a pull case's consumer joins the producer's
+    os.close(write)
+    pid = int(os.read(read, 32))
+    standin_rails.join_namespace(pid)
+    names = [line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:]]
+    with socket.socket() as s:
+        s.bind(("10.233.1.1", 0))  # the second rail's own address
+    print(sorted(names), flush=True)
+    os._exit(0)
+os.close(read)
+standin_rails.enter_rails_namespace(2)
+os.write(write, str(os.getpid()).encode())
+_, status = os.waitpid(child, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_rails_namespace_is_made_by_one_process_and_joined_by_another():
+    """The stand-in data-plane NICs a pull case's two workers share
+    (probes.iut.standin_rails), made inside a loopback-only namespace."""
+    from probes.iut.standin_rails import cannot_make_interfaces
+    from tests.peer_python import peer_python_or_skip
+
+    python = peer_python_or_skip(PEER_ENVS["jax"])
+    why = netns.unavailable()
+    if why:
+        pytest.skip(why)
+    done = subprocess.run(netns.python_command(python, "-c", RAILS_SCRIPT), capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).parent.parent)
+    if "no `ip` command" in (cannot_make_interfaces() or ""):
+        pytest.skip(cannot_make_interfaces())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["['kvrail0', 'kvrail0p', 'kvrail1', 'kvrail1p', 'lo']", "child 0"], \
+        done.stdout + done.stderr[-2000:]

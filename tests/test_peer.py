@@ -124,3 +124,15 @@ def test_robustness_probes_reach_the_production_library(side_by_side):
     seen = {r.case.probe for r in side_by_side if r.case.iut == "tpu-sync-jax"
             and r.outcome.verdict != "SKIP"}
     assert set(ROBUSTNESS_PROBES) <= seen
+
+
+@pytest.mark.timeout(SIDE_BY_SIDE_SECONDS)
+def test_the_production_split_into_sub_managers_is_probed_over_stand_in_rails(side_by_side):
+    """tpu-sync-jax splits a manager over the host's data-plane NICs; its
+    pull cases of several sub-managers run over the veth rails of a
+    namespace of their own (probes.iut.standin_rails), never SKIP here."""
+    split = [r for r in side_by_side if r.case.iut == "tpu-sync-jax" and r.case.probe == "pull_blocks"
+             and r.case.kind in ("sub_managers", "broadcast")]
+    assert len(split) == 2
+    for r in split:
+        assert r.outcome.verdict != "SKIP", r.outcome.detail

@@ -15,6 +15,7 @@ from importlib import metadata
 import numpy as np
 
 import kvref
+from probes.iut.standin_rails import multi_rail_switches
 from probes.iut.store_views import NativeStoreView
 
 
@@ -207,7 +208,6 @@ class TorchSyncManager(SyncManagerView):
 
 PULL_SLOTS = 4  # num_slots of a pulling manager: pulls in flight at once
 PULL_SLOT_BLOCKS = 16  # max_blocks of a manager built for its worker settings: blocks one pull moves
-MULTI_NUMA = "ENABLE_MULTI_NUMA"  # the jax wheel's switch: one sub-manager per NUMA node
 
 # Set by the runner for a build other than the pinned one: its directory,
 # from which the library must then import.
@@ -326,6 +326,7 @@ class TpuSyncJaxLibrary(WrapperHostTransfers, SyncLibrary):
     module = "tpu_sync.api.jax.kv_cache_manager"
     view = JaxSyncManager
     install_hint = "run `kvprobe peer-env`"
+    NEEDS_INTERFACES = True  # it finds its rails among the host's interfaces (probes.iut.standin_rails)
 
     def wrapper(self):
         return JaxSyncManager.library_manager()
@@ -341,9 +342,11 @@ class TpuSyncJaxLibrary(WrapperHostTransfers, SyncLibrary):
         builds it ("slots": max_blocks, num_slots and a control port the
         library picks) or its offload connector does ("pool"). `listen` is
         not the wheel's to take: it listens as it does. Sub-managers are the
-        wheel's split by NUMA node (ENABLE_MULTI_NUMA=1), one per node."""
+        wheel's split per data-plane NIC (ENABLE_MULTI_NUMA=1 and the NICs
+        allowlisted in TPU_RAIDEN_DATA_NICS), over the rails of the case's
+        namespace (probes.iut.standin_rails), which the caller entered."""
         if sub_managers > 1:
-            os.environ[MULTI_NUMA] = "1"
+            os.environ.update(multi_rail_switches(sub_managers))
         from tpu_sync.api.jax.kv_cache_manager import KVCacheManager
 
         settings = {k: v for k, v in self.options.items() if k == "unsafe_skip_buffer_lock"}

@@ -1,4 +1,5 @@
-"""Loopback-only network namespaces: the one place the harness makes them.
+"""Loopback-only network namespaces: the one place the harness makes them
+(a pull case's namespace with stand-in NICs is probes.iut.standin_rails').
 
 The production library listens on every interface and, for pulls between
 managers, connects to the host's own interface address even when given

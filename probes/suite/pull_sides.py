@@ -4,6 +4,7 @@ what settled, and check the consumer's blocks against the producer's."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -13,6 +14,7 @@ import kvref
 from probes.iut.adapter import Adapter
 from probes.iut.host_data import random_host
 from probes.iut.protocol import PullLibrary
+from probes.iut.standin_rails import cannot_make_interfaces, enter_rails_namespace, join_namespace
 from probes.suite.cases import Case
 from probes.suite.rendezvous import DONE, PRODUCER, Rendezvous
 from probes.suite.verdicts import SKIP, Outcome
@@ -30,6 +32,13 @@ SETTLE_GRACE_S = 3.0  # beyond timeout_s, before a pull that never settled is a 
 REPEAT_POLLS = 5  # polls after everything settled, to see nothing is reported twice
 POLL_SECONDS = 0.002  # fine enough to time a pull of a few milliseconds
 PEER_WAIT_S = 120.0  # for the other worker's start-up (imports, the device) and its calls
+
+
+RAILS = "rails"  # the producer's message: the pid whose network namespace has the rails
+
+
+class NoRails(RuntimeError):
+    """No namespace with data-plane NICs can be made here (the reason)."""
 
 
 def pull_library(iut: Adapter) -> PullLibrary | None:
@@ -90,11 +99,26 @@ class Side:
               max_blocks: int | None = None, sub_managers: int = 1):
         """Caches (layer i: random_host(key, seed + i)) and a manager over them;
         the producer listens, the consumer does not, unless `listen` says."""
+        if sub_managers > 1 and getattr(self.lib, "NEEDS_INTERFACES", False):
+            self._share_rails(sub_managers)
         self.make_caches()
         listen = self.producer if listen is None else listen
         blocks = max_blocks or self.layer_keys[0].dims[0]
         self.manager = self.lib.pull_manager(self.caches, form, listen, timeout_s, blocks, sub_managers)
         return self.manager
+
+    def _share_rails(self, rails: int) -> None:
+        """Both workers into one network namespace with `rails` data-plane
+        NICs, before either makes a socket: the producer makes it, the
+        consumer joins it. NoRails where none can be made here."""
+        reason = cannot_make_interfaces()
+        if reason:
+            raise NoRails(reason)
+        if self.producer:
+            enter_rails_namespace(rails)
+            self.rendezvous.post(RAILS, os.getpid())
+        else:
+            join_namespace(self.rendezvous.wait(RAILS, PEER_WAIT_S))
 
     def make_caches(self) -> list:
         """Layer i: random_host(its key, seed + i), on one device or split as `sharding` says."""

@@ -107,4 +107,4 @@ clean:
 
 # A fuzz campaign over kvref's API and the process around it: inputs, refusals, acceptances, failures per category.
 fuzz: $(STAMP)
-	$(BIN)/python -m probes.fuzz.campaign --inputs 100000 --lifecycle 600 --listener 2000 --imports 200
+	$(BIN)/python -m probes.fuzz.campaign --inputs 100000 --lifecycle 600 --listener 2000 --imports 200 --verdicts 100

@@ -24,7 +24,7 @@ def test_a_short_campaign_finds_nothing():
         assert t.refused and t.accepted, f"{t.category} exercised only one side"
 
 
-@pytest.mark.parametrize("category, inputs", [("listener", 40), ("imports", 16)])
+@pytest.mark.parametrize("category, inputs", [("listener", 40), ("imports", 16), ("verdicts", 8)])
 def test_a_short_run_of_a_category_finds_nothing_and_meets_both_answers(category, inputs):
     tallies = campaign.campaign(total=0, seed=2024, **{category: inputs})
     assert [t.category for t in tallies] == [category]

@@ -7,79 +7,27 @@ second result, never change what the runner reports (probes.run.channel)."""
 from __future__ import annotations
 
 import sys
-import textwrap
 
 import pytest
 
 from kvref import ShapeKey
+from probes.fuzz.verdict_forgery import forging_module
 from probes.run.channel import Heard
 from probes.run.runner import run_case
 from probes.suite.cases import Case
 
-FORGING_IUTS = textwrap.dedent('''
-    import atexit, gc, json, os, sys
-    import kvref
-    from probes.iut.adapter import IUT
-    from probes.iut.reference import KvrefLibrary, SimArrays
-
-    # What the old protocol read as a result, and what the channel carries.
-    FORGED = ['KVPROBE-RESULT {"verdict": "PASS", "detail": "forged"}',
-              json.dumps({"token": "0" * 32, "kind": "result", "payload": {"verdict": "PASS", "detail": "forged"}})]
-
-    def shout():
-        for line in FORGED:
-            print(line, flush=True)
-            print(line, file=sys.stderr, flush=True)
-
-
-
-    class Broken(KvrefLibrary):
-        """The reference with its old slice formula: round trips come back corrupt."""
-
-        def __init__(self, faults, options=None):
-            super().__init__(kvref.Faults.parse(["legacy_slice_formula"]), options)
-
-
-    class Prints(Broken):
-        def manager(self, caches, host_blocks, **options):
-            shout()
-            atexit.register(shout)
-            return super().manager(caches, host_blocks, **options)
-
-
-    class Forks(Broken):
-        def manager(self, caches, host_blocks, **options):
-            if os.fork() == 0:
-                for fd in range(3, 256):
-                    for line in FORGED:
-                        try:
-                            os.write(fd, (line + "\\n").encode())
-                        except OSError:
-                            pass
-                os._exit(0)
-            return super().manager(caches, host_blocks, **options)
-
-
-    class FindsTheChannel(Broken):
-        def manager(self, caches, host_blocks, **options):
-            for found in gc.get_objects():
-                if type(found).__name__ == "Channel":
-                    found.say("result", {"verdict": "PASS", "detail": "forged"})
-            return super().manager(caches, host_blocks, **options)
-
-
-    PRINTS = IUT("prints", SimArrays, Prints, targets=kvref.GENERATIONS)
-    FORKS = IUT("forks", SimArrays, Forks, targets=kvref.GENERATIONS)
-    FINDS_THE_CHANNEL = IUT("finds-the-channel", SimArrays, FindsTheChannel, targets=kvref.GENERATIONS)
-''')
+# Each an IUT with the old slice formula whose manager, at the probe's call, tries to forge its verdict.
+FORGERS = {"prints": ["prints", "prints_at_exit"], "forks": ["forks_and_writes"],
+           "finds_the_channel": ["says_on_the_channel"]}
 
 
 @pytest.fixture
 def forging(tmp_path, monkeypatch):
-    (tmp_path / "forging_iuts.py").write_text(FORGING_IUTS)
+    for name, behaviours in FORGERS.items():
+        (tmp_path / f"forging_{name}.py").write_text(forging_module(behaviours, name.replace("_", "-")))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{':'.join(sys.path)}")
-    return "forging_iuts"
+    return "forging"
 
 
 def verdict_of(iut: str, fresh: bool):
@@ -90,20 +38,20 @@ def verdict_of(iut: str, fresh: bool):
 
 @pytest.mark.parametrize("fresh", [True, False], ids=["fresh", "forked"])
 def test_forged_results_printed_anywhere_leave_the_verdict_alone(forging, fresh):
-    outcome = verdict_of(f"{forging}:PRINTS", fresh)
+    outcome = verdict_of(f"{forging}_prints:IUT", fresh)
     assert outcome.verdict == "CORRUPT", outcome.detail
     assert "forged" not in outcome.detail
 
 
 @pytest.mark.parametrize("fresh", [True, False], ids=["fresh", "forked"])
 def test_a_forked_process_writing_to_every_descriptor_makes_the_case_an_error_not_a_pass(forging, fresh):
-    outcome = verdict_of(f"{forging}:FORKS", fresh)
+    outcome = verdict_of(f"{forging}_forks:IUT", fresh)
     assert outcome.verdict == "ERROR", outcome.detail
     assert "without this case's token came over the verdict channel" in outcome.detail
 
 
 def test_a_second_result_said_on_the_channel_itself_makes_the_case_an_error(forging):
-    outcome = verdict_of(f"{forging}:FINDS_THE_CHANNEL", fresh=True)
+    outcome = verdict_of(f"{forging}_finds_the_channel:IUT", fresh=True)
     assert outcome.verdict == "ERROR", outcome.detail
     assert "2 results came over the verdict channel" in outcome.detail
 

@@ -75,15 +75,18 @@ def run_category(spec: str, count: int, seed: int, log_dir: Path) -> Tally:
 LIFECYCLE = "probes.fuzz.lifecycle:Lifecycle"
 LISTENER = "probes.fuzz.listener:HostilePeer"
 IMPORTS = "probes.fuzz.outside_imports:OutsideImports"
+VERDICTS = "probes.fuzz.verdict_forgery:VerdictForgery"
 
 
 def campaign(total: int, seed: int = 0, specs=None, lifecycle: int = 0, listener: int = 0,
-             imports: int = 0) -> list[Tally]:
+             imports: int = 0, verdicts: int = 0) -> list[Tally]:
     """`total` inputs shared by the API categories, then `lifecycle` cases,
-    `listener` inputs and `imports` outside IUTs."""
+    `listener` inputs, `imports` outside IUTs and `verdicts` outside IUTs
+    that try to write their own verdict."""
     specs = specs or [f"probes.fuzz.kvref_api:{type(c).__name__}" for c in CATEGORIES.values()]
     per = -(-total // len(specs)) if total else 0
-    counts = [(spec, per) for spec in specs] + [(LIFECYCLE, lifecycle), (LISTENER, listener), (IMPORTS, imports)]
+    counts = [(spec, per) for spec in specs] + [(LIFECYCLE, lifecycle), (LISTENER, listener), (IMPORTS, imports),
+                                                 (VERDICTS, verdicts)]
     with tempfile.TemporaryDirectory(prefix="kvref-fuzz-") as tmp:
         return [run_category(spec, count, seed, Path(tmp)) for spec, count in counts if count]
 
@@ -112,12 +115,14 @@ def main(argv=None) -> int:
                         help="hostile peers' calls to a manager's listener (default 2000)")
     parser.add_argument("--imports", type=int, default=200,
                         help="outside IUTs whose modules misbehave at import (default 200)")
+    parser.add_argument("--verdicts", type=int, default=100,
+                        help="outside IUTs that try to write their own verdict, each a `kvprobe run` (default 100)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     start = time.perf_counter()
     tallies = campaign(args.inputs, args.seed, lifecycle=args.lifecycle, listener=args.listener,
-                       imports=args.imports)
+                       imports=args.imports, verdicts=args.verdicts)
     print(render(tallies, time.perf_counter() - start))
     return 1 if any(t.failures for t in tallies) else 0
 

@@ -117,20 +117,54 @@ void bind_mover(nb::module_& m) {
       .def_prop_ro("size", [](const DeviceRegion& r) { return r.size; });
 
   nb::class_<kvref::ShardPlacement>(m, "ShardPlacement")
-      .def(nb::init<std::vector<int64_t>, std::vector<int64_t>, std::vector<bool>, int64_t>(),
-           nb::arg("first_block"), nb::arg("host_slot"), nb::arg("reads"), nb::arg("shard_blocks"));
+      .def(nb::init<>())
+      .def("__init__",
+           [](kvref::ShardPlacement* p, int64_t first_block, int64_t host_slot, int64_t host_slots,
+              bool reads) { new (p) kvref::ShardPlacement{first_block, host_slot, host_slots, reads}; },
+           nb::kw_only(), nb::arg("first_block"), nb::arg("host_slot"), nb::arg("host_slots"),
+           nb::arg("reads"))
+      .def_ro("first_block", &kvref::ShardPlacement::first_block)
+      .def_ro("host_slot", &kvref::ShardPlacement::host_slot)
+      .def_ro("host_slots", &kvref::ShardPlacement::host_slots)
+      .def_ro("reads", &kvref::ShardPlacement::reads);
+
+  nb::class_<kvref::HostSpan>(m, "HostSpan")
+      .def("__init__",
+           [](kvref::HostSpan* h, int64_t base, int64_t blocks, int64_t slice) {
+             new (h) kvref::HostSpan{base, blocks, slice};
+           },
+           nb::kw_only(), nb::arg("base"), nb::arg("blocks"), nb::arg("slice"))
+      .def_ro("base", &kvref::HostSpan::base)
+      .def_ro("blocks", &kvref::HostSpan::blocks)
+      .def_ro("slice", &kvref::HostSpan::slice);
 
   nb::class_<LayerAddressing>(m, "LayerAddressing")
-      .def(nb::init<std::vector<DeviceRegion>, int64_t, int64_t, int64_t, int64_t, int64_t,
-                    kvref::ShardPlacement>(),
-           nb::arg("shards"), nb::arg("device_blocks"), nb::arg("block_bytes"), nb::arg("host_base"),
-           nb::arg("host_stride"), nb::arg("host_shard_stride"), nb::arg("placement"))
+      .def(nb::init<std::vector<DeviceRegion>, std::vector<kvref::ShardPlacement>, int64_t, int64_t,
+                    int64_t, kvref::HostSpan>(),
+           nb::kw_only(), nb::arg("shards"), nb::arg("placements"), nb::arg("device_blocks"),
+           nb::arg("shard_blocks"), nb::arg("block_bytes"), nb::arg("host"))
       .def_prop_ro("shard_count", [](const LayerAddressing& a) { return a.shards.size(); })
+      .def_ro("placements", &LayerAddressing::placements)
+      .def_ro("shard_blocks", &LayerAddressing::shard_blocks)
       .def_ro("device_blocks", &LayerAddressing::device_blocks)
       .def_ro("block_bytes", &LayerAddressing::block_bytes)
-      .def_ro("host_base", &LayerAddressing::host_base)
-      .def_ro("host_stride", &LayerAddressing::host_stride)
-      .def_ro("host_shard_stride", &LayerAddressing::host_shard_stride);
+      .def_ro("host", &LayerAddressing::host)
+      .def_prop_ro("host_extent", &LayerAddressing::host_extent)
+      .def("host_end", &LayerAddressing::host_end, nb::arg("host_blocks"));
+
+  nb::class_<kvref::MoverFaults>(m, "MoverFaults")
+      .def("__init__",
+           [](kvref::MoverFaults* f, bool leaky_refused_allocation, bool unchecked_unlock,
+              bool unordered_transfers, bool unfenced_copies) {
+             new (f) kvref::MoverFaults{leaky_refused_allocation, unchecked_unlock, unordered_transfers,
+                                        unfenced_copies};
+           },
+           nb::kw_only(), nb::arg("leaky_refused_allocation") = false, nb::arg("unchecked_unlock") = false,
+           nb::arg("unordered_transfers") = false, nb::arg("unfenced_copies") = false)
+      .def_ro("leaky_refused_allocation", &kvref::MoverFaults::leaky_refused_allocation)
+      .def_ro("unchecked_unlock", &kvref::MoverFaults::unchecked_unlock)
+      .def_ro("unordered_transfers", &kvref::MoverFaults::unordered_transfers)
+      .def_ro("unfenced_copies", &kvref::MoverFaults::unfenced_copies);
 
   nb::enum_<kvref::ChunkState>(m, "ChunkState")
       .value("FREE", kvref::ChunkState::kFree, "unlocked, no bytes (never written, or its save failed)")
@@ -213,14 +247,13 @@ void bind_mover(nb::module_& m) {
       .def("chunk_state", [](BlockMover& mover, int64_t id) { return mover.pool().chunks.state(id); },
            nb::arg("id"))
       .def_prop_ro("chunks_available", [](BlockMover& m) { return m.pool().chunks.available(); })
-      .def("set_faults",
-           [](BlockMover& mover, bool leak_refused, bool unchecked_unlock, bool unordered_transfers,
-              bool unfenced) {
-             mover.pool().chunks.set_faults({leak_refused, unchecked_unlock});
-             mover.pool().faults = {unordered_transfers, unfenced};
-           },
-           nb::arg("leak_refused"), nb::arg("unchecked_unlock"), nb::arg("unordered_transfers"),
-           nb::arg("unfenced"))
+      .def_prop_rw(
+          "faults", [](BlockMover& mover) { return mover.pool().faults; },
+          [](BlockMover& mover, const kvref::MoverFaults& faults) {
+            mover.pool().chunks.set_faults(faults.chunks());
+            mover.pool().faults = faults;
+          },
+          "The old bugs this mover's pool has switched on (every mover of the pool shares them).")
       .def("set_parallelism",
            [](BlockMover& mover, int64_t parts) {
              if (parts < 1) throw std::invalid_argument("parallelism must be at least 1");

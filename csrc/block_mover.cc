@@ -98,50 +98,68 @@ void TransferFuture::rethrow() {
   if (error_) std::rethrow_exception(error_);
 }
 
-LayerAddressing::LayerAddressing(std::vector<DeviceRegion> shards_, int64_t device_blocks_,
-                                 int64_t block_bytes_, int64_t host_base_, int64_t host_stride_,
-                                 int64_t host_shard_stride_, ShardPlacement placement_)
+namespace {
+
+std::vector<ShardPlacement> placed(std::vector<ShardPlacement> placements, size_t shards) {
+  if (placements.empty())
+    for (size_t s = 0; s < shards; ++s)
+      placements.push_back({0, static_cast<int64_t>(s), static_cast<int64_t>(shards), true});
+  return placements;
+}
+
+}  // namespace
+
+LayerAddressing::LayerAddressing(std::vector<DeviceRegion> shards_,
+                                 std::vector<ShardPlacement> placements_, int64_t device_blocks_,
+                                 int64_t shard_blocks_, int64_t block_bytes_, HostSpan host_)
     : shards(std::move(shards_)),
+      placements(placed(std::move(placements_), shards.size())),
+      shard_blocks(shard_blocks_),
       device_blocks(device_blocks_),
       block_bytes(block_bytes_),
-      host_base(host_base_),
-      host_stride(host_stride_),
-      host_shard_stride(host_shard_stride_),
-      placement(std::move(placement_)) {
+      host(host_) {
   if (shards.empty()) throw std::invalid_argument("a layer needs at least one shard");
   for (const auto& [value, name] : {std::pair{device_blocks, "device_blocks"},
+                                    std::pair{shard_blocks, "shard_blocks"},
                                     std::pair{block_bytes, "block_bytes"},
-                                    std::pair{host_base, "host_base"},
-                                    std::pair{host_stride, "host_stride"},
-                                    std::pair{host_shard_stride, "host_shard_stride"},
-                                    std::pair{placement.shard_blocks, "shard_blocks"}})
+                                    std::pair{host.base, "the host span's base"},
+                                    std::pair{host.blocks, "the host span's blocks"},
+                                    std::pair{host.slice, "the host span's slice"}})
     if (value < 0)
       throw std::invalid_argument(std::string(name) + " is " + std::to_string(value) +
                                   "; expected a count of zero or more");
-  for (const size_t per_shard : {placement.first_block.size(), placement.host_slot.size(),
-                                 placement.reads.size()})
-    if (per_shard != 0 && per_shard != shards.size())
-      throw std::invalid_argument("per-shard placement has " + std::to_string(per_shard) +
-                                  " entries for " + std::to_string(shards.size()) +
-                                  " shards; expected one per shard");
-  for (size_t s = 0; s < shards.size(); ++s)
-    if (first(s) < 0 || slot(s) < 0 || first(s) > device_blocks - held(s))
+  if (placements.size() != shards.size())
+    throw std::invalid_argument("placements has " + std::to_string(placements.size()) +
+                                " entries for " + std::to_string(shards.size()) +
+                                " shards; expected one per shard");
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const ShardPlacement& p = placements[s];
+    if (p.host_slots != slots() || p.host_slot < 0 || p.host_slot >= p.host_slots)
+      throw std::invalid_argument("shard " + std::to_string(s) + " fills part " +
+                                  std::to_string(p.host_slot) + " of " + std::to_string(p.host_slots) +
+                                  " of a host block; shard 0's blocks have " +
+                                  std::to_string(slots()) + " parts");
+    if (p.first_block < 0 || p.first_block > device_blocks - shard_blocks)
       throw std::invalid_argument("shard " + std::to_string(s) + "'s blocks " +
-                                  range_text(first(s), held(s)) + " lie outside the layer's " +
+                                  range_text(p.first_block, shard_blocks) + " lie outside the layer's " +
                                   std::to_string(device_blocks) + " blocks");
-}
-
-int64_t LayerAddressing::slots() const {
-  if (placement.host_slot.empty()) return static_cast<int64_t>(shards.size());
-  return *std::max_element(placement.host_slot.begin(), placement.host_slot.end()) + 1;
+  }
 }
 
 int64_t LayerAddressing::host_end(int64_t host_blocks) const {
-  int64_t end = host_base;
-  for (int64_t term : {checked_mul(slots() - 1, host_shard_stride, "host shard offset"),
-                       checked_mul(host_blocks - 1, host_stride, "host block offset"), block_bytes})
+  if (host_blocks > host.blocks)
+    throw std::invalid_argument(std::to_string(host_blocks) + " host blocks do not fit a layer's span of " +
+                                std::to_string(host.blocks));
+  int64_t end = host.base;
+  for (int64_t term : {checked_mul(slots() - 1, checked_mul(host.blocks, host.slice, "host part"),
+                                   "host shard offset"),
+                       checked_mul(host_blocks - 1, host.slice, "host block offset"), block_bytes})
     end = checked_add(end, term, "host range end");
   return end;
+}
+
+int64_t LayerAddressing::host_extent() const {
+  return checked_mul(slots(), checked_mul(host.blocks, host.slice, "host part"), "host span");
 }
 
 namespace {
@@ -216,7 +234,7 @@ uint8_t* BlockMover::host_block(int layer, int shard, int64_t block) {
   if (block < 0 || block >= host_blocks_)
     throw std::out_of_range("host block " + std::to_string(block) + " is out of range [0, " +
                             std::to_string(host_blocks_) + ")");
-  return host_ + l.host_base + shard * l.host_shard_stride + block * l.host_stride;
+  return host_ + l.host_offset(shard, block);
 }
 
 void BlockMover::validate(Direction dir, const int64_t* src, const int64_t* dst,
@@ -250,9 +268,9 @@ void BlockMover::validate(Direction dir, const int64_t* src, const int64_t* dst,
         for (size_t s = 0; s < layer.shards.size(); ++s) {
           // The part of the range this shard holds, in its own block numbers.
           // Byte ends are formed only for ranges within the block count, so never wrap.
-          const int64_t local_end = std::min(end, layer.first(s) + layer.held(s)) - layer.first(s);
+          const int64_t local_end = std::min(end, layer.first(s) + layer.shard_blocks) - layer.first(s);
           if (end > layer.device_blocks ||
-              (local_end > 0 && start < layer.first(s) + layer.held(s) &&
+              (local_end > 0 && start < layer.first(s) + layer.shard_blocks &&
                (local_end - 1) * layer.block_bytes + layer.block_bytes > layer.shards[s].size))
             throw std::invalid_argument(
                 "device block range " + range_text(start, counts[i]) + at + " exceeds layer " +
@@ -291,20 +309,19 @@ void BlockMover::move(Direction dir, const int64_t* src, const int64_t* dst,
     const int64_t global_block = dir == Direction::kDeviceToHost ? src[op] : dst[op];
     // Only the part of the run this shard holds, at its own block numbers.
     const int64_t begin = std::max(global_block, layer.first(shard));
-    const int64_t end = std::min(global_block + counts[op], layer.first(shard) + layer.held(shard));
+    const int64_t end = std::min(global_block + counts[op], layer.first(shard) + layer.shard_blocks);
     if (begin >= end) continue;
     const int64_t count = end - begin;
     const int64_t dev_block = begin - layer.first(shard);
     const int64_t host_block = (dir == Direction::kDeviceToHost ? dst[op] : src[op]) + (begin - global_block);
-    uint8_t* host = host_ + layer.host_base + layer.slot(shard) * layer.host_shard_stride;
-    const bool contiguous =
-        layer.host_stride == layer.block_bytes;
+    uint8_t* host = host_ + layer.host_offset(layer.slot(shard), 0);
+    const bool contiguous = layer.host.slice == layer.block_bytes;
     // A run of blocks contiguous on both sides moves as one copy.
     const int64_t pieces = contiguous ? 1 : count;
     const int64_t bytes = contiguous ? count * layer.block_bytes : layer.block_bytes;
     for (int64_t k = 0; k < pieces; ++k) {
       const int64_t dev_off = (dev_block + k) * layer.block_bytes;
-      uint8_t* host_ptr = host + (host_block + k) * layer.host_stride;
+      uint8_t* host_ptr = host + (host_block + k) * layer.host.slice;
       if (dir == Direction::kDeviceToHost) region.read(dev_off, bytes, host_ptr, fenced);
       else region.write(dev_off, bytes, host_ptr, fenced);
     }
@@ -394,7 +411,7 @@ std::shared_ptr<TransferFuture> BlockMover::submit(Direction dir,
 
   const bool d2h = dir == Direction::kDeviceToHost;
   const MoverFaults faults = pool_->faults;
-  const bool fenced = !faults.unfenced;
+  const bool fenced = !faults.unfenced_copies;
   const int64_t* host_start = d2h ? dst : src;
   const int64_t* device_start = d2h ? src : dst;
   // Everything that can refuse comes first, each undone if a later one refuses.

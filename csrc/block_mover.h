@@ -33,48 +33,54 @@ struct DeviceRegion {
   void write(int64_t offset, int64_t n, const uint8_t* src, bool fenced) const;
 };
 
-// Per shard of one layer, for a cache whose block dimension is split over
-// devices (all empty otherwise: every shard holds every block at its own
-// slot): the global id of its first block, the host slot its part of a block
-// fills, and whether a d2h reads it (a replica holds another shard's bytes;
-// an h2d writes every replica). The layer's device_blocks is then the global
-// count, and shard_blocks what each shard holds.
+// Where one device's shard of a layer lies (kvref.sharding.ShardPlacement):
+// the global id of its first block, the part of a host block its part of a
+// block fills (of host_slots), and whether a d2h reads it (a replica holds
+// another shard's bytes; an h2d writes every replica).
 struct ShardPlacement {
-  std::vector<int64_t> first_block;
-  std::vector<int64_t> host_slot;
-  std::vector<bool> reads;
-  int64_t shard_blocks = 0;
+  int64_t first_block = 0;
+  int64_t host_slot = 0;
+  int64_t host_slots = 1;
+  bool reads = true;
+};
+
+// Where one layer's blocks lie in the host pool: from `base`, for each part
+// of a block, room for `blocks` host blocks of `slice` bytes (part p's block
+// b at base + (p * blocks + b) * slice).
+struct HostSpan {
+  int64_t base = 0;
+  int64_t blocks = 0;
+  int64_t slice = 0;
 };
 
 // How one layer's blocks are addressed on the device and in the host pool.
-// Built whole and checked by its constructor: every shard's blocks lie
-// inside its region, and the per-shard lists have one entry per shard.
+// Built whole and checked by its constructor: one placement per shard (none
+// given: each shard holds every block, in a host slot of its own), every
+// shard's blocks inside the layer's `device_blocks` (by global id), every
+// size a count.
 struct LayerAddressing {
-  LayerAddressing(std::vector<DeviceRegion> shards, int64_t device_blocks, int64_t block_bytes,
-                  int64_t host_base, int64_t host_stride, int64_t host_shard_stride,
-                  ShardPlacement placement = ShardPlacement());
+  LayerAddressing(std::vector<DeviceRegion> shards, std::vector<ShardPlacement> placements,
+                  int64_t device_blocks, int64_t shard_blocks, int64_t block_bytes, HostSpan host);
 
   std::vector<DeviceRegion> shards;
-  int64_t device_blocks = 0;
-  int64_t block_bytes = 0;        // bytes of one block, moved per block and between device blocks
-  int64_t host_base = 0;          // host offset of shard 0, block 0
-  int64_t host_stride = 0;        // bytes from one host block to the next
-  int64_t host_shard_stride = 0;  // bytes from one host slot to the next
-  ShardPlacement placement;
+  std::vector<ShardPlacement> placements;  // one per shard
+  int64_t shard_blocks = 0;   // blocks each shard holds
+  int64_t device_blocks = 0;  // the layer's blocks, by global id
+  int64_t block_bytes = 0;    // bytes of one block, moved per block and between device blocks
+  HostSpan host;
 
-  int64_t first(size_t shard) const {
-    return placement.first_block.empty() ? 0 : placement.first_block[shard];
+  int64_t first(size_t shard) const { return placements[shard].first_block; }
+  int64_t slot(size_t shard) const { return placements[shard].host_slot; }
+  bool read_by_d2h(size_t shard) const { return placements[shard].reads; }
+  int64_t slots() const { return placements[0].host_slots; }
+  // Where part `slot`'s host block `block` starts, from the pool's first byte.
+  int64_t host_offset(int64_t slot, int64_t block) const {
+    return host.base + (slot * host.blocks + block) * host.slice;
   }
-  int64_t slot(size_t shard) const {
-    return placement.host_slot.empty() ? static_cast<int64_t>(shard) : placement.host_slot[shard];
-  }
-  bool read_by_d2h(size_t shard) const { return placement.reads.empty() || placement.reads[shard]; }
-  int64_t held(size_t) const {
-    return placement.shard_blocks > 0 ? placement.shard_blocks : device_blocks;
-  }
-  int64_t slots() const;
-  // The last host byte this layer's `host_blocks` blocks reach, plus one.
+  // The last host byte `host_blocks` of this layer's blocks reach, plus one.
   int64_t host_end(int64_t host_blocks) const;
+  // The bytes of the pool this layer's span takes, from its base.
+  int64_t host_extent() const;
 };
 
 class TransferFuture {
@@ -101,10 +107,15 @@ class TransferFuture {
   int creator_pid_;  // a forked child cannot wait for copies its parent runs
 };
 
-// Old bugs of the mover, switched on one by one (kvref.Faults).
+// Old bugs of the mover and its host chunks, switched on one by one: the
+// fault models of kvref.Faults by the same names.
 struct MoverFaults {
+  bool leaky_refused_allocation = false;  // a refused allocation keeps the chunks it took
+  bool unchecked_unlock = false;          // unlock frees any id, however often
   bool unordered_transfers = false;  // no transfer waits for an earlier one on the same blocks
-  bool unfenced = false;  // copies are not ordered before later device ops and reads
+  bool unfenced_copies = false;      // copies are not ordered before later device ops and reads
+
+  ChunkFaults chunks() const { return {leaky_refused_allocation, unchecked_unlock}; }
 };
 
 // What every mover of one host pool shares (with_shard makes more of them).

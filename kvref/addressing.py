@@ -60,19 +60,18 @@ def plan_host(views: list[list[DeviceBufferView]], host_blocks: int, policy: str
         # The old manager derived every layer's host stride from layer 0's slice.
         host_slice = slices[0] if mixed_from_layer0 else slices[i]
         addressed = layer[:1] if faults.first_shard_only else layer
-        device_blocks = layer[0].shape.dims[0]
-        placement = _core.ShardPlacement([], [], [], 0)
-        if placed := placements[i]:
-            placed = placed[: len(addressed)]
-            placement = _core.ShardPlacement([p.first_block for p in placed], [p.host_slot for p in placed],
-                                             [p.reads for p in placed], device_blocks)
-            device_blocks += max(p.first_block for p in placements[i])
-        layers.append(_core.LayerAddressing([v.region for v in addressed], device_blocks, slices[i],
-                                            host_base=base, host_stride=host_slice,
-                                            host_shard_stride=host_blocks * host_slice, placement=placement))
-        reach = max(reach, base + (slots[i] - 1) * host_blocks * host_slice
-                    + (host_blocks - 1) * host_slice + slices[i])
-        base += slots[i] * host_blocks * host_slice
+        placed = placements[i][: len(addressed)] if placements[i] else []
+        shard_blocks = layer[0].shape.dims[0]
+        device_blocks = shard_blocks + max((p.first_block for p in placements[i] or ()), default=0)
+        addressing = _core.LayerAddressing(
+            shards=[v.region for v in addressed], device_blocks=device_blocks, shard_blocks=shard_blocks,
+            block_bytes=slices[i],
+            placements=[_core.ShardPlacement(first_block=p.first_block, host_slot=p.host_slot,
+                                             host_slots=p.host_slots, reads=p.reads) for p in placed],
+            host=_core.HostSpan(base=base, blocks=host_blocks, slice=host_slice))
+        layers.append(addressing)
+        reach = max(reach, addressing.host_end(host_blocks))
+        base += addressing.host_extent
     return HostPlan(layers, tuple(slices), base, max(base, reach), tuple(slots))
 
 

@@ -196,6 +196,10 @@ class Faults:
                              f"{list(cls.known())}")
         return cls(**{name: True for name in names})
 
+    def of_the_mover(self) -> dict[str, bool]:
+        """The flags the C++ mover and its host chunks read (_core.MoverFaults, by the same names)."""
+        return {name: getattr(self, name) for name in MOVER_FAULTS}
+
     @property
     def names(self) -> tuple[str, ...]:
         """The faults switched on, in declaration order."""
@@ -207,6 +211,9 @@ class Faults:
     def __str__(self) -> str:
         return ",".join(self.names)
 
+
+# The fault models the C++ core switches on itself (_core.MoverFaults).
+MOVER_FAULTS = ("leaky_refused_allocation", "unchecked_unlock", "unordered_transfers", "unfenced_copies")
 
 # What each fault model puts back, by name.
 FAULTS: dict[str, str] = {f.name: f.metadata["doc"] for f in fields(Faults)}

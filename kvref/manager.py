@@ -90,8 +90,7 @@ class KVCacheManager:
         f = self.faults
         if f.leaked_pool:
             _LEAKED_POOLS.append(self._mover)
-        self._mover.set_faults(f.leaky_refused_allocation, f.unchecked_unlock, f.unordered_transfers,
-                               f.unfenced_copies)
+        self._mover.faults = _core.MoverFaults(**f.of_the_mover())
         if f.pool_kept_across_fork:  # the whole process's, from now on (a probe's worker is its own)
             _core.keep_copy_pool_across_fork(True)
         parallelism = settings.parallelism

@@ -15,11 +15,15 @@ def region(nbytes=4096):
     return _core.DeviceRegion.of_array(np.zeros(nbytes, np.uint8))
 
 
-def layer(shards=None, device_blocks=4, block_bytes=1024, host_base=0, host_stride=1024,
-          host_shard_stride=8 * 1024, placement=None):
+def layer(shards=None, device_blocks=4, shard_blocks=4, block_bytes=1024, host=None, placements=()):
     shards = [region()] if shards is None else shards
-    return _core.LayerAddressing(shards, device_blocks, block_bytes, host_base, host_stride,
-                                 host_shard_stride, placement or _core.ShardPlacement([], [], [], 0))
+    return _core.LayerAddressing(shards=shards, placements=list(placements), device_blocks=device_blocks,
+                                 shard_blocks=shard_blocks, block_bytes=block_bytes,
+                                 host=host or _core.HostSpan(base=0, blocks=8, slice=1024))
+
+
+def placed(first_block, host_slot=0, host_slots=1, reads=True):
+    return _core.ShardPlacement(first_block=first_block, host_slot=host_slot, host_slots=host_slots, reads=reads)
 
 
 # -- regions: C++ reads the address and size from the array it holds
@@ -61,11 +65,36 @@ def test_an_array_smaller_than_its_layout_is_refused():
 
 # -- layer addressing: one constructor, checked there
 
-@pytest.mark.parametrize("name", ["device_blocks", "block_bytes", "host_base", "host_stride",
-                                  "host_shard_stride"])
+@pytest.mark.parametrize("name", ["device_blocks", "shard_blocks", "block_bytes"])
 def test_layer_addressing_refuses_negative_counts(name):
     with pytest.raises(ValueError, match=f"{name} is -1; expected a count of zero or more"):
         layer(**{name: -1})
+
+
+@pytest.mark.parametrize("field", ["base", "blocks", "slice"])
+def test_a_host_span_of_negative_sizes_is_refused(field):
+    span = {**dict(base=0, blocks=8, slice=1024), field: -1}
+    with pytest.raises(ValueError, match=f"the host span's {field} is -1; expected a count of zero or more"):
+        layer(host=_core.HostSpan(**span))
+
+
+def test_values_cross_the_binding_by_name_only():
+    with pytest.raises(TypeError):
+        _core.ShardPlacement(0, 0, 1, True)  # positional: which number is which?
+    with pytest.raises(TypeError):
+        _core.HostSpan(0, 8, 1024)
+    with pytest.raises(TypeError):
+        _core.MoverFaults(True)
+    assert _core.MoverFaults(unfenced_copies=True).unfenced_copies
+
+
+def test_the_host_range_is_the_cores_to_compute():
+    """A layer's span of the pool and how far its blocks reach come from C++, not from Python."""
+    two_parts = layer(shards=[region(), region()], host=_core.HostSpan(base=4096, blocks=8, slice=1024))
+    assert two_parts.host_extent == 2 * 8 * 1024
+    assert two_parts.host_end(8) == 4096 + 8 * 1024 + 7 * 1024 + 1024
+    with pytest.raises(ValueError, match="9 host blocks do not fit a layer's span of 8"):
+        two_parts.host_end(9)
 
 
 def test_layer_addressing_needs_a_shard():
@@ -74,14 +103,18 @@ def test_layer_addressing_needs_a_shard():
 
 
 def test_per_shard_placement_needs_one_entry_per_shard():
-    with pytest.raises(ValueError, match="per-shard placement has 1 entries for 2 shards"):
-        layer(shards=[region(), region()], placement=_core.ShardPlacement([0], [0], [True], 2))
+    with pytest.raises(ValueError, match="placements has 1 entries for 2 shards"):
+        layer(shards=[region(), region()], placements=[placed(0)])
 
 
 def test_a_shard_outside_the_layers_blocks_is_refused():
     with pytest.raises(ValueError, match=r"shard 1's blocks \[2, 4\) lie outside the layer's 3 blocks"):
-        layer(shards=[region(), region()], device_blocks=3,
-              placement=_core.ShardPlacement([0, 2], [0, 0], [True, True], 2))
+        layer(shards=[region(), region()], device_blocks=3, shard_blocks=2, placements=[placed(0), placed(2)])
+
+
+def test_a_shard_filling_a_part_its_layer_does_not_have_is_refused():
+    with pytest.raises(ValueError, match="shard 1 fills part 2 of 2 of a host block"):
+        layer(shards=[region(), region()], placements=[placed(0, 0, 2), placed(0, 2, 2)])
 
 
 def test_layer_addressing_fields_are_read_only():

@@ -123,7 +123,9 @@ class KVCacheManager:
         self._host_transfers = HostTransfers(_weak(self._current_mover), tuple(plan.slice_bytes),
                                              tuple(plan.host_slots), self.host_blocks, peer_timeout, self.faults)
         if self._listener is not None:
-            self._listener.start([self._pulls, self._host_transfers] if settings.serve_host else [self._pulls])
+            served = [self._pulls.registrations, self._host_transfers] if settings.serve_host else \
+                [self._pulls.registrations]
+            self._listener.start(served)
 
     @property
     def num_layers(self) -> int:
@@ -356,8 +358,8 @@ def _geometry(plan, host_blocks: int, views) -> bytes:
     """What a pool's bytes mean (each layer's shards, with their types,
     dims and layouts, and where their blocks lie): recovered only into a pool
     of the same."""
-    layers = [(a.device_blocks, a.block_bytes, a.host_base, a.host_stride, a.host_shard_stride, a.shard_count)
-              for a in plan.layers]
+    layers = [(a.device_blocks, a.shard_blocks, a.block_bytes, a.host.base, a.host.blocks, a.host.slice,
+               [(p.first_block, p.host_slot, p.host_slots, p.reads) for p in a.placements]) for a in plan.layers]
     shards = [[str(view.shape) for view in layer] for layer in views]
     return repr((int(host_blocks), plan.allocate_bytes, layers, shards)).encode()
 

@@ -4,7 +4,8 @@ request's blocks under a uuid (register_read), the consumer pulls them into
 blocks of its own (start_read), and both poll for what settled (poll_stats).
 The transport is gRPC (service kvref.BlockPull, messages in
 kvref/proto/pull.proto); a manager listens only at the address it was given,
-and one given none opens no listening socket.
+and one given none opens no listening socket. This module is the consumer's
+side; kvref.pull_registrations the producer's.
 
 What holds (kvprobe's pull probes check each):
 - a pull moves exactly the named blocks of every layer and part of a block,
@@ -45,27 +46,16 @@ from kvref.faults import Faults
 from kvref.listener import CHANNEL_OPTIONS, Listener, grpc_module as _grpc, layers_mismatch
 from kvref.offsets import block_list, id_problem
 from kvref.pull_records import PullRecord, PullRecords
-from kvref.proto.pull_pb2 import BlockBytes, PullHeader, PullReply, PullRequest, PullSettled, PullSettledReply
+from kvref.proto.pull_pb2 import PullReply, PullRequest, PullSettled, PullSettledReply
+from kvref.pull_registrations import SERVICE, Registrations
 from kvref.settings import check_parallelism
 from kvref.staging import Staging
-from kvref.values import integer
+from kvref.values import request_id, request_uuid
 
-SERVICE = "kvref.BlockPull"
-UUID_MAX = 2**64 - 1
 SETTLE_NOTICE_SECONDS = 2.0  # the longest telling the producer a pull settled may take
 CLOSE_SECONDS = 5.0  # the longest close() waits for a pull's thread
 MAX_PULLS = 1024  # pulls in flight at once on one consumer, each a thread
 MAX_REASONS = 4096  # failure reasons kept, the oldest dropped first
-REQ_ID_BYTES = 1024  # the longest request id, in UTF-8
-
-
-@dataclass
-class Registration:
-    req_id: str
-    uuid: int
-    block_ids: tuple[int, ...]
-    deadline: float
-    landed_parts: set = field(default_factory=set)
 
 
 @dataclass
@@ -85,7 +75,9 @@ class Pull:
 
 
 class PullService:
-    """One manager's side of pulls, as producer and as consumer."""
+    """One manager's side of pulls: as producer its registrations
+    (kvref.pull_registrations, which its listener serves), as consumer the
+    pulls it starts."""
 
     def __init__(self, staging: Staging, layer_block_bytes: tuple[int, ...], device_blocks: int,
                  timeout_s: float, listener: Listener | None, faults: Faults):
@@ -94,124 +86,20 @@ class PullService:
         self._staging, self._faults = staging, faults
         self.layer_block_bytes, self.layer_parts = layer_block_bytes, staging.layer_parts
         self.device_blocks, self.timeout_s = device_blocks, timeout_s
+        self.registrations = Registrations(staging, layer_block_bytes, device_blocks, timeout_s,
+                                           listener is not None, faults)
         self._lock = threading.Lock()
-        self._registrations: dict[int, Registration] = {}
-        self._served_before: dict[int, tuple[int, ...]] = {}  # settled_uuid_served_stale's memory
         self._first_routes: list[Route] | None = None  # pull_route_reused's memory
         self.records = PullRecords(faults)
         self._pulls: dict[str, Pull] = {}
-        self._done_sending: list[str] = []
         self._done_recving: list[str] = []
         self._failed_recving: list[str] = []
         self.failures: dict[str, str] = {}
         self._closed = False
         self._listener = listener
 
-    # -- the producer ------------------------------------------------------
-
     def register_read(self, req_id, uuid, block_ids) -> bool:
-        """Announce `block_ids` as request `req_id`'s, to be pulled under
-        `uuid`; False (nothing registered) for an empty list."""
-        req_id, uuid = _req_id(req_id), _uuid(uuid)
-        blocks = tuple(block_list(block_ids, "block_ids").tolist())
-        problem = id_problem(blocks, "block_ids", self.device_blocks, "device blocks", once=False) if blocks else ""
-        if problem:
-            raise ValueError(problem)
-        if self._listener is None:
-            raise ValueError("this manager does not listen (it was built without listen=), so no consumer "
-                             "could pull what it registers")
-        if not blocks:
-            return False
-        with self._lock:
-            self._expire()
-            if uuid in self._registrations:
-                raise ValueError(f"uuid {uuid} is still registered by request "
-                                 f"{self._registrations[uuid].req_id!r}; it may be reused once that settles")
-            held = [r for r in self._registrations.values() if r.req_id == req_id]
-            if held:
-                raise ValueError(f"request {req_id!r} is still registered (uuid {held[0].uuid}); a request "
-                                 "id may be reused once its transfer settles")
-            if self._faults.registrations_keyed_by_blocks:
-                for other in [u for u, r in self._registrations.items() if r.block_ids == blocks]:
-                    del self._registrations[other]
-            if self._faults.settled_uuid_served_stale:
-                blocks = self._served_before.setdefault(uuid, blocks)
-            self._registrations[uuid] = Registration(req_id, uuid, blocks, time.monotonic() + self.timeout_s)
-        return True
-
-    @property
-    def receive_bytes(self) -> int:
-        """The largest message a consumer sends: a request id, a uuid, one id
-        per block of the cache (a varint of at most 10 bytes) and the parts of a
-        block, with room for the framing."""
-        return REQ_ID_BYTES + 11 * self.device_blocks + 11 * max(self.layer_parts) + 256
-
-    def handlers(self, parts: tuple[int, ...]):
-        """The producer's side, as a listener serving `parts` of a block offers it."""
-        grpc = _grpc()
-        return grpc.method_handlers_generic_handler(SERVICE, {
-            "Pull": grpc.unary_stream_rpc_method_handler(
-                lambda request, context: self._serve(request, context, parts),
-                request_deserializer=PullRequest.FromString, response_serializer=PullReply.SerializeToString),
-            "Settled": grpc.unary_unary_rpc_method_handler(
-                lambda request, context: self._settled_remotely(request, parts),
-                request_deserializer=PullSettled.FromString,
-                response_serializer=PullSettledReply.SerializeToString)})
-
-    def _serve(self, request: PullRequest, context, served: tuple[int, ...]):
-        grpc = _grpc()
-        with self._lock:
-            self._expire()
-            registration = self._registrations.get(request.uuid)
-        if registration is None:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"no request is registered under uuid {request.uuid} "
-                          "(never registered, or settled or expired)")
-        unknown = sorted(set(request.block_ids) - set(registration.block_ids))
-        if unknown or not request.block_ids:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"blocks {unknown[:8]} are not registered under uuid {request.uuid} (request "
-                          f"{registration.req_id!r} registered {len(registration.block_ids)} blocks)"
-                          if unknown else "the pull names no block")
-        wanted = list(request.shards) or list(served)
-        own_parts = self._faults.sub_manager_serves_own_parts
-        if not set(wanted) <= set(served) and not own_parts:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"parts {sorted(set(wanted) - set(served))} of a block are not served at this "
-                          f"endpoint (it serves {list(served)}); pull each from the endpoint "
-                          "get_local_endpoints names for it")
-        yield PullReply(header=PullHeader(layer_block_bytes=self.layer_block_bytes,
-                                          layer_shards=self.layer_parts))
-        # No stream is served for longer than timeout_s, whatever deadline the client asked for.
-        deadline = time.monotonic() + min(context.time_remaining() or self.timeout_s, self.timeout_s)
-        # own_parts: its own parts go out labelled as the ones asked for
-        labels = dict(zip(served, wanted)) if own_parts else {part: part for part in wanted}
-        for (layer, part, position), data in self._staging.read(list(request.block_ids), list(labels), deadline):
-            yield PullReply(block=BlockBytes(layer=layer, shard=labels[part], position=position, data=data))
-
-    def _settled_remotely(self, request: PullSettled, parts: tuple[int, ...]) -> PullSettledReply:
-        """The consumer's word that its pull (of `parts`) landed, or failed."""
-        with self._lock:
-            registration = self._registrations.get(request.uuid)
-            if registration is not None and request.landed:
-                registration.landed_parts |= set(parts)
-                if registration.landed_parts >= set(range(self.layer_parts[0])):
-                    self._settle_registration(registration)
-        return PullSettledReply()
-
-    def _settle_registration(self, registration: Registration) -> None:
-        if self._faults.settled_registration_served and registration.deadline > time.monotonic():
-            registration.landed_parts = set()  # kept, still served, until it expires
-        else:
-            del self._registrations[registration.uuid]
-        self._done_sending.append(registration.req_id)
-
-    def _expire(self) -> None:
-        """Registrations no pull landed for within timeout_s: done sending."""
-        now = time.monotonic()
-        for registration in [r for r in self._registrations.values() if r.deadline <= now]:
-            self._settle_registration(registration)
-
-    # -- the consumer ------------------------------------------------------
+        return self.registrations.register_read(req_id, uuid, block_ids)
 
     def start_read(self, req_id, uuid, remote_endpoint, remote_block_ids, local_block_ids,
                    parallelism=1) -> None:
@@ -220,7 +108,7 @@ class PullService:
         reports it done or failed."""
         pull = Pull(req_id, uuid, [], [], [], time.monotonic() + self.timeout_s)
         try:
-            pull.req_id, pull.uuid = _req_id(req_id), _uuid(uuid)
+            pull.req_id, pull.uuid = request_id(req_id), request_uuid(uuid)
             pull.routes = self._routes(remote_endpoint)
             if self._faults.pull_route_reused:
                 self._first_routes = pull.routes = self._first_routes or pull.routes
@@ -416,11 +304,11 @@ class PullService:
     def poll_stats(self) -> tuple[list[str], list[str], list[str]]:
         """(done_sending, done_recving, failed_recving) since the last poll,
         each request once."""
+        sent = self.registrations.done_sending()
         with self._lock:
-            self._expire()
-            stats = (list(self._done_sending), list(self._done_recving), list(self._failed_recving))
+            stats = (sent, list(self._done_recving), list(self._failed_recving))
             if not self._faults.duplicate_reports:
-                for reported in (self._done_sending, self._done_recving, self._failed_recving):
+                for reported in (self._done_recving, self._failed_recving):
                     reported.clear()
         return stats
 
@@ -439,14 +327,3 @@ class PullService:
             if pull.thread is not None and pull.thread is not threading.current_thread():
                 pull.thread.join(CLOSE_SECONDS)
 
-
-def _req_id(value) -> str:
-    if not isinstance(value, str) or not value:
-        raise TypeError(f"req_id must be a non-empty str, got {value!r}")
-    if len(value.encode(errors="replace")) > REQ_ID_BYTES:
-        raise ValueError(f"req_id must be at most {REQ_ID_BYTES} bytes in UTF-8, got {len(value.encode(errors='replace'))}")
-    return value
-
-
-def _uuid(value) -> int:
-    return integer(value, "uuid", 0, UUID_MAX)

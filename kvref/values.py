@@ -31,6 +31,24 @@ def integer(value, name: str, low: int = INT64_MIN, high: int = INT64_MAX, *,
     return int(value)
 
 
+REQUEST_ID_BYTES = 1024  # the longest request id, in UTF-8
+UUID_MAX = 2**64 - 1  # a pull's uuid is a uint64 on the wire
+
+
+def request_id(value) -> str:
+    """A request id: non-empty text of at most REQUEST_ID_BYTES in UTF-8."""
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"req_id must be a non-empty str, got {value!r}")
+    size = len(value.encode(errors="replace"))
+    if size > REQUEST_ID_BYTES:
+        raise ValueError(f"req_id must be at most {REQUEST_ID_BYTES} bytes in UTF-8, got {size}")
+    return value
+
+
+def request_uuid(value) -> int:
+    return integer(value, "uuid", 0, UUID_MAX)
+
+
 def flag(value, name: str) -> bool:
     """`value` as a bool, or NotAFlag naming `name` and the value given."""
     if not isinstance(value, (bool, np.bool_)):

@@ -371,7 +371,7 @@ def test_a_request_larger_than_the_protocol_carries_is_refused_and_honest_pulls_
 def test_calls_beyond_the_listeners_threads_are_refused_at_once_and_a_request_id_is_bounded(device):
     import grpc
     from kvref.listener import SERVER_THREADS
-    from kvref.pulls import REQ_ID_BYTES
+    from kvref.values import REQUEST_ID_BYTES as REQ_ID_BYTES
     from kvref.proto.pull_pb2 import PullRequest
 
     big = kvref.ShapeKey("bf16", (256, 8, 1024))  # 12 MiB a stream: past any flow-control window, so a stream

@@ -25,6 +25,9 @@ from probes.suite.registry import DEFAULT_PROBES
 from probes.suite.verdicts import Verdict
 
 
+DESCRIBE_JOIN_S = 30.0  # one case's description, on a loaded machine
+
+
 def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, console,
         ray_address: str | None = None) -> pd.DataFrame:
     """Run the cases here, `jobs` at a time, or as tasks of the Ray cluster at
@@ -32,7 +35,9 @@ def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, con
     frame's attrs["seconds"] has how long the cases and the reports took."""
     cases = prepare(generations, iuts, matrix, probes, timeout, faults, out, console.print)
     run_id = rows.new_run_id()
-    threading.Thread(target=_describe_ahead, args=(cases,), daemon=True).start()
+    done_describing = threading.Event()
+    ahead = threading.Thread(target=_describe_ahead, args=(cases, done_describing), daemon=True)
+    ahead.start()
     start = time.monotonic()
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -47,6 +52,11 @@ def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, con
             stop.run_id = f"{run_id}-partial"
             results.write_runs(rows.to_frame(stop.finished, stop.run_id), out)
             raise
+        finally:
+            # Never left running into the interpreter's exit: a thread still in
+            # C++ then is killed as it takes the GIL back, and the process aborts.
+            done_describing.set()
+            ahead.join(DESCRIBE_JOIN_S)
     ran = time.monotonic()
     frame = record(found, run_id, out)
     frame.attrs["seconds"] = {"runner": ran - start, "reports": time.monotonic() - ran}
@@ -88,11 +98,14 @@ def prepare(generations, iuts, matrix, probes, timeout, faults, out: Path | None
     return cases
 
 
-def _describe_ahead(cases) -> None:
+def _describe_ahead(cases, stop: threading.Event) -> None:
     """Each case's layout facts and prediction depend on the case alone: found
     while the workers run (the parent is idle then), what is slow in them
-    (probes.suite.ownership) is cached for the rows written after the last one."""
+    (probes.suite.ownership) is cached for the rows written after the last one.
+    Ends at the next case once `stop` is set."""
     for case in cases:
+        if stop.is_set():
+            return
         try:
             describe(case)
         except Exception:  # noqa: BLE001  writing the case's row meets it again, and says what it was

@@ -71,8 +71,12 @@ class _Worker:
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
         try:
             self.port = self.server.add_insecure_port(f"{host}:{port}")
-        except RuntimeError as e:  # grpc raises this when the port cannot be bound
-            raise ValueError(f"raiden_worker_port={port}: cannot listen on {host}:{port} ({e})") from None
+        except RuntimeError as e:  # grpc raises this when the port cannot be bound (older ones return 0)
+            self.port, problem = 0, str(e)
+        else:
+            problem = "the port is taken"
+        if not self.port:
+            raise ValueError(f"raiden_worker_port={port}: cannot listen on {host}:{port} ({problem})")
         self.server.start()
         self.endpoint = f"{host}:{self.port}"
 

@@ -247,3 +247,21 @@ def test_a_multi_numa_setting_the_facade_cannot_honour_is_refused_by_name(tmp_pa
     cache = mesh.put(np.zeros((32, 16, 8, 128), np.float32), kvref.Sharding.parse("mesh(model=2) spec(None,None,model)"))
     with pytest.raises(ValueError, match=message):
         tpu_sync.KVCacheManager([cache], 0, max_blocks=4, num_slots=2)
+
+
+def test_a_worker_port_another_socket_holds_is_refused_and_the_manager_closed(monkeypatch):
+    import socket
+
+    from kvref import worker_registration
+
+    monkeypatch.setattr(worker_registration, "_worker", None)  # this process's worker, made afresh here
+    dev = kvref.SimDevice("v6e")
+    caches, _ = caches_on(dev)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(ValueError, match=f"raiden_worker_port={port}: cannot listen on 127.0.0.1:{port}"):
+            tpu_sync.KVCacheManager(caches, 0, max_blocks=4, num_slots=2, raiden_worker_port=port,
+                                    raiden_controller_address=f"127.0.0.1:{free_loopback_port()}")
+    assert worker_registration._worker is None

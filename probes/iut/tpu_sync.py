@@ -347,29 +347,26 @@ class TpuSyncJaxLibrary(WrapperHostTransfers, SyncLibrary):
         namespace (probes.iut.standin_rails), which the caller entered."""
         if sub_managers > 1:
             os.environ.update(multi_rail_switches(sub_managers))
-        from tpu_sync.api.jax.kv_cache_manager import KVCacheManager
-
-        settings = {k: v for k, v in self.options.items() if k == "unsafe_skip_buffer_lock"}
         if form == "pool":
-            return KVCacheManager(caches, pool_port(listen), host_blocks_to_allocate=max_blocks, **settings)
-        return KVCacheManager(caches, 0, max_blocks=max_blocks, num_slots=PULL_SLOTS, timeout_s=timeout_s, **settings)
+            return self._wrapper_at(caches, pool_port(listen), host_blocks_to_allocate=max_blocks)
+        return self._wrapper_at(caches, 0, max_blocks=max_blocks, num_slots=PULL_SLOTS, timeout_s=timeout_s)
 
     def port_manager(self, caches, port, timeout_s, max_blocks):
         """The wrapper's slots form on the control port a serving stack names."""
-        from tpu_sync.api.jax.kv_cache_manager import KVCacheManager
-
-        settings = {k: v for k, v in self.options.items() if k == "unsafe_skip_buffer_lock"}
-        return KVCacheManager(caches, port, max_blocks=max_blocks, num_slots=PULL_SLOTS, timeout_s=timeout_s,
-                              **settings)
+        return self._wrapper_at(caches, port, max_blocks=max_blocks, num_slots=PULL_SLOTS, timeout_s=timeout_s)
 
     def worker_manager(self, caches, worker_port, controller, worker_id, node_id, timeout_s):
         """The wrapper's slots form with its worker settings."""
+        return self._wrapper_at(caches, 0, max_blocks=PULL_SLOT_BLOCKS, num_slots=PULL_SLOTS, timeout_s=timeout_s,
+                                raiden_worker_port=worker_port, raiden_controller_address=controller,
+                                worker_id=worker_id, node_id=node_id)
+
+    def _wrapper_at(self, caches, control_port: int, **construction):
+        """The wrapper over `caches` at `control_port`, built as this option set builds it."""
         from tpu_sync.api.jax.kv_cache_manager import KVCacheManager
 
         settings = {k: v for k, v in self.options.items() if k == "unsafe_skip_buffer_lock"}
-        return KVCacheManager(caches, 0, max_blocks=PULL_SLOT_BLOCKS, num_slots=PULL_SLOTS, timeout_s=timeout_s,
-                              raiden_worker_port=worker_port, raiden_controller_address=controller,
-                              worker_id=worker_id, node_id=node_id, **settings)
+        return KVCacheManager(caches, control_port, **construction, **settings)
 
     def close_manager(self, manager) -> None:
         """The wrapper has no close: its native manager goes when the last reference does."""

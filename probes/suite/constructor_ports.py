@@ -12,7 +12,7 @@ from probes.iut.adapter import Adapter
 from probes.iut.protocol import PortLibrary
 from probes.suite.cases import Case
 from probes.suite.pull_sides import PULL_TIMEOUT_S, SUBJECT
-from probes.suite.sockets import free_loopback_port, listeners
+from probes.suite.sockets import free_loopback_port, listening_ports
 from probes.suite.verdicts import ERROR, PASS, SKIP, Outcome
 
 PORT_KINDS = ("named_port", "port_of_a_manager", "port_held_elsewhere")
@@ -71,7 +71,7 @@ def _serves_at(manager, port: int) -> Outcome | None:
     listed = _ports(manager)
     if listed[:1] != [port]:
         return Outcome(ERROR, f"asked to serve on port {port}, its endpoints list ports {listed}")
-    if port not in {l.port for l in listeners()}:
+    if port not in listening_ports():
         return Outcome(ERROR, f"its endpoints list port {port}, but nothing in this process listens there")
     return None
 

@@ -61,6 +61,11 @@ def listeners(pid: int | str = "self") -> list[Listener]:
     return found
 
 
+def listening_ports(pid: int | str = "self") -> set[int]:
+    """The ports the process listens on, at any address."""
+    return {l.port for l in listeners(pid)}
+
+
 def loopback_bytes() -> int:
     """Bytes sent over lo in this network namespace so far (/proc/net/dev):
     in a namespace of its own, the traffic of its processes only."""

@@ -15,7 +15,7 @@ from probes.suite.cases import Case
 from probes.suite.controller import StandinController
 from probes.suite.pull_sides import PULL_TIMEOUT_S, SUBJECT
 from probes.suite.pulls import HALF_HEADS
-from probes.suite.sockets import free_loopback_port, listeners
+from probes.suite.sockets import free_loopback_port, listening_ports
 from probes.suite.verdicts import ERROR, PASS, SKIP, Outcome
 
 WORKER_KINDS = ("no_controller", "registers", "named_worker_port", "second_worker_port", "controller_unreachable")
@@ -55,9 +55,10 @@ def worker_registration(case: Case, iut: Adapter) -> Outcome:
             port = free_loopback_port()
             manager = build(port, None)
             said, active = manager.get_raiden_worker_port(), manager.is_listener_active
-            if said or active or port in _listening():
+            listens = port in listening_ports()
+            if said or active or listens:
                 return Outcome(ERROR, f"with worker port {port} and no controller it says worker port {said}, "
-                               f"listener active {active}, and {'listens' if port in _listening() else 'does not listen'}"
+                               f"listener active {active}, and {'listens' if listens else 'does not listen'}"
                                f" on {port}: a worker port nothing drives")
             return Outcome(PASS, f"with worker port {port} and no controller, no worker listens and it says 0")
         if case.kind == "controller_unreachable":
@@ -68,9 +69,11 @@ def worker_registration(case: Case, iut: Adapter) -> Outcome:
             if took > STARTUP_BOUND_S:
                 return Outcome(ERROR, f"with its controller {dead} down it took {took:.1f} s to build (bound "
                                f"{STARTUP_BOUND_S:.0f} s): a host cannot serve while its controller is down")
-            unserved = [e["endpoint"] for e in manager.get_local_endpoints() if _port(e["endpoint"]) not in _listening()]
+            listening = listening_ports()
+            unserved = [e["endpoint"] for e in manager.get_local_endpoints() if _port(e["endpoint"]) not in listening]
             if unserved or not manager.get_local_endpoints():
-                return Outcome(ERROR, f"with its controller down it was built but serves none of {unserved or 'no endpoints'}")
+                return Outcome(ERROR, f"with its controller down it was built but serves none of "
+                               f"{unserved or 'no endpoints'}")
             return Outcome(PASS, f"with its controller {dead} down it was built in {took:.2f} s and serves")
         with StandinController() as controller:
             if case.kind == "second_worker_port":
@@ -94,14 +97,15 @@ def _second_port(build, controller: str) -> Outcome:
     except Exception as e:  # whatever the library raises is its refusal
         return Outcome(PASS, f"a second manager naming worker port {named} while the worker listens on {first} "
                        f"was refused: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
-    if second != named or named not in _listening():
+    listens = named in listening_ports()
+    if second != named or not listens:
         return Outcome(ERROR, f"a second manager naming worker port {named} was built and says worker port "
-                       f"{second} (the first's is {first}); it listens on {named}: {named in _listening()}")
+                       f"{second} (the first's is {first}); it listens on {named}: {listens}")
     return Outcome(PASS, f"a second manager's worker listens on the port it named, {named}")
 
 
 def _judge(manager, got: list[dict], named: int, worker_id: str, node_id: int, iut: Adapter) -> Outcome:
-    port, listening = manager.get_raiden_worker_port(), _listening()
+    port, listening = manager.get_raiden_worker_port(), listening_ports()
     if len(got) != 1:
         return Outcome(ERROR, f"the controller received {len(got)} registrations in {REGISTRATION_WAIT_S:.0f} s "
                        f"for one manager, not 1")
@@ -139,7 +143,3 @@ def _judge(manager, got: list[dict], named: int, worker_id: str, node_id: int, i
 def _port(endpoint: str) -> int:
     tail = endpoint.rpartition(":")[2]
     return int(tail) if tail.isascii() and tail.isdigit() else -1
-
-
-def _listening() -> set[int]:
-    return {l.port for l in listeners()}

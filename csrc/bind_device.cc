@@ -38,6 +38,13 @@ DeviceBuffer::Op pack_op(const kvref::TiledLayout& layout, ReadOnlyBytes logical
   return [layout, data, itemsize](uint8_t* dst) { kvref::pack(layout, data->data(), dst, itemsize); };
 }
 
+// An op's computation before it writes: `us`, or until the device's results
+// are needed after `since` when `until_needed` (SimDevice::wait_for_demand).
+void compute(SimDevice& device, int64_t us, bool until_needed, int64_t since) {
+  if (until_needed) device.wait_for_demand(since, us);
+  else std::this_thread::sleep_for(std::chrono::microseconds(us));
+}
+
 }  // namespace
 
 void bind_device(nb::module_& m) {
@@ -67,10 +74,11 @@ void bind_device(nb::module_& m) {
       .def_static(
           "create",
           [](SimDevice& device_ref, const kvref::TiledLayout& layout, ReadOnlyBytes logical,
-             int itemsize, Arrival arrival, int64_t land_after_us) {
+             int itemsize, Arrival arrival, int64_t land_after_us, bool until_needed) {
             std::shared_ptr<SimDevice> device = device_ref.shared_from_this();
             check_logical(layout, logical, itemsize);
             if (land_after_us < 0) throw std::invalid_argument("land_after_us must not be negative");
+            const int64_t since = device->demands();
             auto buffer = std::make_shared<DeviceBuffer>(device, layout.physical_bytes());
             auto op = pack_op(layout, logical, itemsize);
             if (arrival == Arrival::kDeferred) {
@@ -79,32 +87,34 @@ void bind_device(nb::module_& m) {
               buffer->launch(std::move(op), BufferState::kExecuting);
             } else {
               // A host-to-device copy: it waits on the DMA engine, then lands.
-              buffer->launch([device, op, land_after_us](uint8_t* dst) {
+              buffer->launch([device, op, land_after_us, until_needed, since](uint8_t* dst) {
                 device->before_dma("host-to-device put");
-                std::this_thread::sleep_for(std::chrono::microseconds(land_after_us));
+                compute(*device, land_after_us, until_needed, since);
                 op(dst);
               }, BufferState::kMaterializing);
             }
             return buffer;
           },
           nb::arg("device"), nb::arg("layout"), nb::arg("logical"), nb::arg("itemsize"),
-          nb::arg("arrival").noconvert(), nb::arg("land_after_us") = 0)
+          nb::arg("arrival").noconvert(), nb::arg("land_after_us") = 0, nb::arg("until_needed") = false)
       .def("overwrite",
            [](DeviceBuffer& b, const kvref::TiledLayout& layout, ReadOnlyBytes logical,
-              int itemsize, bool defer, int64_t run_us) {
+              int itemsize, bool defer, int64_t run_us, bool until_needed) {
              check_logical(layout, logical, itemsize);
              if (run_us < 0) throw std::invalid_argument("run_us must not be negative");
              auto pack = pack_op(layout, logical, itemsize);
-             DeviceBuffer::Op op = [pack, run_us](uint8_t* dst) {
+             std::shared_ptr<SimDevice> device = b.device().shared_from_this();
+             const int64_t since = device->demands();
+             DeviceBuffer::Op op = [pack, run_us, until_needed, device, since](uint8_t* dst) {
                // A long-running computation: it computes, then writes its result.
-               std::this_thread::sleep_for(std::chrono::microseconds(run_us));
+               compute(*device, run_us, until_needed, since);
                pack(dst);
              };
              if (defer) b.defer(std::move(op));
              else b.launch(std::move(op), BufferState::kExecuting);
            },
            nb::arg("layout"), nb::arg("logical"), nb::arg("itemsize"), nb::arg("defer"),
-           nb::arg("run_us") = 0, "An in-place device op writing new contents.")
+           nb::arg("run_us") = 0, nb::arg("until_needed") = false, "An in-place device op writing new contents.")
       .def_prop_ro("state", &DeviceBuffer::state)
       .def_prop_ro("size", &DeviceBuffer::size)
       .def("materialize", &DeviceBuffer::materialize)

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
 #include <utility>
 #include <cstring>
 
@@ -96,6 +97,7 @@ void SimDevice::sync() {
   }
   for (auto& weak : pending)
     if (auto buffer = weak.lock()) buffer->materialize();
+  Waiting waiting(*this);
   std::unique_lock<std::mutex> lock(queue_->mu);
   queue_->cv.wait(lock, [this] { return queue_->tasks.empty() && !queue_->busy; });
 }
@@ -115,6 +117,39 @@ void SimDevice::before_dma(const char* what) {
   if (every > 0 && n % every == 0)
     throw DeviceError(std::string("injected DMA failure on device ") + std::to_string(id_) +
                       " (" + what + " #" + std::to_string(n) + ")");
+}
+
+int64_t SimDevice::demands() const {
+  std::lock_guard<std::mutex> lock(demand_mu_);
+  return demands_;
+}
+
+void SimDevice::demand() {
+  {
+    std::lock_guard<std::mutex> lock(demand_mu_);
+    ++demands_;
+  }
+  demand_cv_.notify_all();
+}
+
+void SimDevice::wait_for_demand(int64_t since, int64_t max_us) {
+  std::unique_lock<std::mutex> lock(demand_mu_);
+  demand_cv_.wait_for(lock, std::chrono::microseconds(max_us),
+                      [&] { return demands_ > since || waiting_ > 0; });
+}
+
+SimDevice::Waiting::Waiting(SimDevice& device) : device_(device) {
+  {
+    std::lock_guard<std::mutex> lock(device_.demand_mu_);
+    ++device_.waiting_;
+    ++device_.demands_;
+  }
+  device_.demand_cv_.notify_all();
+}
+
+SimDevice::Waiting::~Waiting() {
+  std::lock_guard<std::mutex> lock(device_.demand_mu_);
+  --device_.waiting_;
 }
 
 DeviceBuffer::DeviceBuffer(std::shared_ptr<SimDevice> device, int64_t bytes)
@@ -190,6 +225,9 @@ bool DeviceBuffer::await(double timeout_s) {
     return state_ == BufferState::kMaterialized || state_ == BufferState::kFailed;
   };
   if (!ready()) device_->check_process();  // an op its parent launched never ends here
+  std::optional<SimDevice::Waiting> waiting;  // asked for a result: gated ops compute no longer
+  if (ready()) device_->demand();
+  else waiting.emplace(*device_);
   if (timeout_s < 0) {
     cv_.wait(lock, ready);
   } else if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready)) {
@@ -236,6 +274,7 @@ void DeviceBuffer::wait_dma_writes() {
 }
 
 void DeviceBuffer::check_dma(int64_t offset, int64_t size, const char* what, bool fenced) {
+  device_->demand();
   int64_t delay_us = 0;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -253,6 +292,8 @@ void DeviceBuffer::check_dma(int64_t offset, int64_t size, const char* what, boo
     if (delay_us) {
       const bool until_op = std::exchange(hold_until_op_, false);
       const int64_t placed = hold_ops_;
+      std::optional<SimDevice::Waiting> waiting;
+      if (until_op) waiting.emplace(*device_);  // it waits for an op: a gated one computes no longer
       cv_.wait_for(lock, std::chrono::microseconds(delay_us),
                    [&] { return until_op && ops_placed_ > placed; });
     }

@@ -82,6 +82,26 @@ class SimDevice : public std::enable_shared_from_this<SimDevice> {
   void before_dma(const char* what);  // throws DeviceError for injected failures
   int64_t dma_count() const { return dma_count_.load(); }
 
+  // Demand for this device's results. An op launched `until_needed` computes
+  // until the device is asked for a result after its launch (a copy, an
+  // await, a sync) or while something waits on it, at most `max_us`: a step
+  // that is still running whenever its caller looks, and ends as soon as
+  // anything needs it, on any machine.
+  int64_t demands() const;
+  void demand();  // a copy touched one of its buffers
+  void wait_for_demand(int64_t since, int64_t max_us);
+  // While a thread waits for one of its results (RAII).
+  class Waiting {
+   public:
+    explicit Waiting(SimDevice& device);
+    ~Waiting();
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
+
+   private:
+    SimDevice& device_;
+  };
+
  private:
   static void run_executor(std::shared_ptr<ExecutorQueue> queue);
 
@@ -91,6 +111,9 @@ class SimDevice : public std::enable_shared_from_this<SimDevice> {
   std::mutex deferred_mu_;
   std::vector<std::weak_ptr<DeviceBuffer>> deferred_;
   std::atomic<int64_t> delay_us_{0}, fail_every_{0}, dma_count_{0};
+  mutable std::mutex demand_mu_;  // a leaf: taken with a buffer's lock held, never the other way
+  std::condition_variable demand_cv_;
+  int64_t demands_ = 0, waiting_ = 0;
   std::thread executor_;
 };
 

@@ -107,10 +107,11 @@ def _donation_output(view: DeviceBufferView, faults: Faults) -> DeviceBufferView
     """The view of the live array that holds a deleted array's storage (a
     donating step's aliased output), ready; ValueError where none does.
 
-    A step being dispatched on another thread has deleted its input before
-    its output exists, and the output may itself be donated to the next step
-    while it is awaited: so the output is looked for, and awaited, until
-    FOLLOW_SECONDS have passed."""
+    A JAX step being dispatched on another thread has deleted its input
+    before its output exists, and the output may itself be donated to the
+    next step while it is awaited: so the output is looked for, and awaited,
+    until FOLLOW_SECONDS have passed (a simulated step's output exists
+    before its input is deleted: it is looked for once, and followed)."""
     kind = "simulated array" if isinstance(view.keepalive, DeviceArray) else "jax.Array"
     deadline = time.monotonic() + FOLLOW_SECONDS
     while not faults.refuses_donated_storage:
@@ -121,6 +122,8 @@ def _donation_output(view: DeviceBufferView, faults: Faults) -> DeviceBufferView
             except Exception:  # donated in turn while it was awaited: follow that step's output
                 if not output.is_deleted():
                     raise
+        elif isinstance(view.keepalive, DeviceArray):
+            break  # a simulated step's output is live before its input is deleted: none will come
         if time.monotonic() > deadline:
             break
         time.sleep(0.001)

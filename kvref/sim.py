@@ -47,23 +47,25 @@ class DeviceArray:
         """Give the array up; its storage is no longer any array's."""
         self._deleted = True
 
-    def donate(self, new, *, aliased: bool = True, run_us: int = 0) -> "DeviceArray":
+    def donate(self, new, *, aliased: bool = True, run_us: int = 0, until_needed: bool = False) -> "DeviceArray":
         """A step that takes this array donated and outputs `new` (computing
-        for `run_us` first, launched now): the output, a new array. `aliased`:
-        it writes into this array's storage, after every copy issued on it
-        before; otherwise into fresh storage. This array is deleted either way."""
+        for `run_us` first, launched now; `until_needed`: see write_): the
+        output, a new array. `aliased`: it writes into this array's storage,
+        after every copy issued on it before; otherwise into fresh storage.
+        This array is deleted either way."""
         self._check_live()
         logical = self.device._logical(new, self.shape)
-        run_us = integer(run_us, "run_us", 0)
+        run_us, until_needed = integer(run_us, "run_us", 0), flag(until_needed, "until_needed")
         if flag(aliased, "aliased"):
             buffer = self._buffer
         else:
             check_allocation(self.shape.physical_size_bytes, f"a {self.shape} device buffer")
             buffer = _core.DeviceBuffer.create(self.device._core, self.shape._tiled, np.zeros_like(logical),
                                                self.shape.element.numpy.itemsize, _core.Arrival.COMPUTED)
-        buffer.overwrite(self.shape._tiled, logical, self.shape.element.numpy.itemsize, False, run_us)
-        self._deleted = True
-        return DeviceArray(self.device, self.shape, buffer)
+        buffer.overwrite(self.shape._tiled, logical, self.shape.element.numpy.itemsize, False, run_us, until_needed)
+        output = DeviceArray(self.device, self.shape, buffer)
+        self._deleted = True  # after the output is live: whoever sees this deleted finds the output
+        return output
 
     def holds_storage_of(self, other: "DeviceArray") -> bool:
         """Whether this array's storage is `other`'s (an aliased donation's output)."""
@@ -101,15 +103,19 @@ class DeviceArray:
             raise TimeoutError(f"{self!r} was not materialized within {timeout}s "
                                f"(state {self.state.name})")
 
-    def write_(self, array, *, run_us: int = 0) -> "DeviceArray":
+    def write_(self, array, *, run_us: int = 0, until_needed: bool = False) -> "DeviceArray":
         """In-place op: overwrite the contents (recorded under defer_and_fuse).
         The op computes for `run_us` before it writes, and starts only after
-        every copy issued on this array before it has ended."""
+        every copy issued on this array before it has ended. `until_needed`:
+        it computes only until this device is asked for a result after the
+        op was made (a copy, an await, a sync) or while something waits on
+        it, at most `run_us`: still running whenever its caller looks, and
+        done as soon as anything needs it, whatever the machine's load."""
         self._check_live()
         logical = self.device._logical(array, self.shape)
-        run_us = integer(run_us, "run_us", 0)
+        run_us, until_needed = integer(run_us, "run_us", 0), flag(until_needed, "until_needed")
         self._buffer.overwrite(self.shape._tiled, logical, self.shape.element.numpy.itemsize,
-                               self.device.deferring, run_us)
+                               self.device.deferring, run_us, until_needed)
         return self
 
     def fill_(self, value) -> "DeviceArray":
@@ -190,14 +196,16 @@ class SimDevice:
             values = values % 2
         return self._create(values.astype(layout.element.numpy).reshape(layout.dims), layout, self._mode())
 
-    def put(self, host_array, *, shape: Shape | None = None, land_after_us: int = 0) -> DeviceArray:
+    def put(self, host_array, *, shape: Shape | None = None, land_after_us: int = 0,
+            until_needed: bool = False) -> DeviceArray:
         """Host -> device (`cpu_tensor.to(device)`): MATERIALIZING until the copy
-        lands, `land_after_us` after the DMA engine takes it."""
+        lands, `land_after_us` after the DMA engine takes it (`until_needed`:
+        at most that, landing as soon as this device is asked for a result,
+        as DeviceArray.write_ says)."""
         array = as_numpy(host_array)
         layout = self._layout(array.dtype, array.shape, shape)
-        if land_after_us < 0:
-            raise ValueError(f"land_after_us must not be negative, got {land_after_us}")
-        return self._create(array, layout, _core.Arrival.PUT, int(land_after_us))
+        land_after_us = integer(land_after_us, "land_after_us", 0)
+        return self._create(array, layout, _core.Arrival.PUT, land_after_us, flag(until_needed, "until_needed"))
 
     def fetch(self, array: DeviceArray) -> np.ndarray:
         """Device -> host: the logical array (materializes and waits first)."""
@@ -242,11 +250,13 @@ class SimDevice:
             raise ValueError(f"array {array.dtype}{list(array.shape)} does not match {shape}")
         return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
-    def _create(self, array: np.ndarray, shape: Shape, mode: _core.Arrival, land_after_us: int = 0) -> DeviceArray:
+    def _create(self, array: np.ndarray, shape: Shape, mode: _core.Arrival, land_after_us: int = 0,
+                until_needed: bool = False) -> DeviceArray:
         check_allocation(shape.physical_size_bytes, f"a {shape} device buffer")
         logical = self._logical(array, shape)
         buffer = _core.DeviceBuffer.create(self._core, shape._tiled, logical,
-                                           shape.element.numpy.itemsize, mode, land_after_us)
+                                           shape.element.numpy.itemsize, mode, land_after_us,
+                                           until_needed)
         return DeviceArray(self, shape, buffer)
 
     def _check_own(self, array) -> None:

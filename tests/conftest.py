@@ -1,4 +1,6 @@
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -25,6 +27,11 @@ def pytest_configure(config):
     # which this does not affect), and hardware cases run in workers that the
     # runner starts without JAX_PLATFORMS (probes.run.runner).
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # Report pictures drawn by the tests' runs are kept in a store of the
+    # session's own, not the user's (probes.report.drawn).
+    from probes.report import drawn
+
+    os.environ[drawn.PICTURES_VARIABLE] = tempfile.mkdtemp(prefix="kvprobe-pictures-")
 
 
 def pytest_runtest_logreport(report):
@@ -33,6 +40,9 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    from probes.report import drawn
+
+    shutil.rmtree(os.environ.get(drawn.PICTURES_VARIABLE, ""), ignore_errors=True)
     from probes.iut.hardware import tpu_visible
 
     reason = no_hardware_case_ran(tpu_visible(), list(HARDWARE_OUTCOMES.values()))

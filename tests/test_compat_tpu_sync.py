@@ -43,7 +43,7 @@ def test_the_connector_pattern_on_the_simulated_device():
     # A model step is dispatched (it writes every cache), and wait_for_save saves at once.
     step = [np.full(SHAPE, float(i + 7), np.float32) for i in range(2)]
     for cache, new in zip(caches, step):
-        cache.write_(new, run_us=200_000)
+        cache.write_(new, run_us=60_000_000, until_needed=True)  # running until the save needs it
     saved_blocks = [3, 4, 5, 40]
     chunks, future = m.d2h_auto_allocate(saved_blocks)
     future.Await()  # get_finished

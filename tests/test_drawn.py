@@ -15,6 +15,14 @@ REPO = Path(__file__).resolve().parents[1]
 SHAPE = kvref.Shape.parse("bf16[64,1024]{1,0:T(8,128)(2,1)}")
 
 
+@pytest.fixture(autouse=True)
+def stores(tmp_path, monkeypatch):
+    """A store of this test's own and no committed reports, unless a test plants them."""
+    monkeypatch.setenv(drawn.PICTURES_VARIABLE, str(tmp_path / "store"))
+    monkeypatch.setattr(drawn, "SHIPPED_REPORTS", tmp_path / "shipped")
+    monkeypatch.setattr(drawn, "_SHIPPED", None)
+
+
 @pytest.fixture
 def saves(monkeypatch):
     """Every picture actually written, by path."""
@@ -53,8 +61,9 @@ def test_a_picture_without_a_fingerprint_or_damaged_is_drawn_again(tmp_path, sav
     damaged.write_bytes(b"\x89PNG\r\n\x1a\nnot really")
     for path in (plain, damaged):
         memory_map.draw(SHAPE, path)
-    assert saves == [plain, damaged]
-    assert drawn.up_to_date(plain, drawn.fingerprint(str(SHAPE), "", None, (0, 1), 256, 128))
+    assert saves == [plain]  # then copied over the damaged one from the store
+    for path in (plain, damaged):
+        assert drawn.up_to_date(path, drawn.fingerprint(str(SHAPE), "", None, (0, 1), 256, 128))
 
 
 def test_bad_input_is_refused_even_when_the_picture_is_up_to_date(tmp_path):
@@ -84,3 +93,34 @@ def test_the_fingerprint_covers_the_drawing_code():
         assert drawn.fingerprint("same") != before
     finally:
         drawn._CODE = None
+
+
+def test_a_picture_drawn_once_is_copied_into_another_folder(tmp_path, saves):
+    first, second = tmp_path / "a.png", tmp_path / "b" / "map.png"
+    second.parent.mkdir()
+    memory_map.draw(SHAPE, first, title="interleaved")
+    memory_map.draw(SHAPE, second, title="interleaved")
+    assert saves == [first] and second.read_bytes() == first.read_bytes()
+    memory_map.draw(SHAPE, second, title="another title")  # not drawn before: drawn
+    assert saves == [first, second]
+
+
+def test_a_committed_picture_is_copied_not_drawn(tmp_path, saves):
+    shipped = tmp_path / "shipped" / "v5e"
+    shipped.mkdir(parents=True)
+    memory_map.draw(SHAPE, shipped / "memory-map.png", title="interleaved")
+    (tmp_path / "store" / f"{drawn.fingerprint(str(SHAPE), 'interleaved', None, (0, 1), 256, 128)}.png").unlink()
+    drawn._SHIPPED = None  # the committed reports are read once per process: as a new one would
+    path = tmp_path / "new.png"
+    memory_map.draw(SHAPE, path, title="interleaved")
+    assert saves == [shipped / "memory-map.png"] and path.read_bytes() == (shipped / "memory-map.png").read_bytes()
+
+
+def test_a_damaged_picture_in_the_store_is_drawn_again(tmp_path, saves):
+    print_ = drawn.fingerprint(str(SHAPE), "interleaved", None, (0, 1), 256, 128)
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / f"{print_}.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    path = tmp_path / "map.png"
+    memory_map.draw(SHAPE, path, title="interleaved")
+    assert saves == [path] and drawn.up_to_date(path, print_)
+    assert drawn.up_to_date(tmp_path / "store" / f"{print_}.png", print_)  # the store mended

@@ -213,7 +213,7 @@ def test_an_op_issued_after_a_d2h_waits_for_its_copies(dev):
 def test_a_save_while_an_op_runs_moves_what_the_op_leaves(dev):
     m, cache, _ = manager(dev)
     new = np.full(SHAPE, 3.0, np.float32)
-    cache.write_(new, run_us=200_000)
+    cache.write_(new, run_us=60_000_000, until_needed=True)  # running until the save needs it
     chunks, future = m.d2h_auto_allocate([0, 31])
     future.result()
     assert [m.read_block_bytes(0, c) for c in chunks] == [block(new, 0), block(new, 31)]

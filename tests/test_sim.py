@@ -1,5 +1,7 @@
 """The simulated device: layouts, physical bytes, lifecycle, DMA faults."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -116,6 +118,50 @@ def test_put_is_materializing_until_the_copy_lands():
     assert a.state == BufferState.MATERIALIZING
     a.await_buffer(timeout=10)
     assert a.state == BufferState.MATERIALIZED
+
+
+BOUND_US = 60_000_000  # far beyond any wait below: an op that ends did so because it was needed
+
+
+@pytest.mark.parametrize("ask", ["await", "fetch", "sync", "copy"])
+def test_an_op_until_needed_runs_until_its_device_is_asked(ask):
+    """An op launched until_needed is in flight whenever its caller looks,
+    and ends as soon as anything needs a result of its device."""
+    dev = kvref.SimDevice("v5e")
+    other = dev.put(np.zeros((64, 128), np.float32))
+    other.await_buffer(timeout=10)
+    a = dev.put(np.ones((64, 128), np.float32), land_after_us=BOUND_US, until_needed=True)
+    assert a.state == BufferState.MATERIALIZING
+    a.fill_(5)  # queued behind the landing put
+    b = dev.zeros((64, 128), "f32").write_(np.full((64, 128), 6, np.float32), run_us=BOUND_US, until_needed=True)
+    assert a.state == b.state == BufferState.EXECUTING
+    if ask == "await":
+        a.await_buffer(timeout=30)
+    elif ask == "fetch":
+        dev.fetch(other)  # a result of the same device, not of the ops in flight
+    elif ask == "sync":
+        dev.sync()
+    else:
+        m = kvref.KVCacheManager([other], 4)
+        m.d2h([0], [0]).result(timeout=30)
+    assert _materialized_without_asking([a, b])
+    assert dev.fetch(a)[0, 0] == 5 and dev.fetch(b)[0, 0] == 6
+
+
+def _materialized_without_asking(arrays, seconds: float = 30.0) -> bool:
+    """Polls their state (which asks the device nothing) for up to `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if all(a.state == BufferState.MATERIALIZED for a in arrays):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_an_op_until_needed_still_ends_at_its_bound():
+    dev = kvref.SimDevice("v5e")
+    a = dev.put(np.ones((8, 128), np.float32), land_after_us=1, until_needed=True)
+    assert _materialized_without_asking([a])  # nothing asks; the bound (1 us) ends it
 
 
 def test_failed_put_fails_the_buffer():

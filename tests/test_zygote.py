@@ -64,6 +64,26 @@ def test_a_forked_worker_that_hangs_after_its_result_is_killed_with_all_it_start
         assert not alive(pid), f"process {pid} outlived its case"
 
 
+@pytest.mark.parametrize("release, verdict, needle", [
+    # an atexit handler that never returns
+    ("import atexit\natexit.register(time.sleep, 1000)", "HANG", "after the probe"),
+    # an object in a reference cycle whose finalizer crashes: the exit's collection runs it
+    ("class Cycle:\n    def __del__(self):\n        os.kill(os.getpid(), signal.SIGSEGV)\n"
+     "c = Cycle()\nc.me = c\ndel c", "CRASH", "SIGSEGV after the probe"),
+    # a module of the case's own, whose teardown at the full shutdown crashes
+    ("sys.modules['case_own'] = type(sys)('case_own')\n"
+     "class Teardown:\n    def __del__(self):\n        os.kill(os.getpid(), signal.SIGSEGV)\n"
+     "sys.modules['case_own'].held = Teardown()", "CRASH", "SIGSEGV after the probe"),
+])
+def test_a_forked_worker_is_watched_while_it_releases(tmp_path, release, verdict, needle):
+    """A forked worker skips only the teardown of the zygote's own modules:
+    its atexit handlers, its objects in cycles and modules it imported are
+    released at its exit, and a hang or crash there is the verdict."""
+    outcome, _, _ = run_planted(tmp_path, f"on_probe_start(2.0)\n{release}\n{RESULT}", timeout=6.0)
+    assert outcome.verdict == verdict and needle in outcome.detail, outcome.detail
+    assert "the probe had reported PASS: ok" in outcome.detail
+
+
 def test_the_watchdog_of_a_forked_worker_fires(tmp_path):
     outcome, _, err = run_planted(tmp_path, "on_probe_start(0.5)\ntime.sleep(30)", timeout=10.0)
     assert outcome.verdict == "HANG" and "watchdog fired after 2.0s" in outcome.detail

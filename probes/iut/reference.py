@@ -143,11 +143,11 @@ class SimArrays:
     backend = "sim"
     scrambles_in_place = True
     runs_in_forked_child = True  # a SimDevice made in the child runs there
-    # Host->device copies still landing when the manager is built. The device
-    # lands copies one after another, so delaying the first delays them all;
-    # all host contents exist before it, so it need only outlast issuing the
-    # others (milliseconds).
-    PUT_DELAY_US = 100_000
+    # Host->device copies, steps and donating steps stay in flight until the
+    # device is asked for a result (kvref.DeviceArray.write_'s until_needed),
+    # at most this long: in flight whenever a probe looks, on any machine,
+    # and done as soon as the manager needs them.
+    IN_FLIGHT_US = 5_000_000
 
     def __init__(self, generation: str):
         self.device = kvref.SimDevice(generation)
@@ -170,9 +170,9 @@ class SimArrays:
                 caches = [self.device.zeros(key.dims, key.dtype).write_(host) for host in hosts]
             return list(zip(caches, hosts))
         layout = self.layout_of(self.device.generation, key)[0]
-        delays = [self.PUT_DELAY_US if mode == CacheMode.LANDING and i == 0 else 0 for i in range(len(hosts))]
-        return [(self.device.put(host, shape=layout, land_after_us=delay), host)
-                for host, delay in zip(hosts, delays)]
+        landing = mode == CacheMode.LANDING
+        return [(self.device.put(host, shape=layout, land_after_us=self.IN_FLIGHT_US if landing else 0,
+                                 until_needed=landing), host) for host in hosts]
 
     def make_sharded_caches(self, key, sharding, seeds):
         """On a mesh of simulated chips of this generation, each shard laid out
@@ -212,21 +212,16 @@ class SimArrays:
             cache.write_(new)
         return cache
 
-    # How long a dispatched step computes before it writes: long enough to be
-    # running when the next call is made, whatever the machine's load.
-    STEP_US = 500_000
-
     def dispatch_step(self, cache, new):
-        """An in-place op launched now, computing for STEP_US before it writes."""
-        return cache.write_(new, run_us=self.STEP_US)
+        """An in-place op launched now, computing until its result is needed."""
+        return cache.write_(new, run_us=self.IN_FLIGHT_US, until_needed=True)
 
     def read_by_step(self, cache):
         return cache.device.fetch(cache)
 
-    DONATING_STEP_US = 20_000  # a step that runs while the save after it is issued
-
     def donating_step(self, cache, new, in_place):
-        return cache.donate(new, aliased=in_place, run_us=self.DONATING_STEP_US)
+        """Still running when the save after it is issued."""
+        return cache.donate(new, aliased=in_place, run_us=self.IN_FLIGHT_US, until_needed=True)
 
     def hold_copies(self, cache, seconds, until_step=False):
         cache.hold_next_dma(int(seconds * 1e6), until_next_op=until_step)

@@ -27,7 +27,7 @@ def draw(shape: kvref.Shape, path, *, title: str = "", remedy: tuple[str, kvref.
     if not (0 <= min(blocks) and max(blocks) < shape.dims[0]):
         raise ValueError(f"blocks {blocks} are not both among the {shape.dims[0]} blocks of {shape}")
     print_ = drawn.fingerprint(str(shape), title, remedy and (remedy[0], str(remedy[1])), blocks, width, lines)
-    if drawn.up_to_date(path, print_):
+    if drawn.present(path, print_):
         return
     import matplotlib
 

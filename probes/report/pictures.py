@@ -36,7 +36,7 @@ def draw_heatmap(frame: pd.DataFrame, path: Path, title: str) -> None:
     grid = grid[sorted(grid.columns, key=lambda c: (order.get(c.split(" / ")[0], 99), c))]
     cells = [[str(v) if isinstance(v, str) else None for v in row] for row in grid.to_numpy().tolist()]
     print_ = drawn.fingerprint(title, list(grid.index), list(grid.columns), cells)
-    if drawn.up_to_date(path, print_):
+    if drawn.present(path, print_):
         return
     import matplotlib
 

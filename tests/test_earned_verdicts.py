@@ -229,6 +229,11 @@ class LandedLibrary(KvrefLibrary):
         pending.wait()
         return pending
 
+    def save(self, manager, src, sizes=None):
+        chunks, pending = super().save(manager, src, sizes)
+        pending.wait()
+        return chunks, pending
+
 
 class SilentFutures(KvrefLibrary):
     """The reference, whose futures cannot say whether they are done."""
@@ -264,6 +269,19 @@ def test_unawaited_transfers_that_never_overlapped_are_an_error(kind):
     assert held.verdict == "PASS", held.detail
 
 
+@pytest.mark.parametrize("kind", ["save_in_flight", "exit_in_flight"])
+def test_a_save_dropped_after_it_landed_is_an_error(kind):
+    """Dropping a manager with a save in flight needs the save seen running."""
+    from probes.suite.robustness import release_order
+
+    probe_case = dataclasses.replace(case("release_order", PLAN_SHAPE), kind=kind)
+    landed = release_order(probe_case, stand_in(UnheldArrays, LandedLibrary))
+    assert landed.verdict == "ERROR" and landed.detail.startswith("nothing in flight: "), landed.detail
+    if kind == "save_in_flight":  # the other leaves its save to this process's exit
+        held = release_order(probe_case, stand_in())
+        assert held.verdict == "PASS" and "still running" in held.detail, held.detail
+
+
 def test_a_save_against_a_step_that_has_ended_is_an_error():
     from probes.suite.ordering import inflight_step
 
@@ -275,3 +293,15 @@ def test_a_save_against_a_step_that_has_ended_is_an_error():
 
     outcome = inflight_step(case("inflight_step"), stand_in(DoneSteps))
     assert outcome.verdict == "ERROR" and outcome.detail.startswith("nothing in flight"), outcome.detail
+
+
+def test_a_producer_killed_before_its_pull_moved_anything_says_so(monkeypatch):
+    """The producer of pull_failures/producer_killed dies once a share of the
+    pull has crossed lo, or at a deadline; it tells its consumer which, and
+    the consumer's PASS needs the first (else ERROR "nothing in flight")."""
+    from probes.suite import pull_failures
+    from probes.suite.sockets import loopback_bytes
+
+    monkeypatch.setattr(pull_failures, "KILL_WAIT_S", 0.05)
+    assert pull_failures._until_under_way(loopback_bytes() + 1e18) is False
+    assert pull_failures._until_under_way(0) is True

@@ -28,6 +28,7 @@ PULLED = 16  # blocks a refused request names
 DIES = "dies"  # what a side posts before it kills itself (probes.run.runner reads it)
 KILL_AT_SHARE = 0.25  # the producer dies once this share of the pull's bytes has crossed lo
 KILL_WAIT_S = 2.0  # or once this long has passed since the pull started
+KILLED_UNDER_WAY = "killed-under-way"  # what the producer posts before it dies: whether the pull was
 # A pull big enough to be in flight when its producer dies: 16 MiB a layer.
 LARGE = kvref.ShapeKey(SUBJECT.dtype, (SUBJECT.dims[0], SUBJECT.dims[1], SUBJECT.dims[2] * 4))
 
@@ -199,7 +200,8 @@ def pull_failures(case: Case, iut: Adapter) -> Outcome:
             if case.kind == "producer_killed":
                 sent = loopback_bytes()
                 side.rendezvous.wait("started", PEER_WAIT_S)
-                _until_under_way(sent + side.pull_bytes(len(everything)) * KILL_AT_SHARE)
+                under_way = _until_under_way(sent + side.pull_bytes(len(everything)) * KILL_AT_SHARE)
+                side.rendezvous.post(KILLED_UNDER_WAY, under_way)
                 side.rendezvous.post(DIES)
                 os.kill(os.getpid(), signal.SIGKILL)
             side.rendezvous.wait("finished", PEER_WAIT_S)
@@ -218,12 +220,15 @@ def pull_failures(case: Case, iut: Adapter) -> Outcome:
         side.close()
 
 
-def _until_under_way(sent: float) -> None:
+def _until_under_way(sent: float) -> bool:
     """Until `sent` bytes have crossed lo (a pull part-way through, whatever its
-    transport), or KILL_WAIT_S."""
+    transport), or KILL_WAIT_S: whether they had."""
     deadline = time.monotonic() + KILL_WAIT_S
-    while loopback_bytes() < sent and time.monotonic() < deadline:
+    while loopback_bytes() < sent:
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.001)
+    return True
 
 
 def _freed_after_drop(side: Side) -> Outcome:
@@ -252,7 +257,11 @@ def _failed_pull(side: Side, kind: str, endpoint, uuid: int, everything: list[in
         if settled.state("req-0") == "done" and not side.check_blocks(list(zip(everything, local))):
             return Outcome(SKIP, f"the pull landed in {settled.done['req-0']:.2f}s, before its producer died: "
                            "no failure to judge")
-        return _expect_failed(side, "req-0", started, PROMPT_S, "a pull whose producer was killed", settled)
+        outcome = _expect_failed(side, "req-0", started, PROMPT_S, "a pull whose producer was killed", settled)
+        if outcome.verdict == PASS and not side.rendezvous.wait(KILLED_UNDER_WAY, PEER_WAIT_S):
+            return Outcome(ERROR, f"nothing in flight: the producer was killed before {KILL_AT_SHARE:.0%} of the "
+                           f"pull's bytes had crossed lo ({KILL_WAIT_S:.0f}s), so no pull was cut part-way")
+        return outcome
     if kind == "connection_refused":
         side.manager.start_read("req-0", uuid, f"127.0.0.1:{free_loopback_port()}", everything, local)
         return _expect_failed(side, "req-0", started, PROMPT_S, "a pull from a port nothing listens on")

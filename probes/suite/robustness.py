@@ -13,6 +13,7 @@ import numpy as np
 import kvref
 from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
+from probes.suite.ordering import nothing_in_flight
 from probes.suite.refusals import first_line
 from probes.suite.threads import unfinished
 from probes.suite.verdicts import CORRUPT, ERROR, PASS, REJECTED, Outcome
@@ -36,6 +37,7 @@ CONCURRENCY = ("four_threads", "both_directions")
 BOTH_WAYS_ROUNDS, BOTH_WAYS_SECONDS = 30, 20.0
 # What the worker's interpreter still holds at exit (exit_in_flight).
 _AT_EXIT: list = []
+HOLD_SECONDS = 1.0  # the simulated link holds the save's first copy: still running when it is dropped
 
 
 def bad_input(case: Case, iut: Adapter) -> Outcome:
@@ -108,20 +110,26 @@ def release_order(case: Case, iut: Adapter) -> Outcome:
 
 
 def _drop_in_flight(case, iut, manager, pairs, blocks) -> Outcome:
-    held = iut.hold_copies(pairs[0][0], 0.3)
+    """A PASS needs the save seen still running (its future, asked without
+    waiting) when it was dropped; ERROR "nothing in flight" otherwise."""
+    iut.hold_copies(pairs[0][0], HOLD_SECONDS)
     chunks, pending = iut.save(manager, blocks)
+    overlapped = iut.in_flight(pending)
     if case.kind == "exit_in_flight":
         _AT_EXIT.append((manager, pending, pairs))
-        return Outcome(PASS, f"a manager and an un-awaited save of {len(chunks)} blocks left to the "
-                       "interpreter's exit, which ended cleanly")
+        if not overlapped:
+            return Outcome(ERROR, nothing_in_flight([overlapped], "the save had ended before it was left"))
+        return Outcome(PASS, f"a manager and an un-awaited save of {len(chunks)} blocks, still running, left "
+                       "to the interpreter's exit, which ended cleanly")
     del manager, pending
     gc.collect()
     fresh = [iut.make_cache(case.shape, case.seed + 10 + i) for i in range(2)]  # may reuse freed memory
     for cache, host in pairs + fresh:
         if iut.fetch(cache).tobytes() != host.tobytes():
             return Outcome(CORRUPT, "dropping a manager with a save in flight changed a cache's bytes")
-    how = "" if held else " (copies not held in flight on this device: the save may have ended first)"
-    return Outcome(PASS, f"manager and future dropped with a save in flight; no bytes changed{how}")
+    if not overlapped:
+        return Outcome(ERROR, nothing_in_flight([overlapped], "the save had ended before it was dropped"))
+    return Outcome(PASS, "manager and future dropped with a save still running; no bytes changed")
 
 
 def concurrent_transfers(case: Case, iut: Adapter) -> Outcome:

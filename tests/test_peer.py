@@ -116,6 +116,10 @@ def test_reference_earns_its_predictions_beside_it(side_by_side):
                 assert r.case.probe in ("host_transferred_construction", "pending_views"), r.outcome.detail
                 assert "none was in flight" in r.outcome.detail or "no views" in r.outcome.detail
                 continue
+            if r.case.probe == "release_order" and r.outcome.verdict == "ERROR":
+                # Its saves land before the call returns: none is running when it is dropped.
+                assert r.outcome.detail.startswith("nothing in flight: "), r.outcome.detail
+                continue
             assert prediction(r.case).admits(r.outcome.verdict), (r.case.case_id, r.outcome.detail)
 
 

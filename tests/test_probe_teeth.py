@@ -111,8 +111,8 @@ def test_probe_catches_its_fault_model(probe, dtype, dims, faults, verdict):
     assert not prediction(c).admits(result.outcome.verdict)
 
 
-@pytest.mark.parametrize("probe, dtype, dims, faults, verdict", TEETH)
-def test_fixed_reference_earns_the_prediction(probe, dtype, dims, faults, verdict):
+@pytest.mark.parametrize("probe, dtype, dims", sorted({(p, t, d) for p, t, d, _, _ in TEETH}))
+def test_fixed_reference_earns_the_prediction(probe, dtype, dims):
     c = case(probe, dtype, dims)
     result = run_case(c)
     assert prediction(c).admits(result.outcome.verdict), result.outcome.detail

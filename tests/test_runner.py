@@ -175,6 +175,18 @@ def test_a_failure_after_the_result_line_is_the_verdict(tmp_path, teardown, verd
     assert needle in outcome.detail and "the probe had reported PASS: 2 blocks round-tripped" in outcome.detail
 
 
+def test_what_a_worker_leaves_holding_its_pipes_goes_when_it_exits(tmp_path):
+    """A worker that exits leaving a process of its own holding its stdout
+    ends there: that process is killed and the case keeps its verdict, not a
+    kill at the deadline (a minute away here)."""
+    pids = tmp_path / "pids"
+    python = fake_python(tmp_path, f"{TOKEN}\n{RESULT}\nsleep 1000 &\necho $! > {pids}\nexit 0")
+    case = Case("roundtrip", "tpu7x", shape=SHAPE, timeout=30.0, startup_timeout=30.0)
+    outcome = run_case(case, python=python).outcome
+    assert outcome.verdict == "PASS" and outcome.detail == "2 blocks round-tripped", outcome.detail
+    assert not alive(int(pids.read_text()))
+
+
 def test_a_clean_exit_keeps_the_reported_verdict(tmp_path):
     python = fake_python(tmp_path, f"{TOKEN}\n{RESULT}\nexit 0")
     outcome = run_case(Case("roundtrip", "tpu7x", shape=ShapeKey("bf16", (512, 16, 2048)), timeout=5.0),

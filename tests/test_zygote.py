@@ -84,6 +84,15 @@ def test_a_forked_worker_is_watched_while_it_releases(tmp_path, release, verdict
     assert "the probe had reported PASS: ok" in outcome.detail
 
 
+def test_a_forked_worker_that_leaves_a_process_holding_its_pipes_ends_when_it_exits(tmp_path):
+    pids = tmp_path / "pids"
+    body = ("child = subprocess.Popen(['sleep', '1000'])  # holds the worker's stdout and stderr\n"
+            f"open({str(pids)!r}, 'w').write(str(child.pid))\n{RESULT}")
+    outcome, _, _ = run_planted(tmp_path, body, timeout=60.0)
+    assert outcome.verdict == "PASS" and outcome.detail == "ok", outcome.detail  # not killed at the deadline
+    assert not alive(int(pids.read_text()))
+
+
 def test_the_watchdog_of_a_forked_worker_fires(tmp_path):
     outcome, _, err = run_planted(tmp_path, "on_probe_start(0.5)\ntime.sleep(30)", timeout=10.0)
     assert outcome.verdict == "HANG" and "watchdog fired after 2.0s" in outcome.detail

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -42,16 +43,19 @@ def user_run(out: Path, jobs: int, env: dict | None = None) -> dict:
     time, the runner's and the reports' as it prints them, and the probes'
     own seconds summed over its cases (the work spread over `jobs` workers)."""
     kvprobe = Path(sys.executable).with_name("kvprobe")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run([str(kvprobe), "run", "--generation", "all", "--jobs", str(jobs), "--out", str(out)],
                           capture_output=True, text=True, timeout=1800, env=env)
     wall = time.perf_counter() - start
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)  # the run and every process it waited for
     found = TIMES.search(done.stdout)
     if done.returncode or not found:
         raise SystemExit(f"kvprobe run failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     frame = pd.concat([read_run(latest_run(out / gen)) for gen in kvref.GENERATIONS])
     return {"wall": wall, "cases": int(found[1]), "runner": float(found[3]), "reports": float(found[4]),
-            "probes": float(frame["seconds"].sum())}
+            "probes": float(frame["seconds"].sum()), "user": used.ru_utime - before.ru_utime,
+            "sys": used.ru_stime - before.ru_stime, "faults": used.ru_minflt - before.ru_minflt}
 
 
 def forget_bytecode() -> None:
@@ -111,6 +115,8 @@ def main(argv=None) -> None:
           f"themselves {warm['probes']:.1f} s of worker time over {args.jobs} jobs "
           f"({warm['probes'] / args.jobs / warm['wall']:.0%}); reports {warm['reports']:.1f} s "
           f"({warm['reports'] / warm['wall']:.0%}); interpreter start and case preparation the rest")
+    print(f"  CPU over all its processes: user {warm['user']:.1f} s, sys {warm['sys']:.1f} s, "
+          f"{warm['faults'] / warm['cases']:,.0f} page faults a case")
     print(f"first run after install: {first['wall']:.1f} s, {first['wall'] / warm['wall']:.2f}x the warm run "
           f"(target {FIRST_RUN_TARGET:.1f}x); its reports {first['reports']:.1f} s")
     cases = build_cases(kvref.GENERATIONS, load_matrix(DEFAULT_MATRIX))

@@ -127,6 +127,10 @@ def _watch(pid: int, out_r: int, err_r: int, said_r: int, conn: socket.socket, t
                     message = conn.recv(MESSAGE_BYTES)
                     if message:
                         returncode = json.loads(message)["returncode"]
+                        # The worker has exited: what it started and left holding its pipes goes now,
+                        # and the pipes are read to their end.
+                        kill_group(pid)
+                        deadline = min(deadline, time.monotonic() + DRAIN_SECONDS)
                     selector.unregister(conn)
                 else:
                     data = os.read(key.fd, 65536)
@@ -202,6 +206,8 @@ def run_watched(command: list[str], text: str, limit: float, env: dict | None = 
     finally:
         os.close(said_w)
     reader.start()
+    # Once the worker has exited, what it started (and left holding its pipes) goes too.
+    threading.Thread(target=_kill_group_after, args=(proc,), daemon=True).start()
     with live(proc.pid):
         try:
             out, err = proc.communicate(f"{token}\n{text}", timeout=limit)
@@ -213,6 +219,15 @@ def run_watched(command: list[str], text: str, limit: float, env: dict | None = 
     kill_group(proc.pid)
     reader.join(DRAIN_SECONDS)  # the group is gone: every holder of the channel has closed it
     return Ran(proc.returncode, out, err, killed, Heard.parse(b"".join(said), token))
+
+
+def _kill_group_after(proc: subprocess.Popen) -> None:
+    """Kill the process group `proc` leads once `proc` has exited."""
+    try:
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: its pid is not reused yet
+    except ChildProcessError:  # reaped already: run_watched kills its group itself
+        return
+    kill_group(proc.pid)
 
 
 def _drain(fd: int, into: list[bytes]) -> None:

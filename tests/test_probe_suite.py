@@ -20,3 +20,13 @@ SEED_CASES = build_cases(["tpu7x"], SEED, probes=tuple(PROBES))
 def test_reference_earns_its_prediction(case):
     result = run_case(case)
     assert prediction(case).admits(result.outcome.verdict), result.outcome.detail
+
+
+def test_one_kind_of_a_probe_is_chosen_as_probe_slash_kind():
+    cases = build_cases(["v5e"], [], probes=("release_order/save_in_flight", "release_order/manager_first",
+                                             "bad_input"))
+    kinds = {(c.probe, c.kind) for c in cases}
+    assert {k for p, k in kinds if p == "release_order"} == {"save_in_flight", "manager_first"}
+    assert {k for p, k in kinds if p == "bad_input"} == set(PROBES["bad_input"].kinds)
+    every = build_cases(["v5e"], [], probes=("release_order/save_in_flight", "release_order"))
+    assert {c.kind for c in every} == set(PROBES["release_order"].kinds)

@@ -15,7 +15,7 @@ import kvref
 from kvref import GENERATIONS
 from kvref.generations import check_generation
 from probes.suite.cases import PROBE_SECONDS
-from probes.suite.matrix import DEFAULT_MATRIX
+from probes.suite.matrix import DEFAULT_MATRIX, names_a_case_kind
 from probes.suite.registry import DEFAULT_PROBES, PROBES
 
 
@@ -64,10 +64,10 @@ def probes(value: str) -> list[str]:
     if value == "all":
         return list(PROBES)
     names = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = sorted(set(names) - set(PROBES))
+    unknown = sorted(name for name in names if not names_a_case_kind(name))
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"unknown probe(s) {unknown or value!r}; expected any of "
-                                         f"{', '.join(PROBES)}")
+                                         f"{', '.join(PROBES)}, or probe/kind for one kind of one")
     return names
 
 

@@ -108,7 +108,7 @@ def _read_matrix(path: Path) -> list[MatrixRow]:
     return rows
 
 
-def _names_a_case_kind(name: str) -> bool:
+def names_a_case_kind(name: str) -> bool:
     """A probe's name, or probe/kind for one kind of a robustness probe."""
     probe, _, kind = name.partition("/")
     return probe in PROBES and (not kind or kind in PROBES[probe].kinds)
@@ -139,6 +139,18 @@ def makes(declared, probe_name: str, kind: str = "") -> bool:
             and (kind not in p.mesh_kinds or declared.shards))
 
 
+def chosen_kinds(probes) -> dict[str, set[str]]:
+    """Probe names (or probe/kind for one kind of a robustness probe) as
+    {probe: the kinds chosen}, an empty set for every kind."""
+    chosen: dict[str, set[str]] = {}
+    for entry in probes:
+        name, _, kind = entry.partition("/")
+        if name in chosen and not chosen[name]:
+            continue  # every kind already
+        chosen[name] = (chosen.get(name, set()) | {kind}) if kind else set()
+    return chosen
+
+
 def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut="kvref-sim",
                 faults: kvref.Faults = kvref.Faults(), timeout=PROBE_SECONDS, devices: int | None = None) -> list[Case]:
     """Per generation and per way the IUT's manager is built (its library's
@@ -148,11 +160,12 @@ def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut
     `devices`: how many the IUT's device has (None: as many as asked), so no
     case is made whose caches need more."""
     declared = declared_iut(iut)
-    unknown = sorted(name for name in dict(declared.not_applicable) if not _names_a_case_kind(name))
+    unknown = sorted(name for name in dict(declared.not_applicable) if not names_a_case_kind(name))
     if unknown:
         raise ValueError(f"{iut} declares unknown probe(s) {unknown} not applicable; probes are "
                          f"{', '.join(PROBES)}, a kind of one written probe/kind")
-    probes = [p for p in probes if applies(declared, p)]
+    kinds_of = chosen_kinds(probes)
+    probes = [p for p in kinds_of if applies(declared, p)]
     cases = []
     for gen in generations:
         for options in declared.library.OPTION_SETS:
@@ -168,7 +181,7 @@ def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut
                         or (devices is not None and p.devices > devices):
                     continue
                 for kind in p.kinds or ("",):
-                    if not makes(declared, name, kind):
+                    if not makes(declared, name, kind) or (kinds_of[name] and kind not in kinds_of[name]):
                         continue
                     cases.append(Case(name, gen, iut, f"{name}-{kind}" if kind else name, p.subject,
                                       kind=kind, **common))

@@ -108,6 +108,7 @@ class KVCacheManager:
         self.slice_policy = settings.slice_policy
         self._placements = placements
         self._up_to_date_lock = threading.RLock()
+        self._moves = 0  # views followed to a donating step's output so far
         self._staging_mover = None
         self._staging_blocks = settings.pull_slots * settings.pull_slot_blocks
         staging = Staging(_weak(self._pull_mover), _weak(self._bring_up_to_date), settings.pull_slots,
@@ -312,8 +313,10 @@ class KVCacheManager:
             future.wait_landed()
         return future
 
-    def _bring_up_to_date(self) -> None:
-        """Every view holds its array's current storage (check_live)."""
+    def _bring_up_to_date(self) -> int:
+        """Every view holds its array's current storage (check_live). Returns
+        how often a view has moved so far: where it grew between two calls, a
+        donating step took the caches in between (and has ended by now)."""
         with self._up_to_date_lock:  # pulls' threads call this too
             for i, layer in enumerate(self._views):
                 for s, view in enumerate(layer):
@@ -326,6 +329,8 @@ class KVCacheManager:
                         if self._staging_mover is not None:
                             self._staging_mover = self._staging_mover.with_shard(i, s, live.region)
                         layer[s] = live
+                        self._moves += 1
+            return self._moves
 
 
 def _closer(listener: Listener | None, pulls: PullService, host_transfers: HostTransfers,

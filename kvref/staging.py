@@ -83,9 +83,23 @@ class Staging:
         self._free.put(base // self.slot_blocks)
 
     def _copy(self, direction: _core.Direction, piece: list[int], base: int, deadline: float) -> None:
-        self._bring_up_to_date()
+        moves = self._bring_up_to_date()
         device = np.asarray(piece, dtype=np.int64)
         host = np.arange(base, base + len(piece), dtype=np.int64)
         src, dst = (device, host) if direction == _core.Direction.DEVICE_TO_HOST else (host, device)
-        core = self._mover().copy(direction, src, dst, np.ones_like(device))
-        TransferFuture(core).result(timeout=max(0.001, deadline - time.monotonic()))
+        while True:
+            core = self._mover().copy(direction, src, dst, np.ones_like(device))
+            TransferFuture(core).result(timeout=max(0.001, deadline - time.monotonic()))
+            if direction == _core.Direction.DEVICE_TO_HOST:
+                return
+            # A pull writes from its own thread, which the serving thread's steps do not wait
+            # for: a step dispatched since `moves` was read took the caches while they were
+            # written, and may have written back what they held before (a JAX CPU step copies
+            # the whole cache through it). bring_up_to_date waits for that step; write again.
+            again = self._bring_up_to_date()
+            if again == moves:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError("the pull's blocks were written again after each of the steps that took "
+                                   "the caches meanwhile, until its timeout")
+            moves = again

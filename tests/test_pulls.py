@@ -388,7 +388,8 @@ def test_calls_beyond_the_listeners_threads_are_refused_at_once_and_a_request_id
             codes.append("open")
         except grpc.RpcError as e:
             codes.append(e.code())
-    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 4 and codes[:SERVER_THREADS] == ["open"] * SERVER_THREADS, codes
+    # Which calls the server takes first is its own affair (on a loaded machine, not the order they were made).
+    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 4 and codes.count("open") == SERVER_THREADS, codes
     for channel, _ in held:
         channel.close()
     with pytest.raises(ValueError, match=f"req_id must be at most {REQ_ID_BYTES} bytes"):

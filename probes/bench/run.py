@@ -3,7 +3,7 @@
 the runner, of the probes inside it and of the reports; the first run after
 install (the project's bytecode not yet compiled, no layout cache, reports
 written into a copy of the committed ones, as on a fresh clone) against a
-warm one; and
+warm one, and a run into a new folder; and
 what a case costs beyond its probe (fork, watch, exit) against the 25 ms
 target, beside the start-up of a fresh worker interpreter and a fresh
 interpreter's import of kvref against the 0.3 s target."""
@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 import kvref
+from probes.report import drawn
 from probes.report.results import latest_run, read_run
 from probes.run.probe_case import run_case_here
 from probes.run.runner import run_case
@@ -33,6 +34,7 @@ from probes.suite.matrix import DEFAULT_MATRIX, build_cases, load_matrix
 TARGET_SECONDS = 15.0
 FIRST_RUN_TARGET = 1.2  # the first run after install, against a warm one
 OVERHEAD_TARGET_MS = 25.0
+REPORTS_TARGET = 2.0  # seconds, also into a new folder
 SAMPLES = 15
 REPO = Path(__file__).resolve().parents[2]
 TIMES = re.compile(r"(\d+) cases in ([\d.]+) s \(runner ([\d.]+) s, reports ([\d.]+) s\)")
@@ -105,9 +107,13 @@ def main(argv=None) -> None:
         out = Path(tmp) / "reports"
         shutil.copytree(REPO / "reports", out, ignore=shutil.ignore_patterns("runs"))
         forget_bytecode()
-        # As on a new machine: no layout compiled live before (kvref.oracle.cache) either.
-        first = user_run(out, args.jobs, {**os.environ, "KVREF_CACHE_DIR": str(Path(tmp) / "layout-cache")})
-        warm = user_run(out, args.jobs)
+        # As on a new machine: no layout compiled live before (kvref.oracle.cache), and no
+        # picture drawn before (probes.report.drawn) but the clone's committed ones, either.
+        fresh = {**os.environ, "KVREF_CACHE_DIR": str(Path(tmp) / "layout-cache"),
+                 drawn.PICTURES_VARIABLE: str(Path(tmp) / "pictures")}
+        first = user_run(out, args.jobs, fresh)
+        warm = user_run(out, args.jobs, fresh)
+        elsewhere = user_run(Path(tmp) / "new-folder", args.jobs, fresh)  # every picture written anew
     print(f"main job, as a user runs it: {warm['cases']} cases on {len(kvref.GENERATIONS)} generations with "
           f"{args.jobs} jobs in {warm['wall']:.1f} s ({warm['wall'] / TARGET_SECONDS:.2f}x the "
           f"{TARGET_SECONDS:.0f} s target); {warm['cases'] / warm['wall']:.1f} cases/s")
@@ -119,6 +125,8 @@ def main(argv=None) -> None:
           f"{warm['faults'] / warm['cases']:,.0f} page faults a case")
     print(f"first run after install: {first['wall']:.1f} s, {first['wall'] / warm['wall']:.2f}x the warm run "
           f"(target {FIRST_RUN_TARGET:.1f}x); its reports {first['reports']:.1f} s")
+    print(f"into a new folder: {elsewhere['wall']:.1f} s, its reports {elsewhere['reports']:.1f} s "
+          f"(target {REPORTS_TARGET:.0f} s)")
     cases = build_cases(kvref.GENERATIONS, load_matrix(DEFAULT_MATRIX))
     overhead = per_case_overhead_ms(cases)
     print(f"per-case overhead: {overhead:.0f} ms ({overhead / OVERHEAD_TARGET_MS:.2f}x the "

@@ -115,6 +115,15 @@ void bind_device(nb::module_& m) {
            },
            nb::arg("layout"), nb::arg("logical"), nb::arg("itemsize"), nb::arg("defer"),
            nb::arg("run_us") = 0, nb::arg("until_needed") = false, "An in-place device op writing new contents.")
+      .def("zero",
+           [](DeviceBuffer& b, bool defer) {
+             DeviceBuffer::Op op = [bytes = b.size()](uint8_t* dst) {
+               if (bytes) std::memset(dst, 0, static_cast<size_t>(bytes));
+             };
+             if (defer) b.defer(std::move(op));
+             else b.launch(std::move(op), BufferState::kExecuting);
+           },
+           nb::arg("defer"), "An in-place device op writing zeros over every byte, padding too.")
       .def_prop_ro("state", &DeviceBuffer::state)
       .def_prop_ro("size", &DeviceBuffer::size)
       .def("materialize", &DeviceBuffer::materialize)

@@ -119,6 +119,11 @@ class DeviceArray:
         return self
 
     def fill_(self, value) -> "DeviceArray":
+        if not np.full((), value, dtype=self.shape.element.numpy).tobytes().strip(b"\0"):
+            # Every byte zero, as pack leaves padding: the buffer's bytes are written directly.
+            self._check_live()
+            self._buffer.zero(self.device.deferring)
+            return self
         return self.write_(np.full(self.dims, value, dtype=self.shape.element.numpy))
 
     def fail_dma_in(self, start: int, end: int) -> None:

@@ -305,3 +305,18 @@ def test_a_producer_killed_before_its_pull_moved_anything_says_so(monkeypatch):
     monkeypatch.setattr(pull_failures, "KILL_WAIT_S", 0.05)
     assert pull_failures._until_under_way(loopback_bytes() + 1e18) is False
     assert pull_failures._until_under_way(0) is True
+
+
+@pytest.mark.parametrize("rows, dtype", [(1, np.uint8), (7, np.float32), (300, np.uint16), (129, np.int8)])
+def test_a_round_trip_is_judged_row_by_row_as_against_the_whole_expected_copy(rows, dtype):
+    from probes.suite.permutations import expected_after, moving_permutations, wrong_after, wrong_rows
+
+    rng = np.random.default_rng(rows)
+    host = rng.integers(0, 100, size=(rows, 3, 40)).astype(dtype)
+    perm_a, perm_b = moving_permutations(rows, rows)
+    got = expected_after(host, perm_a, perm_b)
+    assert not wrong_after(got, host, perm_a, perm_b).any()
+    broken = rng.choice(rows, max(1, rows // 5), replace=False)
+    got[broken, 1, 7] += 1
+    assert (wrong_after(got, host, perm_a, perm_b) == wrong_rows(got, expected_after(host, perm_a, perm_b))).all()
+    assert set(np.flatnonzero(wrong_after(got, host, perm_a, perm_b))) == set(broken)

@@ -202,3 +202,20 @@ def test_op_recorded_while_another_runs_stays_deferred():
     with pytest.raises(TimeoutError, match="DEFERRED"):
         a.await_buffer(timeout=0.5)  # the put landed; the recorded op has not run
     assert dev.fetch(a)[0, 0] == 9
+
+
+@pytest.mark.parametrize("dtype, dims", [("bf16", (512, 1, 576)), ("s8", (5, 7, 9)), ("f32", (64, 3, 128))])
+def test_filling_with_zeros_leaves_the_bytes_writing_zeros_leaves(dtype, dims):
+    """fill_ with a value whose bytes are all zero writes the buffer's bytes
+    directly: the same physical bytes, padding included, as packing zeros,
+    and recorded like any op under defer_and_fuse."""
+    dev = kvref.SimDevice("v5e")
+    numpy_type = kvref.element_type(dtype).numpy
+    filled, written = (dev.put(random_host(kvref.ShapeKey(dtype, dims), seed)) for seed in (1, 2))
+    with dev.defer_and_fuse():
+        filled.fill_(0)
+    assert filled.state == BufferState.DEFERRED
+    written.write_(np.zeros(dims, numpy_type))
+    dev.sync()
+    assert np.asarray(filled.physical_bytes()).tobytes() == np.asarray(written.physical_bytes()).tobytes()
+    assert not dev.fetch(filled).view(np.uint8).any()

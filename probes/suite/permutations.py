@@ -40,6 +40,17 @@ def expected_after(host: np.ndarray, perm_a, perm_b) -> np.ndarray:
     return out
 
 
+def wrong_after(got: np.ndarray, host: np.ndarray, perm_a, perm_b) -> np.ndarray:
+    """Per dim-0 row of `got`, whether it differs from what the device holds
+    after d2h in perm_a and h2d into perm_b (expected_after), compared row
+    by row in place, without making that copy."""
+    have, had = _words(_byte_rows(got)), _words(_byte_rows(host))
+    wrong = np.zeros(len(got), dtype=bool)
+    for came_from, into in zip(perm_a.tolist(), perm_b.tolist()):
+        wrong[into] = not np.array_equal(have[into], had[came_from])
+    return wrong
+
+
 def _byte_rows(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array).reshape(len(array), -1).view(np.uint8)
 

@@ -11,7 +11,7 @@ import kvref
 from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
 from probes.suite import sharded
-from probes.suite.permutations import expected_after, has_equal_rows, moving_permutations, wrong_rows
+from probes.suite.permutations import has_equal_rows, moving_permutations, wrong_after
 from probes.suite.refusals import refused
 from probes.suite.verdicts import CORRUPT, ERROR, PASS, Outcome
 
@@ -69,7 +69,7 @@ def permuted_round_trip(iut: Adapter, manager, caches, hosts, seed: int, fetch=N
     bytes_moved = 2 * rows * sum(manager.layer_bytes_per_block) * manager.num_shards
     for layer, (cache, host) in enumerate(zip(caches, hosts)):
         got = fetch(layer) if fetch else iut.fetch(cache)
-        wrong = wrong_rows(got, expected_after(host, perm_a, perm_b))
+        wrong = wrong_after(got, host, perm_a, perm_b)
         if wrong.any():
             return Outcome(CORRUPT, f"layer {layer}: {int(wrong.sum())} of {rows} rows differ after a "
                            f"permuted round trip (first: row {int(np.argmax(wrong))})",

@@ -3,6 +3,7 @@ of a generation as Arrays."""
 
 from __future__ import annotations
 
+import functools
 import os
 from importlib import metadata
 
@@ -26,6 +27,12 @@ def tpu_layout_of(generation: str, key: kvref.ShapeKey,
     return answer.shape, f"{answer.source} ({answer.versions})"
 
 
+@functools.cache
+def _installed(distribution: str) -> str:
+    """An installed distribution's version (reading its metadata costs milliseconds a case)."""
+    return metadata.version(distribution)
+
+
 class KvrefLibrary:
     """kvref.KVCacheManager with the case's fault models switched on."""
 
@@ -40,7 +47,7 @@ class KvrefLibrary:
 
     @property
     def version(self) -> str:
-        return metadata.version(self.distribution)
+        return _installed(self.distribution)
 
     def skip_reason(self) -> str | None:
         return None
@@ -226,3 +233,6 @@ class SimArrays:
     def hold_copies(self, cache, seconds, until_step=False):
         cache.hold_next_dma(int(seconds * 1e6), until_next_op=until_step)
         return True
+
+
+_installed(KvrefLibrary.distribution)  # read where this module is imported: a zygote's workers find it read

@@ -132,6 +132,7 @@ void bind_device(nb::module_& m) {
       .def("await_", &DeviceBuffer::await, nb::arg("timeout_s") = -1.0)
       .def("fail_dma_in", &DeviceBuffer::fail_dma_in, nb::arg("start"), nb::arg("end"))
       .def("hold_next_dma", &DeviceBuffer::hold_next_dma, nb::arg("delay_us"), nb::arg("until_next_op"))
+      .def("release_dma_hold", &DeviceBuffer::release_dma_hold)
       .def("read_physical",
            [](DeviceBuffer& b, Bytes out) {
              check_size("output", out.size(), b.size());

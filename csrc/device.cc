@@ -252,6 +252,16 @@ void DeviceBuffer::hold_next_dma(int64_t delay_us, bool until_next_op) {
   hold_ops_ = ops_placed_;
 }
 
+void DeviceBuffer::release_dma_hold() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_us_ = 0;  // a hold not yet met by a copy
+    hold_until_op_ = false;
+    ++releases_;   // and one a copy waits in
+  }
+  cv_.notify_all();
+}
+
 void DeviceBuffer::begin_dma(bool write) {
   std::lock_guard<std::mutex> lock(mu_);
   if (state_ != BufferState::kMaterialized)
@@ -291,11 +301,11 @@ void DeviceBuffer::check_dma(int64_t offset, int64_t size, const char* what, boo
     std::swap(delay_us, hold_us_);
     if (delay_us) {
       const bool until_op = std::exchange(hold_until_op_, false);
-      const int64_t placed = hold_ops_;
+      const int64_t placed = hold_ops_, released = releases_;
       std::optional<SimDevice::Waiting> waiting;
       if (until_op) waiting.emplace(*device_);  // it waits for an op: a gated one computes no longer
       cv_.wait_for(lock, std::chrono::microseconds(delay_us),
-                   [&] { return until_op && ops_placed_ > placed; });
+                   [&] { return (until_op && ops_placed_ > placed) || releases_ > released; });
     }
   }
   device_->before_dma(what);

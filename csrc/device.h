@@ -149,6 +149,9 @@ class DeviceBuffer : public std::enable_shared_from_this<DeviceBuffer> {
   // waits for the copies issued before it, or it has run), at most `delay_us`:
   // a window that opens and closes on events, not on the machine's speed.
   void hold_next_dma(int64_t delay_us, bool until_next_op = false);
+  // Ends the hold now, whether its copy is waiting in it or yet to come: a
+  // window a caller closes when it has seen what it held open.
+  void release_dma_hold();
 
   // Program order between copies and ops: a copy issued before an op is
   // launched is registered here (the buffer must be MATERIALIZED then), and
@@ -178,6 +181,7 @@ class DeviceBuffer : public std::enable_shared_from_this<DeviceBuffer> {
   bool hold_until_op_ = false;
   int64_t ops_placed_ = 0;  // ops that have waited for earlier copies or run past them
   int64_t hold_ops_ = 0;    // ops_placed_ when the hold was set
+  int64_t releases_ = 0;    // release_dma_hold calls
 };
 
 }  // namespace kvref

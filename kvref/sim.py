@@ -139,6 +139,11 @@ class DeviceArray:
         whatever the machine's load."""
         self._buffer.hold_next_dma(integer(delay_us, "delay_us", 0), flag(until_next_op, "until_next_op"))
 
+    def release_dma_hold(self) -> None:
+        """End the hold of hold_next_dma now, whether its copy waits in it or
+        is yet to come: a window its caller closes once it has looked."""
+        self._buffer.release_dma_hold()
+
     def physical_bytes(self) -> np.ndarray:
         """A copy of the physical bytes (materialized arrays only)."""
         out = np.empty(self.nbytes, np.uint8)

@@ -105,9 +105,12 @@ def test_a_bad_unlock_is_refused_and_unlocks_nothing(dev, ids, message):
     assert states(m, 3) == ["CACHED", "SAVED", "SAVED"]
 
 
+HELD_US = 60_000_000  # a copy held until the test has looked (release_dma_hold), on any machine
+
+
 def test_a_save_in_flight_cannot_be_unlocked_and_its_chunk_is_never_handed_out(dev):
     m, cache, host = manager(dev, chunks=2)
-    cache.hold_next_dma(300_000)
+    cache.hold_next_dma(HELD_US)
     (chunk,), future = m.d2h_auto_allocate([4])
     assert m.chunk_state(chunk) == kvref.ChunkState.SAVING
     with pytest.raises(ValueError, match="still being saved"):
@@ -117,6 +120,7 @@ def test_a_save_in_flight_cannot_be_unlocked_and_its_chunk_is_never_handed_out(d
     assert other == [1]
     with pytest.raises(kvref.HostPoolExhausted):
         m.d2h_auto_allocate([6])
+    cache.release_dma_hold()
     f.result()
     deadline = time.monotonic() + 10
     while m.chunk_state(chunk) == kvref.ChunkState.SAVING and time.monotonic() < deadline:
@@ -149,11 +153,12 @@ def test_a_plain_d2h_into_a_locked_chunk_is_refused(dev):
 
 def test_a_chunk_a_plain_d2h_is_writing_is_not_handed_out(dev):
     m, cache, host = manager(dev, chunks=2)
-    cache.hold_next_dma(300_000)
+    cache.hold_next_dma(HELD_US)
     f = m.d2h([3], [0])
     assert m.chunk_state(0) == kvref.ChunkState.WRITING
     chunks, g = m.d2h_auto_allocate([4])
     assert chunks == [1]
+    cache.release_dma_hold()
     f.result()
     g.result()
     assert m.read_block_bytes(0, 0) == block(host, 3)
@@ -184,9 +189,10 @@ def test_eight_threads_never_share_a_locked_chunk(dev):
 
 def test_an_h2d_from_a_chunk_whose_save_is_in_flight_reads_what_the_save_writes(dev):
     m, cache, host = manager(dev)
-    cache.hold_next_dma(300_000)
+    cache.hold_next_dma(HELD_US)
     chunks, save = m.d2h_auto_allocate([7])
-    load = m.h2d(chunks, [20])
+    load = m.h2d(chunks, [20])  # issued while the save is held in flight
+    cache.release_dma_hold()
     load.result()
     save.result()
     assert np.array_equal(dev.fetch(cache)[20], host[7])
@@ -202,7 +208,7 @@ def test_an_unawaited_h2d_is_seen_by_the_next_read_of_the_device(dev):
 
 def test_an_op_issued_after_a_d2h_waits_for_its_copies(dev):
     m, cache, host = manager(dev)
-    cache.hold_next_dma(300_000)
+    cache.hold_next_dma(HELD_US, until_next_op=True)  # until the op below has taken its place
     future = m.d2h([4], [1])
     cache.write_(np.zeros(SHAPE, np.float32))
     future.result()
@@ -246,9 +252,11 @@ def test_settings_that_mean_nothing_are_refused_by_name(dev, setting, value, mes
 
 def test_a_manager_timeout_bounds_a_wait_on_its_future(dev):
     m, cache, _ = manager(dev, timeout_s=0.05, parallelism=1)
-    cache.hold_next_dma(500_000)
+    cache.hold_next_dma(HELD_US)
+    future = m.d2h([0], [0])
     with pytest.raises(TimeoutError):
-        m.d2h([0], [0]).result()
+        future.result()
+    cache.release_dma_hold()
 
 
 def test_exit_with_a_save_in_flight_is_clean():

@@ -219,3 +219,21 @@ def test_filling_with_zeros_leaves_the_bytes_writing_zeros_leaves(dtype, dims):
     dev.sync()
     assert np.asarray(filled.physical_bytes()).tobytes() == np.asarray(written.physical_bytes()).tobytes()
     assert not dev.fetch(filled).view(np.uint8).any()
+
+
+def test_a_held_copy_is_let_go_when_its_hold_is_released():
+    """A window a test opens and closes itself: the copy held (far longer
+    than the waits below) ends once released, whether it was waiting in the
+    hold or came after the release."""
+    dev = kvref.SimDevice("v5e")
+    cache = dev.put(np.ones((64, 8, 128), np.float32))
+    cache.await_buffer()
+    m = kvref.KVCacheManager([cache], 4)
+    cache.hold_next_dma(BOUND_US)
+    held = m.d2h([0], [0])
+    assert not held.done()
+    cache.release_dma_hold()
+    held.result(timeout=30)
+    cache.hold_next_dma(BOUND_US)
+    cache.release_dma_hold()
+    m.d2h([1], [1]).result(timeout=30)

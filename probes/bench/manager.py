@@ -10,7 +10,7 @@ import argparse
 import numpy as np
 
 import kvref
-from probes.bench.timing import best_seconds
+from probes.bench.timing import best_interleaved, best_seconds
 
 
 def manager_for(shape_text: str):
@@ -73,8 +73,7 @@ def auto_allocate(shape_text: str, repeats: int) -> None:
         future.result()
         m.unlock_blocks(chunks)
 
-    d2h = best_seconds(lambda: m.d2h(blocks, host).result(), repeats)
-    auto = best_seconds(save_and_unlock, repeats)
+    d2h, auto = best_interleaved([lambda: m.d2h(blocks, host).result(), save_and_unlock], repeats)
     per_chunk = max(0.0, auto - d2h) / rows
     print(f"{rows} blocks of {m.bytes_per_block // 1024} KiB ({shape_text}), best of {repeats}")
     print(f"  d2h                       {d2h * 1e3:7.3f} ms  (baseline)")
@@ -85,7 +84,7 @@ def auto_allocate(shape_text: str, repeats: int) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=50)
     args = parser.parse_args(argv)
     throughput("bf16[64,128,1024]{2,1,0:T(8,128)(2,1)}", args.repeats)  # 16 MiB: the copies stay in cache
     throughput("bf16[1024,128,1024]{2,1,0:T(8,128)(2,1)}", args.repeats)  # 256 MiB: more than any cache holds

@@ -13,3 +13,18 @@ def best_seconds(fn, repeats: int) -> float:
         fn()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def best_interleaved(fns, repeats: int) -> list[float]:
+    """The best of several runs of each of `fns`, taken in turn (a, b, a, b,
+    ...), so that the machine's drift falls on all of them alike."""
+    for fn in fns:
+        fn()  # warm up
+    best = [float("inf")] * len(fns)
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - start)
+    return best
+

@@ -1,9 +1,12 @@
 """kvprobe under misuse: every argument error is one line naming the
 argument or file and what was expected, exit 2, found before any case runs."""
 
+import pandas as pd
 import pytest
 
 from probes.run import cli
+from probes.suite.matrix import DEFAULT_MATRIX, build_cases, load_matrix
+from probes.suite.registry import PROBES
 
 
 def refused(capsys, *argv) -> str:
@@ -59,21 +62,22 @@ def test_ctrl_c_stops_the_run_at_once_and_keeps_what_finished(tmp_path):
     import sys
     import time
 
-    run = subprocess.Popen([sys.executable, "-m", "probes.run.cli", "run", "-g", "all", "--out", str(tmp_path)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Every probe: cases that wait out timeouts of their own, so the run is
+    # still going when the signal comes, however fast the machine.
+    command = [sys.executable, "-m", "probes.run.cli", "run", "-g", "v5e", "--probe", "all", "--out", str(tmp_path)]
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(8)  # past start-up: cases are running
-    stopped = time.monotonic()
     run.send_signal(signal.SIGINT)
     _, err = run.communicate(timeout=120)
-    took = time.monotonic() - stopped
     assert run.returncode == 130, err[-2000:]
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("kvprobe: interrupted"), err[-2000:]
-    assert took < 30, f"took {took:.1f}s to stop"  # about a second here; bounded loosely for a loaded machine
     runs = list(tmp_path.glob("*/runs/*.csv"))
     assert all(p.stem.endswith("-partial") for p in runs), runs
     if "finished cases kept" in lines[0]:
         assert runs
+    everything = len(build_cases(["v5e"], load_matrix(DEFAULT_MATRIX), tuple(PROBES)))
+    assert sum(len(pd.read_csv(p)) for p in runs) < everything  # the queued cases never started
 
 
 @pytest.mark.oracle

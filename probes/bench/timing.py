@@ -6,13 +6,7 @@ import time
 
 
 def best_seconds(fn, repeats: int) -> float:
-    fn()  # warm up: page faults and caches
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+    return best_interleaved([fn], repeats)[0]
 
 
 def best_interleaved(fns, repeats: int) -> list[float]:
@@ -27,4 +21,3 @@ def best_interleaved(fns, repeats: int) -> list[float]:
             fn()
             best[i] = min(best[i], time.perf_counter() - start)
     return best
-

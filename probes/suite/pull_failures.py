@@ -28,7 +28,7 @@ PULLED = 16  # blocks a refused request names
 DIES = "dies"  # what a side posts before it kills itself (probes.run.runner reads it)
 KILL_AT_SHARE = 0.25  # the producer dies once this share of the pull's bytes has crossed lo
 KILL_WAIT_S = 2.0  # or once this long has passed since the pull started
-KILLED_UNDER_WAY = "killed-under-way"  # what the producer posts before it dies: whether the pull was
+KILLED_UNDER_WAY = "killed-under-way"  # what the producer posts before it dies: whether the pull was under way
 # A pull big enough to be in flight when its producer dies: 16 MiB a layer.
 LARGE = kvref.ShapeKey(SUBJECT.dtype, (SUBJECT.dims[0], SUBJECT.dims[1], SUBJECT.dims[2] * 4))
 

@@ -146,10 +146,20 @@ def _aliased_output(view: DeviceBufferView):
             continue
         for shard in candidate.addressable_shards:
             part = shard.data
-            if (shard.device == view.device and part.unsafe_buffer_pointer() == view.address
-                    and _jax_shape(part) == view.shape):
+            if shard.device == view.device and _address(part) == view.address and _jax_shape(part) == view.shape:
                 return part
     return None
+
+
+def _address(part) -> int | None:
+    """Where a live array's buffer is; None for one donated or deleted by
+    another thread since it was listed (a serving thread's next step)."""
+    try:
+        return part.unsafe_buffer_pointer()
+    except Exception:  # noqa: BLE001 (jax raises its runtime error for a deleted buffer)
+        if part.is_deleted():
+            return None
+        raise
 
 
 def _materialize_and_await(array: DeviceArray, faults: Faults) -> None:

@@ -115,6 +115,19 @@ def test_the_manager_follows_jax_arrays_through_in_place_donations_and_refuses_d
     assert len(copies) == 2
 
 
+def test_an_array_donated_by_another_thread_while_outputs_are_searched_is_passed_over():
+    # Found by the real connectors: a serving thread's next step donated a listed live array
+    # between the search's is_deleted() and its buffer pointer; the pull failed with JAX's error.
+    import jax
+
+    from kvref.buffers import _address
+
+    listed = jax.jit(lambda x: x.copy())(jax.device_put(contents(0)))
+    assert _address(listed) == listed.unsafe_buffer_pointer()
+    listed.delete()
+    assert _address(listed) is None
+
+
 def test_the_refused_donation_fault_refuses_an_aliased_output():
     device = kvref.SimDevice("v5e")
     cache = device.put(contents(0))

@@ -66,9 +66,12 @@ def run_driver(command: list[str], out: Path) -> dict:
     return json.loads(out.read_text())
 
 
+SAID_COUNTS = ("pulls_unsettled", "unsettled_reasons", "drain_ended")  # what says why a pull did not settle
+
+
 def described(case: dict) -> str:
     """A case in a few lines: outcome, counts, the first exception, mismatch and error logged."""
-    counts = {k: v for k, v in case.get("counts", {}).items() if isinstance(v, int) or k == "pulls_unsettled"}
+    counts = {k: v for k, v in case.get("counts", {}).items() if isinstance(v, int) or k in SAID_COUNTS}
     said = [f"{case['case']}: {case.get('outcome')}, {case.get('mismatches')} mismatches, "
             f"{case.get('logged_errors')} errors logged; {counts}"]
     said += [f"  {e['type']} at {e.get('where')}: {e['message'][:400]}" for e in case.get("exceptions", [])[:1]]

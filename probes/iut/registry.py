@@ -80,9 +80,19 @@ def checked(declared, where: str) -> IUT:
 IMPORT_SECONDS = 60.0  # for an outside IUT's module to import in its own process
 VETTED_VARIABLE = "KVPROBE_VETTED_IUTS"  # modules vetted by a parent, which its workers need not vet again
 VETTED_MARK = "KVPROBE-VETTED"
+RAISED_MARK = "KVPROBE-RAISED"  # the vetting process's own account of what the import raised
+# A module that forks and then raises has two tracebacks on one stderr, their
+# lines interleaved: the exception is told on stdout, by the first process only.
 VET_SCRIPT = f"""
 import importlib, os, sys
-importlib.import_module(sys.argv[1])
+first = os.getpid()
+try:
+    importlib.import_module(sys.argv[1])
+except Exception as e:
+    if os.getpid() == first:
+        told = " ".join(f"{{type(e).__name__}}: {{e}}".split())
+        print({RAISED_MARK!r}, first, told, flush=True)
+    raise
 print({VETTED_MARK!r}, os.getpid(), flush=True)
 """
 
@@ -112,14 +122,17 @@ def vet_import(module_name: str, spec: str) -> None:
         raise IUTError(f"{spec}: module {module_name} did not finish importing in {IMPORT_SECONDS:.0f}s "
                        "(it hangs at import?)")
     marks = [line for line in out.splitlines() if line.startswith(VETTED_MARK)]
-    said = [line for line in out.splitlines() if line.strip() and not line.startswith(VETTED_MARK)]
+    raised = [line.split(None, 2)[-1] for line in out.splitlines()
+              if line.startswith(f"{RAISED_MARK} {proc.pid} ")]
+    said = [line for line in out.splitlines()
+            if line.strip() and not line.startswith((VETTED_MARK, RAISED_MARK))]
     last = (err.strip().splitlines() or [""])[-1]
     if said:  # before anything else: what it printed would reach kvprobe's output on any later import
         raise IUTError(f"{spec}: module {module_name} prints at import ({said[0][:80]!r}); an IUT's module must "
                        "import silently: kvprobe's output is read by tools")
-    if proc.returncode != 0 and "Traceback (most recent call last)" in err:
+    if proc.returncode != 0 and raised:
         # Never imported here: what ran before the exception (a fork, say) would run in kvprobe too.
-        raise IUTError(f"{spec}: module {module_name} does not import: {last[:300]}")
+        raise IUTError(f"{spec}: module {module_name} does not import: {raised[0][:300]}")
     if proc.returncode != 0:
         raise IUTError(f"{spec}: importing module {module_name} ended its process with status {proc.returncode}"
                        + (f": {last}" if last else " (os._exit or SystemExit at import?)"))

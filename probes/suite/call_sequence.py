@@ -26,6 +26,12 @@ def call_sequence(case: Case, iut: Adapter) -> Outcome:
     key = kvref.ShapeKey.parse(spec["shape"])
     pairs = iut.make_caches(key, [case.seed + i for i in range(spec["layers"])], spec["mode"], finite=True)
     caches = [c for c, _ in pairs]
+    if spec["mode"] != "deferred":
+        # Ready before the first call: a copy still landing would make the
+        # sequence's verdict depend on the machine's speed (the landing race
+        # has its own probes, which open its window on purpose).
+        for cache in caches:
+            iut.fetch(cache)
     try:
         manager = iut.manager(caches, spec["host_blocks"])
     except Exception as e:  # a clean refusal here is a finding too: these layouts are addressable

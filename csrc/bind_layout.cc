@@ -15,12 +15,6 @@ using kvref::TiledLayout;
 
 namespace {
 
-nb::ndarray<nb::numpy, int64_t> to_numpy(std::vector<int64_t> values) {
-  auto* data = new std::vector<int64_t>(std::move(values));
-  nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
-  return nb::ndarray<nb::numpy, int64_t>(data->data(), {data->size()}, owner);
-}
-
 int64_t logical_bytes(const TiledLayout& layout, int itemsize) {
   return kvref::checked_mul(layout.logical_elements(), itemsize, "logical byte count");
 }

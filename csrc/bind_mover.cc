@@ -93,6 +93,23 @@ kvref::DeviceRegion region_of_array(nb::object array) {
   return kvref::DeviceRegion{nullptr, data, size, python_owner(array)};
 }
 
+// A list of Python ints (exactly int: not bool, not NumPy scalars) that fit
+// in int64, as an int64 array; None for anything else, which
+// kvref.offsets.block_list checks one element at a time to name what is wrong.
+nb::object exact_int64s(nb::handle values) {
+  PyObject* list = values.ptr();
+  if (!PyList_Check(list)) return nb::none();
+  std::vector<int64_t> out(static_cast<size_t>(PyList_GET_SIZE(list)));
+  for (size_t i = 0; i < out.size(); ++i) {
+    PyObject* item = PyList_GET_ITEM(list, static_cast<Py_ssize_t>(i));
+    int overflow = 0;
+    if (!PyLong_CheckExact(item)) return nb::none();
+    out[i] = PyLong_AsLongLongAndOverflow(item, &overflow);
+    if (overflow) return nb::none();
+  }
+  return nb::cast(to_numpy(std::move(out)));
+}
+
 }  // namespace
 
 using kvref::BlockMover;
@@ -103,6 +120,8 @@ using kvref::TransferFuture;
 
 void bind_mover(nb::module_& m) {
   pthread_atfork(nullptr, nullptr, forget_releases_in_child);
+  m.def("exact_int64s", &exact_int64s, nb::arg("values"),
+        "A list of plain ints that fit in int64 as an int64 array, read at C speed; None otherwise.");
   m.def("keep_copy_pool_across_fork", &kvref::ThreadPool::keep_across_fork, nb::arg("kept"),
         "The fault model pool_kept_across_fork, for the whole process: a forked child keeps the "
         "parent's copy pool, without its threads.");

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 
+from kvref import _core
 from kvref.errors import NotAnInteger
 from kvref.values import INT64_MAX, integer
 
@@ -20,11 +21,10 @@ def block_list(values, name: str) -> np.ndarray:
     masked = sys.modules.get("numpy.ma")
     if masked is not None and isinstance(values, masked.MaskedArray):
         raise ValueError(f"{name} is a masked array; a block list has no masked entries: pass plain integers")
-    if isinstance(values, list) and set(map(type, values)) == {int}:  # bool and NumPy ints are not int
-        try:  # the common case, checked at C speed: plain ints that fit in int64
-            return np.array(values, dtype=np.int64)
-        except OverflowError:
-            pass  # named below
+    if isinstance(values, list):  # the common case, plain ints that fit in int64, checked at C speed
+        exact = _core.exact_int64s(values)
+        if exact is not None:
+            return exact
     if not isinstance(values, np.ndarray):
         checked = []
         for i, value in enumerate(values):

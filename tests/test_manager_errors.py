@@ -37,6 +37,9 @@ def snapshot(cache, m):
     (lambda m: m.h2d(3, [0]), ValueError, "src_offsets must be a list of block numbers"),
     (lambda m: m.h2d([True], [0]), ValueError, "src_offsets[0] must be an integer block number that fits in int64, got True"),
     (lambda m: m.d2h([31, True], [15, 11]), ValueError, "src_offsets[1] must be an integer block number"),
+    (lambda m: m.d2h([31, "1"], [15, 11]), ValueError, "src_offsets[1] must be an integer block number that fits in "
+     "int64, got '1'"),
+    (lambda m: m.d2h([31, -2**63 - 1], [15, 11]), ValueError, "got -9223372036854775809"),
     (lambda m: m.h2d(np.array([True]), [0]), ValueError, "src_offsets must hold integers, got bool"),
     (lambda m: m.d2h([2**63 - 1], [0]), ValueError,
      "device block range [9223372036854775807, 9223372036854775808) at index 0 is out of range"),

@@ -2,6 +2,7 @@
 process on loopback: what moves, what is refused and where, how failures
 settle, what a manager listens on, and the tpu-sync facade's form of it."""
 
+import itertools
 import math
 import os
 import socket
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 import kvref
+from kvref import _core
 from kvref.compat import tpu_sync
 from kvref.oracle import lookup
 from kvref.sim_mesh import SimMesh
@@ -425,3 +427,46 @@ def test_a_peer_that_posts_and_is_done_between_two_looks_is_heard(tmp_path, monk
         return seen
     monkeypatch.setattr(Rendezvous, "posted", posted)
     assert waiter.first("finished", seconds=5) == "finished"
+
+
+def test_a_pulls_write_undone_by_a_step_that_took_the_caches_meanwhile_is_written_again(device):
+    # A JAX CPU step dispatched while a pull's thread writes the cache copies the whole cache
+    # through a temporary and writes back what it read before. Here the first write is undone as
+    # that step would undo it, and the count of moved views grows: the blocks must be written again.
+    cs, hosts = caches(device, 0, keys=(KEY,))
+    manager = kvref.KVCacheManager(cs, 8)
+    staging = manager._pulls._staging
+    block = manager.layer_bytes_per_block[0]
+    blocks = [5, 9, 2]
+    received = {(0, part, i): bytes([17 * i + part + 1]) * block
+                for part in range(staging.layer_parts[0]) for i in range(len(blocks))}
+    writes = []
+
+    class StepDuringTheFirstWrite:
+        def __init__(self, mover):
+            self.mover = mover
+
+        def __getattr__(self, name):
+            return getattr(self.mover, name)
+
+        def copy(self, direction, *args):
+            done = self.mover.copy(direction, *args)
+            if direction == _core.Direction.HOST_TO_DEVICE:
+                writes.append(done)
+                if len(writes) == 1:
+                    done.wait()
+                    cs[0].write_(hosts[0])  # what the step wrote back
+            return done
+
+    mover = staging._mover
+    staging._mover = lambda: StepDuringTheFirstWrite(mover())
+    staging._bring_up_to_date = lambda: manager._bring_up_to_date() + (len(writes) >= 1)
+    staging.write(blocks, received, None, time.monotonic() + BOUND)
+    manager.d2h(blocks, [0, 1, 2]).result()
+    assert [manager.read_block_bytes(0, i) for i in range(3)] == [received[0, 0, i] for i in range(3)]
+    assert len(writes) == 2
+
+    moves = itertools.count()
+    staging._bring_up_to_date = lambda: next(moves)  # a step took them during every write
+    with pytest.raises(TimeoutError, match="written again after each of the steps"):
+        staging.write(blocks, received, None, time.monotonic() + 0.2)

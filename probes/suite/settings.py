@@ -10,6 +10,7 @@ from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
 from probes.suite.refusals import first_line
 from probes.suite.roundtrip import permuted_round_trip
+from probes.suite.thread_room import room_for_threads
 from probes.suite.verdicts import ERROR, PASS, REJECTED, Outcome
 
 # kind -> (setting, value, whether a manager may clamp it and go on)
@@ -32,15 +33,16 @@ def settings(case: Case, iut: Adapter) -> Outcome:
     name, value, may_clamp = SETTINGS[case.kind]
     pairs = iut.make_caches(case.shape, [case.seed, case.seed + 1])
     caches = [c for c, _ in pairs]
-    try:
-        manager = iut.manager(caches, case.shape.dims[0], **{name: value})
-    except Exception as e:  # judged below
-        if not iut.refuses(e):
-            raise
-        return Outcome(REJECTED, first_line(e))
-    if not may_clamp:
-        return Outcome(ERROR, f"{name}={value!r} was accepted silently")
-    outcome = permuted_round_trip(iut, manager, caches, [h for _, h in pairs], case.seed)
+    with room_for_threads():  # a thread per unit of a huge parallelism must not take the machine's ids
+        try:
+            manager = iut.manager(caches, case.shape.dims[0], **{name: value})
+        except Exception as e:  # judged below
+            if not iut.refuses(e):
+                raise
+            return Outcome(REJECTED, first_line(e))
+        if not may_clamp:
+            return Outcome(ERROR, f"{name}={value!r} was accepted silently")
+        outcome = permuted_round_trip(iut, manager, caches, [h for _, h in pairs], case.seed)
     if outcome.verdict == PASS:
         outcome.detail = f"{name}={value!r} taken (clamped); {outcome.detail}"
     return outcome

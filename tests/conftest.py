@@ -34,6 +34,19 @@ def pytest_configure(config):
     os.environ[drawn.PICTURES_VARIABLE] = tempfile.mkdtemp(prefix="kvprobe-pictures-")
 
 
+# The modules that take a minute or more, started first: `make test` hands a
+# module at a time to each of its workers (--dist loadfile), in this order, so
+# the short ones fill in beside them instead of one long module running alone
+# at the end.
+LONGEST_FIRST = ("test_peer.py", "test_probe_teeth.py", "test_outside_iuts.py", "test_xla.py",
+                 "test_tpu_vm_rehearsal.py", "test_probe_suite.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each module keeps its order
+
+
 def pytest_runtest_logreport(report):
     if "tpu" in report.keywords and (report.when == "call" or report.outcome != "passed"):
         HARDWARE_OUTCOMES[report.nodeid] = report.outcome

@@ -16,7 +16,7 @@ import kvref
 from kvref.compat import tpu_sync
 from kvref.sim_mesh import SimMesh
 from probes.suite.controller import StandinController
-from probes.suite.sockets import free_loopback_port
+from probes.iut.sockets import free_loopback_port
 
 SHAPE = (64, 16, 8, 128)  # (blocks, block size, kv heads x 2 / packing, head dim), f32: 64 KiB blocks
 CHUNKS = 32

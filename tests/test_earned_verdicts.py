@@ -300,7 +300,7 @@ def test_a_producer_killed_before_its_pull_moved_anything_says_so(monkeypatch):
     pull has crossed lo, or at a deadline; it tells its consumer which, and
     the consumer's PASS needs the first (else ERROR "nothing in flight")."""
     from probes.suite import pull_failures
-    from probes.suite.sockets import loopback_bytes
+    from probes.iut.sockets import loopback_bytes
 
     monkeypatch.setattr(pull_failures, "KILL_WAIT_S", 0.05)
     assert pull_failures._until_under_way(loopback_bytes() + 1e18) is False

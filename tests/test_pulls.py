@@ -18,7 +18,7 @@ from kvref import _core
 from kvref.compat import tpu_sync
 from kvref.oracle import lookup
 from kvref.sim_mesh import SimMesh
-from probes.suite.sockets import listeners
+from probes.iut.sockets import listeners
 
 KEY = kvref.ShapeKey("bf16", (64, 8, 256))
 HALF = kvref.ShapeKey("bf16", (64, 4, 256))

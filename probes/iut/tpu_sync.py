@@ -8,13 +8,13 @@ import gc
 import importlib
 import os
 import re
-import socket
 import zlib
 from importlib import metadata
 
 import numpy as np
 
 import kvref
+from probes.iut.sockets import free_loopback_port
 from probes.iut.standin_rails import multi_rail_switches
 from probes.iut.store_views import NativeStoreView
 
@@ -219,11 +219,7 @@ def pool_port(listen: bool) -> int:
     must serve pulls: one the loopback interface has free now, as a user
     names one, since the wrapper takes port 0 there as "listen nowhere"; 0
     where it need not listen."""
-    if not listen:
-        return 0
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return free_loopback_port() if listen else 0
 
 
 class SyncLibrary:

@@ -12,7 +12,7 @@ from probes.iut.adapter import Adapter
 from probes.iut.protocol import PortLibrary
 from probes.suite.cases import Case
 from probes.suite.pull_sides import PULL_TIMEOUT_S, SUBJECT
-from probes.suite.sockets import free_loopback_port, listening_ports
+from probes.iut.sockets import free_loopback_port, listening_ports
 from probes.suite.verdicts import ERROR, PASS, SKIP, Outcome
 
 PORT_KINDS = ("named_port", "port_of_a_manager", "port_held_elsewhere")

@@ -13,7 +13,7 @@ from probes.iut.adapter import Adapter
 from probes.iut.host_data import random_host
 from probes.suite.cases import Case
 from probes.suite.refusals import refused
-from probes.suite.verdicts import CORRUPT, ERROR, PASS, Outcome
+from probes.suite.verdicts import CORRUPT, ERROR, PASS, Outcome, nothing_in_flight
 
 LAYERS = 2
 SAVED = 8  # blocks saved while the step runs
@@ -135,14 +135,6 @@ def unawaited_transfers(case: Case, iut: Adapter) -> Outcome:
         return Outcome(ERROR, nothing_in_flight(overlapped, f"the first transfer had ended before {second}"))
     return Outcome(PASS, f"{what}: every block as program order says, {rounds} round(s), "
                    f"{sum(map(bool, overlapped))} with the first still in flight{_held(held)}")
-
-
-def nothing_in_flight(overlapped: list, why: str) -> str:
-    """The ERROR of a probe that could not see the overlap its property needs."""
-    if None in overlapped:
-        return ("nothing in flight confirmed: this library's transfer future cannot say whether it is "
-                "done without waiting (no done()), so the overlap the property needs went unseen")
-    return f"nothing in flight: {why}, in each of {len(overlapped)} round(s); the property was not exercised"
 
 
 def _moved(blocks: np.ndarray, targets: list[int]) -> np.ndarray:

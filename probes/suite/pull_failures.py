@@ -17,7 +17,7 @@ from probes.suite.cases import Case
 from probes.suite.pull_sides import (FAILING_TIMEOUT_S, PEER_WAIT_S, PROMPT_S, SETTLE_GRACE_S, SUBJECT,
                                      Side, endpoint_for, no_pulls, poll, pull_library, uuid_of)
 from probes.suite.refusals import first_line
-from probes.suite.sockets import free_loopback_port, listeners, loopback_bytes, socket_inodes
+from probes.iut.sockets import free_loopback_port, listeners, loopback_bytes, socket_inodes
 from probes.suite.verdicts import CORRUPT, ERROR, PASS, SKIP, Outcome
 
 REFUSAL_KINDS = ("lengths", "empty_endpoint", "local_out_of_range", "uuid_in_use", "register_out_of_range",

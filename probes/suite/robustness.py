@@ -13,10 +13,9 @@ import numpy as np
 import kvref
 from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
-from probes.suite.ordering import nothing_in_flight
 from probes.suite.refusals import first_line
 from probes.suite.threads import unfinished
-from probes.suite.verdicts import CORRUPT, ERROR, PASS, REJECTED, Outcome
+from probes.suite.verdicts import CORRUPT, ERROR, PASS, REJECTED, Outcome, nothing_in_flight
 
 # Bad input a manager must refuse without changing device or host bytes:
 # (direction, src, dst, sizes), in blocks; "rows"/"host" stand for the counts.

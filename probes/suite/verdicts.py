@@ -100,3 +100,13 @@ def both_sides(outcomes: dict[str, Outcome]) -> Outcome:
     return Outcome(worst.verdict, detail, host_bytes=last.host_bytes, bytes_moved=last.bytes_moved,
                    seconds=last.seconds, baseline_gbps=last.baseline_gbps, iut_version=last.iut_version or worst.iut_version,
                    backend=last.backend or worst.backend, device_kind=last.device_kind or worst.device_kind)
+
+
+def nothing_in_flight(overlapped: list, why: str) -> str:
+    """The detail of the ERROR of a probe that could not see the overlap its
+    property needs: `overlapped` holds, per round, whether it was seen (None:
+    the library cannot say without waiting)."""
+    if None in overlapped:
+        return ("nothing in flight confirmed: this library's transfer future cannot say whether it is "
+                "done without waiting (no done()), so the overlap the property needs went unseen")
+    return f"nothing in flight: {why}, in each of {len(overlapped)} round(s); the property was not exercised"

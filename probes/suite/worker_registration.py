@@ -17,7 +17,7 @@ from probes.suite.cases import Case
 from probes.suite.controller import StandinController
 from probes.suite.pull_sides import PULL_TIMEOUT_S, SUBJECT
 from probes.suite.pulls import HALF_HEADS
-from probes.suite.sockets import free_loopback_port, listening_ports
+from probes.iut.sockets import free_loopback_port, listening_ports
 from probes.suite.verdicts import ERROR, PASS, SKIP, Outcome
 
 WORKER_KINDS = ("no_controller", "registers", "named_worker_port", "second_worker_port", "controller_unreachable")

@@ -141,25 +141,30 @@ def _aliased_output(view: DeviceBufferView):
 
     # The output may be one device's array, or one shard of an array over a
     # mesh (a sharded cache's step output): each device's part is its own buffer.
+    # Another thread's step may donate any listed array while it is read:
+    # JAX then raises, or has no layout, part way, and that one is passed over.
     for candidate in jax.live_arrays(view.device.platform):
-        if candidate.is_deleted() or view.device not in candidate.devices():
-            continue
-        for shard in candidate.addressable_shards:
-            part = shard.data
-            if shard.device == view.device and _address(part) == view.address and _jax_shape(part) == view.shape:
-                return part
+        try:
+            part = _part_holding(candidate, view)
+        except Exception:  # noqa: BLE001 (whichever read found it gone)
+            if candidate.is_deleted():
+                continue
+            raise
+        if part is not None:
+            return part
     return None
 
 
-def _address(part) -> int | None:
-    """Where a live array's buffer is; None for one donated or deleted by
-    another thread since it was listed (a serving thread's next step)."""
-    try:
-        return part.unsafe_buffer_pointer()
-    except Exception:  # noqa: BLE001 (jax raises its runtime error for a deleted buffer)
-        if part.is_deleted():
-            return None
-        raise
+def _part_holding(candidate, view: DeviceBufferView):
+    """The one-device part of `candidate` whose buffer is the view's storage, laid out as it; None if none is."""
+    if candidate.is_deleted() or view.device not in candidate.devices():
+        return None
+    for shard in candidate.addressable_shards:
+        part = shard.data
+        if shard.device == view.device and part.unsafe_buffer_pointer() == view.address \
+                and _jax_shape(part) == view.shape:
+            return part
+    return None
 
 
 def _materialize_and_await(array: DeviceArray, faults: Faults) -> None:

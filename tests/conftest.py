@@ -34,16 +34,19 @@ def pytest_configure(config):
     os.environ[drawn.PICTURES_VARIABLE] = tempfile.mkdtemp(prefix="kvprobe-pictures-")
 
 
-# The modules that take a minute or more, started first: `make test` hands a
-# module at a time to each of its workers (--dist loadfile), in this order, so
-# the short ones fill in beside them instead of one long module running alone
-# at the end.
-LONGEST_FIRST = ("test_peer.py", "test_probe_teeth.py", "test_outside_iuts.py", "test_xla.py",
-                 "test_tpu_vm_rehearsal.py", "test_probe_suite.py")
+# Modules started first. `make test` hands a module at a time to each of its
+# workers (--dist loadfile), in this order. test_ray starts its cluster from
+# the worker process itself (ray.cluster_utils), so it goes while that process
+# has run nothing else: late in a worker that had run hundreds of tests, its
+# raylets once failed to come up five times in a row. Then the modules that
+# take a minute or more, so the short ones fill in beside them instead of one
+# long module running alone at the end.
+FIRST = ("test_ray.py", "test_peer.py", "test_probe_teeth.py", "test_outside_iuts.py", "test_xla.py",
+         "test_tpu_vm_rehearsal.py", "test_probe_suite.py")
 
 
 def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    rank = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each module keeps its order
 
 

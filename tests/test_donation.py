@@ -117,15 +117,38 @@ def test_the_manager_follows_jax_arrays_through_in_place_donations_and_refuses_d
 
 def test_an_array_donated_by_another_thread_while_outputs_are_searched_is_passed_over():
     # Found by the real connectors: a serving thread's next step donated a listed live array
-    # between the search's is_deleted() and its buffer pointer; the pull failed with JAX's error.
+    # between the search's is_deleted() and its buffer pointer or layout; the pull failed with JAX's error.
     import jax
 
-    from kvref.buffers import _address
+    from kvref import buffers
 
-    listed = jax.jit(lambda x: x.copy())(jax.device_put(contents(0)))
-    assert _address(listed) == listed.unsafe_buffer_pointer()
-    listed.delete()
-    assert _address(listed) is None
+    class DonatedWhileRead:
+        """A listed array that another thread's step donates once its shards are asked for."""
+
+        def __init__(self, array):
+            self.array = array
+
+        def is_deleted(self):
+            return self.array.is_deleted()
+
+        def devices(self):
+            return self.array.devices()
+
+        @property
+        def addressable_shards(self):
+            shards = self.array.addressable_shards
+            self.array.delete()
+            return shards
+
+    cache, other = (jax.jit(lambda x: x.copy())(jax.device_put(contents(i))) for i in range(2))
+    view = buffers.unpack_buffer(cache)
+    real = jax.live_arrays
+    jax.live_arrays = lambda platform: [DonatedWhileRead(other), cache]
+    try:
+        found = buffers._aliased_output(view)
+    finally:
+        jax.live_arrays = real
+    assert found is not None and found.unsafe_buffer_pointer() == view.address
 
 
 def test_the_refused_donation_fault_refuses_an_aliased_output():

@@ -11,14 +11,10 @@ from __future__ import annotations
 import contextlib
 import resource
 
+from probes.suite.host_budget import address_space_bytes
+
 THREADS = 1024  # more than any manager needs; far fewer than a machine's process ids (32768 by default)
 DEFAULT_STACK = 8 << 20  # a thread's stack where RLIMIT_STACK is unlimited (glibc on x86-64)
-
-
-def mapped_bytes() -> int:
-    """This process's address space in use (VmSize)."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
 
 
 @contextlib.contextmanager
@@ -27,7 +23,7 @@ def room_for_threads(threads: int = THREADS):
     in that much address space); the limit before is restored after."""
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
-    limit = mapped_bytes() + threads * (DEFAULT_STACK if stack == resource.RLIM_INFINITY else stack)
+    limit = address_space_bytes() + threads * (DEFAULT_STACK if stack == resource.RLIM_INFINITY else stack)
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))

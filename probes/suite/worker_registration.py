@@ -7,8 +7,6 @@ controller (probes.suite.controller) records what arrives."""
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 
 from probes.iut.adapter import Adapter
@@ -17,6 +15,7 @@ from probes.suite.cases import Case
 from probes.suite.controller import StandinController
 from probes.suite.pull_sides import PULL_TIMEOUT_S, SUBJECT
 from probes.suite.pulls import HALF_HEADS
+from probes.suite.threads import unfinished
 from probes.iut.sockets import free_loopback_port, listening_ports
 from probes.suite.verdicts import ERROR, PASS, SKIP, Outcome
 
@@ -67,12 +66,21 @@ def worker_registration(case: Case, iut: Adapter) -> Outcome:
         if case.kind == "controller_unreachable":
             dead = f"127.0.0.1:{free_loopback_port()}"
             started = time.monotonic()
-            manager = _built_within(lambda: build(0, dead, UNREACHABLE_TIMEOUT_S), STARTUP_BOUND_S)
-            took = time.monotonic() - started
-            if manager is None:
+            failed = []
+
+            def build_unreachable():
+                try:
+                    build(0, dead, UNREACHABLE_TIMEOUT_S)
+                except Exception as e:  # raised again in the probe's thread
+                    failed.append(e)
+
+            if unfinished([build_unreachable], STARTUP_BOUND_S):  # it goes on in a daemon thread
                 return Outcome(ERROR, f"with its controller {dead} down it was not built within "
                                f"{STARTUP_BOUND_S:.0f} s (its timeout_s is {UNREACHABLE_TIMEOUT_S:.0f}): a host "
                                "cannot serve while its controller is down")
+            if failed:
+                raise failed[0]
+            took, manager = time.monotonic() - started, made[-1]
             listening = listening_ports()
             unserved = [e["endpoint"] for e in manager.get_local_endpoints() if _port(e["endpoint"]) not in listening]
             if unserved or not manager.get_local_endpoints():
@@ -91,27 +99,6 @@ def worker_registration(case: Case, iut: Adapter) -> Outcome:
     finally:
         for manager in made:
             iut.library.close_manager(manager)
-
-
-def _built_within(build, seconds: float):
-    """What `build()` returns, or None if it has not returned within
-    `seconds` (it goes on in a daemon thread, which ends with the worker)."""
-    done = queue.Queue()
-
-    def run():
-        try:
-            done.put((build(), None))
-        except BaseException as e:  # noqa: BLE001 (raised again in the probe's thread)
-            done.put((None, e))
-
-    threading.Thread(target=run, name="kvprobe-build", daemon=True).start()
-    try:
-        manager, error = done.get(timeout=seconds)
-    except queue.Empty:
-        return None
-    if error is not None:
-        raise error
-    return manager
 
 
 def _second_port(build, controller: str) -> Outcome:

@@ -26,14 +26,14 @@ namespace {
 enum class Arrival { kDeferred, kComputed, kPut };
 
 // Bytes of the logical array a layout holds, checked against the caller's.
-void check_logical(const kvref::TiledLayout& layout, const ReadOnlyBytes& logical, int itemsize) {
-  check_size("logical array", logical.size(),
+void check_logical(const kvref::TiledLayout& layout, size_t logical_bytes, int itemsize) {
+  check_size("logical array", logical_bytes,
              kvref::checked_mul(layout.logical_elements(), itemsize, "logical byte count"));
 }
 
 // An op that packs a logical host array into the buffer's physical bytes.
 DeviceBuffer::Op pack_op(const kvref::TiledLayout& layout, ReadOnlyBytes logical, int itemsize) {
-  auto data = std::make_shared<kvref::PageBuffer>(static_cast<int64_t>(logical.size()));
+  auto data = std::make_shared<kvref::PageBuffer>(static_cast<int64_t>(logical.size()), /*simulated=*/true);
   if (logical.size()) std::memcpy(data->data(), logical.data(), logical.size());
   return [layout, data, itemsize](uint8_t* dst) { kvref::pack(layout, data->data(), dst, itemsize); };
 }
@@ -76,7 +76,7 @@ void bind_device(nb::module_& m) {
           [](SimDevice& device_ref, const kvref::TiledLayout& layout, ReadOnlyBytes logical,
              int itemsize, Arrival arrival, int64_t land_after_us, bool until_needed) {
             std::shared_ptr<SimDevice> device = device_ref.shared_from_this();
-            check_logical(layout, logical, itemsize);
+            check_logical(layout, logical.size(), itemsize);
             if (land_after_us < 0) throw std::invalid_argument("land_after_us must not be negative");
             const int64_t since = device->demands();
             auto buffer = std::make_shared<DeviceBuffer>(device, layout.physical_bytes());
@@ -100,7 +100,7 @@ void bind_device(nb::module_& m) {
       .def("overwrite",
            [](DeviceBuffer& b, const kvref::TiledLayout& layout, ReadOnlyBytes logical,
               int itemsize, bool defer, int64_t run_us, bool until_needed) {
-             check_logical(layout, logical, itemsize);
+             check_logical(layout, logical.size(), itemsize);
              if (run_us < 0) throw std::invalid_argument("run_us must not be negative");
              auto pack = pack_op(layout, logical, itemsize);
              std::shared_ptr<SimDevice> device = b.device().shared_from_this();
@@ -144,7 +144,22 @@ void bind_device(nb::module_& m) {
                throw kvref::DeviceError("read of a buffer that is not materialized");
              std::memcpy(out.data(), b.unsafe_data(), out.size());
            },
-           "Copy the physical bytes out (a debugging read; no DMA faults).");
+           "Copy the physical bytes out (a debugging read; no DMA faults).")
+      .def("read_logical",
+           [](DeviceBuffer& b, const kvref::TiledLayout& layout, Bytes out, int itemsize) {
+             check_logical(layout, out.size(), itemsize);
+             check_size("buffer", static_cast<size_t>(b.size()), layout.physical_bytes());
+             {
+               nb::gil_scoped_release release;
+               b.wait_dma_writes();
+             }
+             if (b.state() != BufferState::kMaterialized)
+               throw kvref::DeviceError("read of a buffer that is not materialized");
+             kvref::unpack(layout, b.unsafe_data(), out.data(), itemsize);
+           },
+           nb::arg("layout"), nb::arg("out"), nb::arg("itemsize"),
+           "Unpack the physical bytes into the logical array `out` (read_physical, without "
+           "the copy of the physical bytes in between).");
 }
 
 }  // namespace kvref_bind

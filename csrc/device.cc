@@ -1,4 +1,5 @@
 #include "device.h"
+#include "page_pool.h"
 #include "stream_copy.h"
 
 #include <sys/mman.h>
@@ -11,9 +12,10 @@
 
 namespace kvref {
 
-PageBuffer::PageBuffer(int64_t bytes) : size_(bytes) {
+PageBuffer::PageBuffer(int64_t bytes, bool simulated) : size_(bytes) {
   if (bytes < 0) throw std::invalid_argument("buffer size must not be negative");
   if (bytes == 0) return;
+  if (simulated && (data_ = page_pool::take(bytes))) return;
   void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
@@ -24,7 +26,7 @@ PageBuffer::PageBuffer(int64_t bytes) : size_(bytes) {
 }
 
 PageBuffer::~PageBuffer() {
-  if (data_) munmap(data_, static_cast<size_t>(size_));
+  if (data_ && !page_pool::give_back(data_)) munmap(data_, static_cast<size_t>(size_));
 }
 
 SimDevice::SimDevice(int id)
@@ -153,7 +155,7 @@ SimDevice::Waiting::~Waiting() {
 }
 
 DeviceBuffer::DeviceBuffer(std::shared_ptr<SimDevice> device, int64_t bytes)
-    : device_(std::move(device)), bytes_(bytes) {}
+    : device_(std::move(device)), bytes_(bytes, /*simulated=*/true) {}
 
 BufferState DeviceBuffer::state() const {
   std::lock_guard<std::mutex> lock(mu_);

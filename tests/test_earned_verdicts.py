@@ -3,6 +3,7 @@ built from the reference break one thing at a time, in process, and each
 probe must then refuse its PASS."""
 
 import dataclasses
+import mmap
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from probes.iut.adapter import IUT, Adapter
 from probes.iut.reference import KvrefLibrary, SimArrays
 from probes.suite.cases import Case
 from probes.suite.construction import deferred_construction, host_transferred_construction
-from probes.suite.host_budget import host_budget
+from probes.suite.host_budget import REBUILD_HOST_BLOCKS, host_budget
 from probes.suite.plan_binding import plan_binding
 from probes.suite.registry import PLAN_SHAPE, PROBES
 from probes.suite.permutations import moving_permutations
@@ -175,6 +176,21 @@ class OversizedPoolLibrary(SilentPoolLibrary):
     extra = 0.5
 
 
+class ShortMeasuredPoolLibrary(SilentPoolLibrary):
+    """Each manager of twice the blocks is built while two pages mapped
+    before it are given back: its growth measures 8 KiB short, as when
+    another mapping of the process ends during the measurement."""
+
+    spare: list = []
+
+    def manager(self, caches, host_blocks, **options):
+        if host_blocks == 2 * REBUILD_HOST_BLOCKS:
+            self.spare.pop().close()
+        manager = super().manager(caches, host_blocks, **options)
+        self.spare.extend(mmap.mmap(-1, 8192) for _ in range(2))
+        return manager
+
+
 def repeated_construction_alone(library: str) -> tuple[str, str]:
     """The probe over `library` in a process of its own, as a worker runs it:
     it measures the process's memory, which this one's leftover threads
@@ -197,6 +213,8 @@ def test_repeated_construction_measures_a_pool_it_is_not_told():
     assert verdict == "PASS", detail
     verdict, detail = repeated_construction_alone("OversizedPoolLibrary")
     assert verdict == "ERROR" and "bytes of memory per host block" in detail, detail
+    verdict, detail = repeated_construction_alone("ShortMeasuredPoolLibrary")  # within 1% short: judged
+    assert verdict == "PASS", detail
 
 
 class TrustingPlansLibrary(KvrefLibrary):

@@ -56,7 +56,7 @@ def host_budget(case: Case, iut: Adapter) -> Outcome:
 
 REBUILDS = 20
 REBUILD_HOST_BLOCKS = 4096
-POOL_TOLERANCE = 0.01  # a pool may exceed what its blocks need by this share
+POOL_TOLERANCE = 0.01  # a pool may exceed what its blocks need by this share (and measure this much short)
 FIXED_SLACK_BYTES = 64 * 2**20  # what the 20th manager may hold beyond the first (allocator caches)
 
 
@@ -76,7 +76,9 @@ def repeated_construction(case: Case, iut: Adapter) -> Outcome:
     expected = per_block * REBUILD_HOST_BLOCKS
     reported = manager.host_bytes
     pool = reported if reported is not None else _pool_by_growth(iut, caches, expected)
-    if reported is None and pool < expected:
+    # Measured growth misses the odd page another mapping gave back meanwhile: within
+    # the tolerance below the expected size, as above it, the pool is judged.
+    if reported is None and pool < expected * (1 - POOL_TOLERANCE):
         return Outcome(ERROR, f"the manager does not report its pool, and the address space grew by only "
                        f"{pool:,} bytes for {expected:,} bytes of blocks: its size cannot be judged",
                        host_bytes=pool)

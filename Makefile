@@ -40,7 +40,7 @@ system-deps: python-check
 $(STAMP): pyproject.toml CMakeLists.txt $(wildcard csrc/*) $(wildcard kvref/proto/*.proto) | system-deps
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" numpy "torch==2.13.0"
+	$(BIN)/python -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" "torch==2.13.0"
 	$(BIN)/python -m pip install -q --no-build-isolation -e ".[dev,oracle,torch,ray]"
 	touch $@
 

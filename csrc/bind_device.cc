@@ -33,7 +33,7 @@ void check_logical(const kvref::TiledLayout& layout, size_t logical_bytes, int i
 
 // An op that packs a logical host array into the buffer's physical bytes.
 DeviceBuffer::Op pack_op(const kvref::TiledLayout& layout, ReadOnlyBytes logical, int itemsize) {
-  auto data = std::make_shared<kvref::PageBuffer>(static_cast<int64_t>(logical.size()), /*simulated=*/true);
+  auto data = std::make_shared<kvref::PageBuffer>(static_cast<int64_t>(logical.size()));
   if (logical.size()) std::memcpy(data->data(), logical.data(), logical.size());
   return [layout, data, itemsize](uint8_t* dst) { kvref::pack(layout, data->data(), dst, itemsize); };
 }

@@ -25,6 +25,5 @@ void bind_layout(nb::module_& m);
 void bind_device(nb::module_& m);
 void bind_mover(nb::module_& m);
 void bind_plans(nb::module_& m);
-void bind_page_pool(nb::module_& m);
 
 }  // namespace kvref_bind

@@ -1,5 +1,4 @@
 #include "device.h"
-#include "page_pool.h"
 #include "stream_copy.h"
 
 #include <sys/mman.h>
@@ -12,10 +11,9 @@
 
 namespace kvref {
 
-PageBuffer::PageBuffer(int64_t bytes, bool simulated) : size_(bytes) {
+PageBuffer::PageBuffer(int64_t bytes) : size_(bytes) {
   if (bytes < 0) throw std::invalid_argument("buffer size must not be negative");
   if (bytes == 0) return;
-  if (simulated && (data_ = page_pool::take(bytes))) return;
   void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
@@ -26,7 +24,7 @@ PageBuffer::PageBuffer(int64_t bytes, bool simulated) : size_(bytes) {
 }
 
 PageBuffer::~PageBuffer() {
-  if (data_ && !page_pool::give_back(data_)) munmap(data_, static_cast<size_t>(size_));
+  if (data_) munmap(data_, static_cast<size_t>(size_));
 }
 
 SimDevice::SimDevice(int id)
@@ -155,7 +153,7 @@ SimDevice::Waiting::~Waiting() {
 }
 
 DeviceBuffer::DeviceBuffer(std::shared_ptr<SimDevice> device, int64_t bytes)
-    : device_(std::move(device)), bytes_(bytes, /*simulated=*/true) {}
+    : device_(std::move(device)), bytes_(bytes) {}
 
 BufferState DeviceBuffer::state() const {
   std::lock_guard<std::mutex> lock(mu_);

@@ -35,14 +35,11 @@ class DeviceError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Page-aligned, zero-filled memory, mapped here and committed only where
-// touched; or, for the simulated device's own memory (`simulated`), lent by
-// the page pool in a worker that has one (page_pool.h). A manager's host
-// memory is never lent: probes measure it as the process's own.
+// Page-aligned, zero-filled memory that is only committed when touched.
 class PageBuffer {
  public:
   static constexpr int64_t kHugePageHintBytes = int64_t{4} << 20;
-  explicit PageBuffer(int64_t bytes, bool simulated = false);
+  explicit PageBuffer(int64_t bytes);
   ~PageBuffer();
   PageBuffer(const PageBuffer&) = delete;
   PageBuffer& operator=(const PageBuffer&) = delete;

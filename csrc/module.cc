@@ -31,5 +31,4 @@ NB_MODULE(_core, m) {
   kvref_bind::bind_device(m);
   kvref_bind::bind_mover(m);
   kvref_bind::bind_plans(m);
-  kvref_bind::bind_page_pool(m);
 }

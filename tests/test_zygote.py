@@ -12,7 +12,6 @@ import pytest
 from probes.run import forked
 from probes.run.runner import classify, run_case
 from probes.run.worker import PHASE_PROBE
-from probes.run.zygote import POOL_SLOTS
 from kvref import ShapeKey
 from probes.suite.matrix import MatrixRow, build_cases
 from tests.test_runner import alive
@@ -108,40 +107,6 @@ def test_a_forked_worker_sees_the_case_environment_not_the_zygotes(tmp_path):
     finally:
         zygote.close()
     assert "SEEN case" in out
-
-
-def test_workers_running_at_once_lend_from_different_slots_of_the_page_pool(tmp_path):
-    """Each child the zygote forks holds a slot of its page pool no other
-    running child holds (kvref's page_pool.h); a slot comes free when its
-    child exits, and a child beyond the slots maps its own pages. The
-    children say their slot, then wait until all of them have."""
-    import threading
-
-    said, go = tmp_path / "slots", tmp_path / "go"
-    zygote = planted_zygote(tmp_path, "from kvref import _core\n"
-                                      f"with open({str(said)!r}, 'a') as f:\n"
-                                      "    f.write(f\"{_core.page_pool_stats()['attached']}\\n\")\n"
-                                      f"deadline = time.monotonic() + 20\n"
-                                      f"while not os.path.exists({str(go)!r}) and time.monotonic() < deadline:\n"
-                                      "    time.sleep(0.01)\n"
-                                      f"{RESULT}")
-    try:
-        threads = [threading.Thread(target=zygote.run, args=(CASE.to_json(), dict(os.environ), 30.0))
-                   for _ in range(POOL_SLOTS + 1)]
-        for thread in threads:
-            thread.start()
-        deadline = time.monotonic() + 20
-        while (not said.exists() or len(said.read_text().split()) <= POOL_SLOTS) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        at_once = sorted(int(slot) for slot in said.read_text().split())
-        go.touch()
-        for thread in threads:
-            thread.join()
-        zygote.run(CASE.to_json(), dict(os.environ), 30.0)  # after the others: a slot again
-    finally:
-        zygote.close()
-    assert at_once == [-1] + list(range(POOL_SLOTS))
-    assert int(said.read_text().split()[-1]) >= 0
 
 
 def test_a_closed_zygote_still_reports_its_running_case_then_exits(tmp_path):

@@ -8,7 +8,6 @@ import numpy as np
 import numpy.random  # noqa: F401  NumPy loads it on first use: a zygote's workers find it loaded
 
 import kvref
-from kvref import page_pool
 
 
 def random_host(key: kvref.ShapeKey, seed: int, finite: bool = False) -> np.ndarray:
@@ -16,11 +15,6 @@ def random_host(key: kvref.ShapeKey, seed: int, finite: bool = False) -> np.ndar
     (NaN payloads included) by default; with `finite`, small integers in the
     dtype, which survive any float conversion. Only values the type can hold:
     pred is 0 or 1, sub-byte types stay within their range."""
-    with page_pool.lent_arrays():  # the probe's own contents: from the worker's warm pages
-        return _random_host(key, seed, finite)
-
-
-def _random_host(key: kvref.ShapeKey, seed: int, finite: bool) -> np.ndarray:
     element = kvref.element_type(key.dtype)
     # SFC64 draws 64-bit words about twice as fast as the default PCG64: the
     # contents need only differ from block to block, and every case draws them.

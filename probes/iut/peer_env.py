@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 # How to get the Python the project and its peer environments need where the image has none.
 GET_PYTHON = ("sudo add-apt-repository -y ppa:deadsnakes/ppa && sudo apt-get install -y python3.12 "
               "python3.12-venv python3.12-dev")
-BUILD_REQUIREMENTS = ["scikit-build-core>=0.10", "nanobind>=2.4", "numpy"]  # numpy: its C API headers
+BUILD_REQUIREMENTS = ["scikit-build-core>=0.10", "nanobind>=2.4"]
 
 CHECK_SCRIPT = """
 import json, sys

@@ -13,10 +13,6 @@ worker as `python -m probes.run.worker` would be, minus the start-up:
   down the modules the zygote imported, the same for every case and most of
   a case's overhead (it writes to every object, copying the zygote's heap);
   a case that imported modules of its own gets the full shutdown;
-- it lends its simulated device's memory from a slot of the zygote's page
-  pool that no other running child holds (kvref.page_pool): pages an
-  earlier child touched, which a virtual machine that reports freed memory
-  to its host has not taken back;
 - the zygote reaps it and sends the runner its exit status.
 
 The zygote stays single-threaded (it forks) and opens no device: device-owning
@@ -43,14 +39,8 @@ import socket
 import sys
 import threading
 
-from kvref import page_pool
-
 MESSAGE_BYTES = 1 << 20
 READY = "KVPROBE-ZYGOTE ready"
-# The page pool's slots (kvref.page_pool): one per child running at once,
-# up to this many (a child beyond them maps its own pages), each this large.
-POOL_SLOTS = max(1, min(8, os.cpu_count() or 1))
-POOL_SLOT_BYTES = 1 << 30
 
 
 def serve(path: str) -> tuple[dict, list[int]]:
@@ -63,8 +53,7 @@ def serve(path: str) -> tuple[dict, list[int]]:
     selector.register(listener, selectors.EVENT_READ, "accept")
     selector.register(sys.stdin, selectors.EVENT_READ, "stdin")
     print(READY, flush=True)
-    children: dict[int, tuple[int, socket.socket, int]] = {}  # pidfd -> (pid, connection, slot)
-    free_slots = set(range(POOL_SLOTS))
+    children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, connection)
     while listener.fileno() >= 0 or children:
         for key, _ in selector.select():
             if key.data == "stdin":
@@ -80,27 +69,23 @@ def serve(path: str) -> tuple[dict, list[int]]:
                     for fd in fds:
                         os.close(fd)
                     continue
-                slot = min(free_slots, default=-1)
                 pid = os.fork()
                 if pid == 0:
                     selector.close()
                     listener.close()
                     conn.close()
-                    for pidfd, (_, other, _) in children.items():
+                    for pidfd, (_, other) in children.items():
                         os.close(pidfd)
                         other.close()
-                    return dict(json.loads(message), slot=slot), fds
-                free_slots.discard(slot)
+                    return json.loads(message), fds
                 for fd in fds:
                     os.close(fd)
                 conn.send(json.dumps({"pid": pid}).encode())
                 pidfd = os.pidfd_open(pid)
-                children[pidfd] = (pid, conn, slot)
+                children[pidfd] = (pid, conn)
                 selector.register(pidfd, selectors.EVENT_READ, "exit")
             else:  # a child exited
-                pid, conn, slot = children.pop(key.fd)
-                if slot >= 0:
-                    free_slots.add(slot)
+                pid, conn = children.pop(key.fd)
                 selector.unregister(key.fd)
                 os.close(key.fd)
                 _, status = os.waitpid(pid, 0)
@@ -127,8 +112,6 @@ def become_worker(request: dict, fds: list[int]) -> int:
         os.close(fd)
     os.environ.clear()
     os.environ.update(request["env"])
-    if request["slot"] >= 0:
-        page_pool.attach(request["slot"])
     from probes.run import worker
     from probes.run.channel import Channel
 
@@ -166,7 +149,6 @@ def main(argv: list[str]) -> None:
     path, iut_name, *modules = argv
     preload(iut_name, modules)
     gc.freeze()  # children's collections skip (and so do not copy) the preloaded objects
-    page_pool.reserve(POOL_SLOTS, POOL_SLOT_BYTES)
     preloaded = len(sys.modules)
     request, fds = serve(path)
     leave(become_worker(request, fds), preloaded)

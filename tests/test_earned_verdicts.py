@@ -329,6 +329,35 @@ def test_a_save_against_a_step_that_has_ended_is_an_error():
     assert outcome.verdict == "ERROR" and outcome.detail.startswith("nothing in flight"), outcome.detail
 
 
+class ZeroedSaveLibrary(KvrefLibrary):
+    """Its save lands, then its first chunk is zeroed."""
+
+    def save(self, manager, src, sizes=None):
+        chunks, pending = super().save(manager, src, sizes)
+        pending.wait()
+        manager.write_block_bytes(0, chunks[0], bytes(len(manager.read_block_bytes(0, chunks[0]))))
+        return chunks, pending
+
+
+class ShortLoadLibrary(KvrefLibrary):
+    """Its load leaves out the first block it is given."""
+
+    def start(self, manager, d2h, src, dst, sizes=None):
+        if not d2h:
+            src, dst = src[1:], dst[1:]
+        return super().start(manager, d2h, src, dst, sizes)
+
+
+def test_inflight_step_sees_a_wrong_save_and_a_short_load():
+    from probes.suite.ordering import inflight_step
+
+    zeroed = inflight_step(case("inflight_step"), stand_in(library=ZeroedSaveLibrary))
+    assert zeroed.verdict == "CORRUPT" and "neither the step's bytes nor the old ones" in zeroed.detail, \
+        zeroed.detail
+    short = inflight_step(case("inflight_step"), stand_in(library=ShortLoadLibrary))
+    assert short.verdict == "CORRUPT" and "with 1 loaded blocks missing" in short.detail, short.detail
+
+
 def test_a_producer_killed_before_its_pull_moved_anything_says_so(monkeypatch):
     """The producer of pull_failures/producer_killed dies once a share of the
     pull has crossed lo, or at a deadline; it tells its consumer which, and

@@ -80,17 +80,24 @@ void bind_device(nb::module_& m) {
             if (land_after_us < 0) throw std::invalid_argument("land_after_us must not be negative");
             const int64_t since = device->demands();
             auto buffer = std::make_shared<DeviceBuffer>(device, layout.physical_bytes());
-            auto op = pack_op(layout, logical, itemsize);
+            {
+              // Packed now, into the new buffer itself, not into a copy that its op packs
+              // later: nothing reads a buffer's bytes before its op has run (DMA and reads
+              // are refused until it is MATERIALIZED), so the op need only be their arrival,
+              // and the caller's array is read during the call, as a copy would read it.
+              nb::gil_scoped_release release;
+              kvref::pack(layout, logical.data(), buffer->unsafe_data(), itemsize);
+            }
+            DeviceBuffer::Op arrived = [](uint8_t*) {};
             if (arrival == Arrival::kDeferred) {
-              buffer->defer(std::move(op));
+              buffer->defer(std::move(arrived));
             } else if (arrival == Arrival::kComputed) {
-              buffer->launch(std::move(op), BufferState::kExecuting);
+              buffer->launch(std::move(arrived), BufferState::kExecuting);
             } else {
               // A host-to-device copy: it waits on the DMA engine, then lands.
-              buffer->launch([device, op, land_after_us, until_needed, since](uint8_t* dst) {
+              buffer->launch([device, land_after_us, until_needed, since](uint8_t*) {
                 device->before_dma("host-to-device put");
                 compute(*device, land_after_us, until_needed, since);
-                op(dst);
               }, BufferState::kMaterializing);
             }
             return buffer;

@@ -56,6 +56,11 @@ SETTLE_NOTICE_SECONDS = 2.0  # the longest telling the producer a pull settled m
 CLOSE_SECONDS = 5.0  # the longest close() waits for a pull's thread
 MAX_PULLS = 1024  # pulls in flight at once on one consumer, each a thread
 MAX_REASONS = 4096  # failure reasons kept, the oldest dropped first
+# A producer whose listener has every call slot taken refuses a stream at once
+# (RESOURCE_EXHAUSTED, kvref.listener): the stream asks again after these
+# waits, doubling, until the pull's deadline. A connector starts pulls for
+# many requests at once, each with several streams.
+BUSY_FIRST_WAIT_S, BUSY_LONGEST_WAIT_S = 0.01, 0.2
 
 
 @dataclass
@@ -224,7 +229,21 @@ class PullService:
 
     def _fetch(self, pull: Pull, route: Route, span: tuple[int, int]) -> dict:
         """Every part of the blocks at positions `span` this route serves, in
-        one stream, checked for place and size."""
+        one stream, checked for place and size; asked again while the
+        producer is too busy to take the stream (BUSY_FIRST_WAIT_S)."""
+        grpc = _grpc()
+        wait = BUSY_FIRST_WAIT_S
+        while True:
+            try:
+                return self._fetch_once(pull, route, span)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or self._closed \
+                        or time.monotonic() + wait >= pull.deadline:
+                    raise
+            _wait_for_busy_producer(wait)
+            wait = min(2 * wait, BUSY_LONGEST_WAIT_S)
+
+    def _fetch_once(self, pull: Pull, route: Route, span: tuple[int, int]) -> dict:
         grpc = _grpc()
         first, end = span
         with grpc.insecure_channel(route.address, options=CHANNEL_OPTIONS) as channel:
@@ -327,3 +346,7 @@ class PullService:
             if pull.thread is not None and pull.thread is not threading.current_thread():
                 pull.thread.join(CLOSE_SECONDS)
 
+
+
+def _wait_for_busy_producer(seconds: float) -> None:
+    time.sleep(seconds)

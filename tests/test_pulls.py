@@ -397,6 +397,44 @@ def test_calls_beyond_the_listeners_threads_are_refused_at_once_and_a_request_id
         consumer.start_read("r" * (REQ_ID_BYTES + 1), 9, endpoint, [0], [0])
 
 
+def test_a_pull_waits_for_a_producer_whose_call_slots_are_all_taken(device, monkeypatch):
+    """A producer's listener refuses a stream beyond its call slots at once; a
+    pull asks again until its deadline instead of failing (a connector starts
+    pulls for many requests at once)."""
+    import threading
+
+    import kvref.pulls
+    from kvref.listener import SERVER_THREADS
+    from kvref.proto.pull_pb2 import PullRequest
+
+    big = kvref.ShapeKey("bf16", (256, 8, 1024))  # 12 MiB a stream: a stream left unread stays open
+    (producer, _, theirs), (consumer, arrays, ours) = pair(device, keys=(big,) * 3, timeout_s=60.0)
+    blocks = list(range(big.dims[0]))
+    producer.register_read("held", 9, blocks)
+    endpoint = producer.get_local_endpoints()[0]["endpoint"]
+    request = PullRequest(uuid=9, req_id="held", block_ids=blocks).SerializeToString()
+    refused = threading.Event()
+    wait = getattr(kvref.pulls, "_wait_for_busy_producer", time.sleep)
+    monkeypatch.setattr(kvref.pulls, "_wait_for_busy_producer", lambda seconds: (refused.set(), wait(seconds)),
+                        raising=False)
+    held = [hostile_call(endpoint, request, timeout=1e6) for _ in range(SERVER_THREADS)]
+    try:
+        for _, call in held:
+            next(call)  # each takes a slot, read to its first message and left unread
+        producer.register_read("r", 10, [5, 3])
+        consumer.start_read("r", 10, endpoint, [5, 3], [0, 1])
+        assert refused.wait(BOUND), "the pull was never refused by the busy producer"
+        assert settle(consumer, ["r"], 0.2) == ([], [], [])  # not failed meanwhile
+    finally:
+        for channel, _ in held:
+            channel.close()
+    assert settle(consumer, ["r"])[1] == ["r"]
+    for layer, array in enumerate(arrays):
+        got, want = rows(device.fetch(array)), rows(ours[layer]).copy()
+        want[[0, 1]] = rows(theirs[layer])[[5, 3]]
+        assert np.array_equal(got, want), layer
+
+
 @pytest.mark.parametrize("listen, sub_managers, message", [
     ("127.0.0.1:\u0663\u0663", 1, "is not 'host:port' with a port in"),  # Arabic-Indic digits: not the text form
     ("127.0.0.1:65535", 2, "the last, 65536, is past 65535"),

@@ -347,6 +347,5 @@ class PullService:
                 pull.thread.join(CLOSE_SECONDS)
 
 
-
 def _wait_for_busy_producer(seconds: float) -> None:
     time.sleep(seconds)

@@ -414,9 +414,8 @@ def test_a_pull_waits_for_a_producer_whose_call_slots_are_all_taken(device, monk
     endpoint = producer.get_local_endpoints()[0]["endpoint"]
     request = PullRequest(uuid=9, req_id="held", block_ids=blocks).SerializeToString()
     refused = threading.Event()
-    wait = getattr(kvref.pulls, "_wait_for_busy_producer", time.sleep)
-    monkeypatch.setattr(kvref.pulls, "_wait_for_busy_producer", lambda seconds: (refused.set(), wait(seconds)),
-                        raising=False)
+    wait = kvref.pulls._wait_for_busy_producer
+    monkeypatch.setattr(kvref.pulls, "_wait_for_busy_producer", lambda seconds: (refused.set(), wait(seconds)))
     held = [hostile_call(endpoint, request, timeout=1e6) for _ in range(SERVER_THREADS)]
     try:
         for _, call in held:

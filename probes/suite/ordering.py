@@ -12,7 +12,7 @@ import kvref
 from probes.iut.adapter import Adapter
 from probes.iut.host_data import random_host
 from probes.suite.cases import Case
-from probes.suite.permutations import wrong_rows
+from probes.suite.permutations import wrong_after
 from probes.suite.refusals import refused
 from probes.suite.verdicts import CORRUPT, ERROR, PASS, Outcome, nothing_in_flight
 
@@ -55,22 +55,24 @@ def inflight_step(case: Case, iut: Adapter) -> Outcome:
         return refused(iut, e, "a save while the step runs: ")
     packed = np.empty(iut.layout(case.shape).physical_size_bytes, np.uint8)  # one layer at a time
     for layer in range(LAYERS):
-        rows = _packed(iut, case.shape, new[layer], packed)
+        physical = _packed(iut, case.shape, new[layer], packed)
         for chunk, block in zip(chunks, blocks):
             got = manager.read_block_bytes(layer, chunk)
-            if got != rows[block].tobytes():
+            if got != physical[block].tobytes():
                 old = _packed(iut, case.shape, pairs[layer][1], packed)
                 what = "the bytes from before the step" if got == old[block].tobytes() else \
                     "neither the step's bytes nor the old ones"
                 return Outcome(CORRUPT, f"a save while the step ran: chunk {chunk} (layer {layer}, block "
                                f"{block}) holds {what}")
-    del packed, rows
+    del packed, physical
     targets = blocks[1:] + blocks[:1]  # each chunk into another saved block's place
     load = iut.start(manager, False, chunks, targets)
     seen = [iut.read_by_step(c) for c in caches]
     load.wait()
+    came_from = np.arange(rows)  # block r of the step's output, but for the loaded targets
+    came_from[targets] = blocks
     for layer, got in enumerate(seen):
-        wrong = _wrong_after_load(got, new[layer], blocks, targets)
+        wrong = [int(i) for i in np.flatnonzero(wrong_after(got, new[layer], came_from, np.arange(rows)))]
         if wrong:
             return Outcome(CORRUPT, f"the step after an un-awaited load read layer {layer} with {len(wrong)} "
                            f"loaded blocks missing (first: block {wrong[0]})")
@@ -185,17 +187,6 @@ def _held(held: bool) -> str:
 def _packed(iut: Adapter, key: kvref.ShapeKey, host: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """The cache's physical bytes (into `out`, if given), one row per block."""
     return kvref.pack(host, iut.layout(key), out=out).reshape(key.dims[0], -1)
-
-
-def _wrong_after_load(got: np.ndarray, steps: np.ndarray, blocks: list[int], targets: list[int]) -> list[int]:
-    """Blocks of `got` that differ from the step's output `steps` with its
-    blocks `blocks` loaded into blocks `targets` (compared in place, without
-    making that array)."""
-    got = np.ascontiguousarray(got)
-    differ = wrong_rows(got, steps)
-    for block, target in zip(blocks, targets):
-        differ[target] = got[target].tobytes() != steps[block].tobytes()
-    return [int(i) for i in np.nonzero(differ)[0]]
 
 
 def _wrong_rows(got: np.ndarray, expected: np.ndarray) -> list[int]:

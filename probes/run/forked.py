@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -138,7 +139,7 @@ def _watch(pid: int, out_r: int, err_r: int, said_r: int, conn: socket.socket, t
                         chunks[key.fd].append(data)
                     else:
                         selector.unregister(key.fd)
-    kill_group(pid)  # nothing the worker started may outlive it
+    end_group(pid)  # nothing the worker started may outlive it
     for fd in chunks:
         os.close(fd)
     conn.close()
@@ -216,7 +217,7 @@ def run_watched(command: list[str], text: str, limit: float, env: dict | None = 
             kill_group(proc.pid)
             out, err = proc.communicate()
             killed = True
-    kill_group(proc.pid)
+    end_group(proc.pid)
     reader.join(DRAIN_SECONDS)  # the group is gone: every holder of the channel has closed it
     return Ran(proc.returncode, out, err, killed, Heard.parse(b"".join(said), token))
 
@@ -244,6 +245,43 @@ def kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def end_group(pid: int) -> None:
+    """Kill the process group `pid` leads and wait, at most DRAIN_SECONDS, until
+    each of its processes has exited: a SIGKILL is only queued when kill
+    returns, and the next case may need what they hold (a TPU's chips)."""
+    kill_group(pid)
+    try:
+        os.killpg(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return  # the group is empty (its leader, reaped, was its last)
+    deadline = time.monotonic() + DRAIN_SECONDS
+    for member in _group_members(pid):
+        try:
+            fd = os.pidfd_open(member)
+        except ProcessLookupError:
+            continue
+        try:
+            select.select([fd], [], [], max(0.0, deadline - time.monotonic()))  # readable once it has exited
+        finally:
+            os.close(fd)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The pids in process group `pgid`, from /proc."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()  # after the command name, which may hold spaces
+        except OSError:
+            continue  # it exited meanwhile
+        if int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
 
 
 def _read_line(stream, timeout: float) -> str:

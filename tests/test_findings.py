@@ -6,15 +6,18 @@ exits 77 having imported nothing of the library where no namespace can be
 made, and, run alone in the peer environment, fails as its finding says."""
 
 import ast
+import functools
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from probes.iut.peer_env import PEER_ENVS, REPO
 from probes.run import netns, reproducers
+from tests.batch import BATCH_SECONDS, selected
 from tests.peer_python import peer_python_or_skip
 
 SCRIPTS = sorted(REPO.glob("reports/*/findings/*.py"))
@@ -148,17 +151,30 @@ def peer_python():
     return python
 
 
+def reproduce(peer_python, script) -> subprocess.CompletedProcess:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", FINDING_TIMEOUT="10", PYTHONPATH="", PYTHONPROFILEIMPORTTIME="1")
+    env.pop(netns.ENTERED, None)
+    return subprocess.run([str(peer_python), str(script)], capture_output=True, text=True,
+                          timeout=120, env=env, cwd="/")
+
+
+@pytest.fixture(scope="module")
+def reproduced(request, peer_python):
+    """Each selected reproducer's run, two at a time (most of a run is a wait)."""
+    scripts = [params["script"] for params in selected(request, "test_each_finding_reproduces_alone")]
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(scripts, pool.map(functools.partial(reproduce, peer_python), scripts)))
+
+
 @pytest.mark.peer
+@pytest.mark.timeout(BATCH_SECONDS)  # the first waits for every reproducer
 @pytest.mark.parametrize("script", [s for s in SCRIPTS if s.parent.parent.name == "cpu"], ids=lambda p: p.stem)
-def test_each_finding_reproduces_alone(peer_python, script):
+def test_each_finding_reproduces_alone(reproduced, script):
     """A finding's reproducer fails on its own (an assertion, a crash or the
     watchdog of a hang), in a loopback-only namespace it entered itself,
     with nothing of the harness or of kvref imported (-X importtime, in
     every process it starts)."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", FINDING_TIMEOUT="10", PYTHONPATH="", PYTHONPROFILEIMPORTTIME="1")
-    env.pop(netns.ENTERED, None)
-    done = subprocess.run([str(peer_python), str(script)], capture_output=True, text=True,
-                          timeout=120, env=env, cwd="/")
+    done = reproduced[script]
     assert not done.stdout.startswith("SKIP") and done.returncode != netns.SKIP_EXIT, done.stdout
     assert done.returncode != 0, f"{script.name} no longer fails:\n{done.stdout[-2000:]}"
     assert "ok" not in done.stdout.split()

@@ -7,19 +7,26 @@ fails a TPU run in which no hardware case ran)."""
 
 import pytest
 
-from probes.run.runner import run_case
 from probes.suite.matrix import build_cases, load_matrix
 from probes.suite.predict import prediction
 from probes.suite.registry import PROBES
+from tests.batch import BATCH_SECONDS, run_selected
+
+pytestmark = pytest.mark.timeout(BATCH_SECONDS)  # the first test waits for the module's cases
 
 SEED = load_matrix("seed")
 SEED_CASES = build_cases(["tpu7x"], SEED, probes=tuple(PROBES))
 
 
+@pytest.fixture(scope="module")
+def ran(request):
+    return run_selected(request, {"test_reference_earns_its_prediction": lambda case: [case]})
+
+
 @pytest.mark.parametrize("case", SEED_CASES, ids=lambda c: c.case_id)
-def test_reference_earns_its_prediction(case):
-    result = run_case(case)
-    assert prediction(case).admits(result.outcome.verdict), result.outcome.detail
+def test_reference_earns_its_prediction(ran, case):
+    outcome = ran[case].outcome
+    assert prediction(case).admits(outcome.verdict), outcome.detail
 
 
 def test_one_kind_of_a_probe_is_chosen_as_probe_slash_kind():

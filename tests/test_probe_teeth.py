@@ -4,11 +4,13 @@ it exists for and earns the predicted verdict against the fixed reference."""
 import pytest
 
 from kvref import Faults, ShapeKey
-from probes.run.runner import run_case
 from probes.suite.cases import Case
 from probes.suite.predict import describe, prediction
 from probes.suite.registry import probe as declared
 from probes.suite.verdicts import Prediction
+from tests.batch import BATCH_SECONDS, run_selected
+
+pytestmark = pytest.mark.timeout(BATCH_SECONDS)  # the first test waits for the module's cases
 
 TEETH = [
     # probe, dtype, dims, fault models, verdict under them
@@ -103,69 +105,24 @@ def case(probe, dtype, dims, faults=(), timeout=20.0):
     return Case(probe, "tpu7x", "kvref-sim", name, shape, Faults.parse(faults), timeout, kind=kind)
 
 
-@pytest.mark.parametrize("probe, dtype, dims, faults, verdict", TEETH)
-def test_probe_catches_its_fault_model(probe, dtype, dims, faults, verdict):
-    c = case(probe, dtype, dims, faults, timeout=4.0 if verdict == "HANG" else 20.0)
-    result = run_case(c)
-    assert Prediction.parse(verdict).admits(result.outcome.verdict), result.outcome.detail  # e.g. CORRUPT|ERROR
-    assert not prediction(c).admits(result.outcome.verdict)
+def fault_case(probe, dtype, dims, faults, verdict):
+    return case(probe, dtype, dims, faults, timeout=4.0 if verdict == "HANG" else 20.0)
 
 
-@pytest.mark.parametrize("probe, dtype, dims", sorted({(p, t, d) for p, t, d, _, _ in TEETH}))
-def test_fixed_reference_earns_the_prediction(probe, dtype, dims):
-    c = case(probe, dtype, dims)
-    result = run_case(c)
-    assert prediction(c).admits(result.outcome.verdict), result.outcome.detail
-
-
-@pytest.mark.parametrize("probe", ["roundtrip", "deferred_construction", "host_transferred_construction"])
-def test_addressable_shapes_pass(probe):
-    c = case(probe, "bf16", (512, 16, 2048))
-    assert describe(c)["predicted"] == "PASS"
-    assert run_case(c).outcome.verdict == "PASS"
-
-
-def test_hang_keeps_the_stacks():
-    result = run_case(case("deferred_construction", "bf16", (512, 16, 2048),
-                           ["no_materialize_before_await"], timeout=2.0))
-    assert result.outcome.verdict == "HANG"
-    assert "unpack_buffer" in result.outcome.detail and "most recent call first" in result.outcome.detail
-
-
-def test_reference_on_jax_cpu_arrays():
-    c = Case("roundtrip", "cpu", "kvref-jax", "f32", ShapeKey("f32", (64, 4, 128)))
-    result = run_case(c)
-    assert result.outcome.verdict == "PASS", result.outcome.detail
-    assert result.outcome.backend == "jax-cpu"
-
-
-@pytest.mark.parametrize("probe", ["sharded_roundtrip/heads", "sharded_roundtrip/replicated", "block_sharded/blocks",
-                                   "block_sharded/blocks_and_heads", "block_sharded/mixed_layers", "uneven_shards"])
-def test_reference_moves_sharded_jax_arrays(probe):
-    """One jax.Array per layer over a mesh of JAX CPU devices, as tpu-inference allocates it."""
+def jax_case(probe):
     name, _, kind = probe.partition("/")
-    c = Case(name, "cpu", "kvref-jax", f"{name}-{kind}" if kind else name, declared(name).subject, kind=kind)
-    result = run_case(c)
-    # The reference refuses parts of unequal size, by name; every other split it moves.
-    expected = "REJECTED" if name == "uneven_shards" else "PASS"
-    assert result.outcome.verdict == expected, result.outcome.detail
-    assert name != "uneven_shards" or "must be equal parts" in result.outcome.detail
+    return Case(name, "cpu", "kvref-jax", f"{name}-{kind}" if kind else name, declared(name).subject, kind=kind)
 
 
-@pytest.mark.parametrize("probe, faults", [("kv_store/pinned_kept", ["store_evicts_pinned"]),
-                                           ("donation_in_place", ["refuses_donated_storage"])])
-def test_the_facade_iut_carries_the_fault_models_to_the_reference_beneath(probe, faults):
-    """kvref-compat drives the facade through the wrapper's API; the reference
-    under it takes the case's fault models and fails the probe, and passes
-    without them."""
+def facade_case(probe, faults=()):
     name, _, kind = probe.partition("/")
-    c = Case(name, "cpu", "kvref-compat", probe.replace("/", "-"), declared(name).subject, kind=kind)
-    fixed = run_case(c).outcome
-    assert prediction(c).admits(fixed.verdict), fixed.detail
-    broken = run_case(Case(name, "cpu", "kvref-compat", probe.replace("/", "-"), declared(name).subject,
-                           Faults.parse(faults), kind=kind)).outcome
-    assert not prediction(c).admits(broken.verdict), broken.detail
+    return Case(name, "cpu", "kvref-compat", probe.replace("/", "-"), declared(name).subject,
+                Faults.parse(faults), kind=kind)
 
+
+ADDRESSABLE = ("bf16", (512, 16, 2048))
+STACKS_CASE = case("deferred_construction", *ADDRESSABLE, ["no_materialize_before_await"], timeout=2.0)
+JAX_CPU_CASE = Case("roundtrip", "cpu", "kvref-jax", "f32", ShapeKey("f32", (64, 4, 128)))
 
 # Probes of the wrapper's own settings, which only the facade (kvref-compat) takes.
 FACADE_TEETH = [
@@ -176,13 +133,87 @@ FACADE_TEETH = [
     ("worker_registration/controller_unreachable", ["registration_waits_for_controller"], "ERROR"),
 ]
 
+# The cases each test reads, by test: the module's selected tests' cases run at once.
+CASES_OF = {
+    "test_probe_catches_its_fault_model": lambda **p: [fault_case(**p)],
+    "test_fixed_reference_earns_the_prediction": lambda probe, dtype, dims: [case(probe, dtype, dims)],
+    "test_addressable_shapes_pass": lambda probe: [case(probe, *ADDRESSABLE)],
+    "test_hang_keeps_the_stacks": lambda: [STACKS_CASE],
+    "test_reference_on_jax_cpu_arrays": lambda: [JAX_CPU_CASE],
+    "test_reference_moves_sharded_jax_arrays": lambda probe: [jax_case(probe)],
+    "test_the_facade_iut_carries_the_fault_models_to_the_reference_beneath":
+        lambda probe, faults: [facade_case(probe), facade_case(probe, faults)],
+    "test_facade_probe_catches_its_fault_model":
+        lambda probe, faults, verdict: [facade_case(probe), facade_case(probe, faults)],
+}
+
+
+@pytest.fixture(scope="module")
+def ran(request):
+    return run_selected(request, CASES_OF)
+
+
+@pytest.mark.parametrize("probe, dtype, dims, faults, verdict", TEETH)
+def test_probe_catches_its_fault_model(ran, probe, dtype, dims, faults, verdict):
+    c = fault_case(probe, dtype, dims, faults, verdict)
+    outcome = ran[c].outcome
+    assert Prediction.parse(verdict).admits(outcome.verdict), outcome.detail  # e.g. CORRUPT|ERROR
+    assert not prediction(c).admits(outcome.verdict)
+
+
+@pytest.mark.parametrize("probe, dtype, dims", sorted({(p, t, d) for p, t, d, _, _ in TEETH}))
+def test_fixed_reference_earns_the_prediction(ran, probe, dtype, dims):
+    c = case(probe, dtype, dims)
+    assert prediction(c).admits(ran[c].outcome.verdict), ran[c].outcome.detail
+
+
+@pytest.mark.parametrize("probe", ["roundtrip", "deferred_construction", "host_transferred_construction"])
+def test_addressable_shapes_pass(ran, probe):
+    c = case(probe, *ADDRESSABLE)
+    assert describe(c)["predicted"] == "PASS"
+    assert ran[c].outcome.verdict == "PASS"
+
+
+def test_hang_keeps_the_stacks(ran):
+    outcome = ran[STACKS_CASE].outcome
+    assert outcome.verdict == "HANG"
+    assert "unpack_buffer" in outcome.detail and "most recent call first" in outcome.detail
+
+
+def test_reference_on_jax_cpu_arrays(ran):
+    outcome = ran[JAX_CPU_CASE].outcome
+    assert outcome.verdict == "PASS", outcome.detail
+    assert outcome.backend == "jax-cpu"
+
+
+@pytest.mark.parametrize("probe", ["sharded_roundtrip/heads", "sharded_roundtrip/replicated", "block_sharded/blocks",
+                                   "block_sharded/blocks_and_heads", "block_sharded/mixed_layers", "uneven_shards"])
+def test_reference_moves_sharded_jax_arrays(ran, probe):
+    """One jax.Array per layer over a mesh of JAX CPU devices, as tpu-inference allocates it."""
+    name = probe.partition("/")[0]
+    outcome = ran[jax_case(probe)].outcome
+    # The reference refuses parts of unequal size, by name; every other split it moves.
+    expected = "REJECTED" if name == "uneven_shards" else "PASS"
+    assert outcome.verdict == expected, outcome.detail
+    assert name != "uneven_shards" or "must be equal parts" in outcome.detail
+
+
+@pytest.mark.parametrize("probe, faults", [("kv_store/pinned_kept", ["store_evicts_pinned"]),
+                                           ("donation_in_place", ["refuses_donated_storage"])])
+def test_the_facade_iut_carries_the_fault_models_to_the_reference_beneath(ran, probe, faults):
+    """kvref-compat drives the facade through the wrapper's API; the reference
+    under it takes the case's fault models and fails the probe, and passes
+    without them."""
+    c = facade_case(probe)
+    fixed, broken = ran[c].outcome, ran[facade_case(probe, faults)].outcome
+    assert prediction(c).admits(fixed.verdict), fixed.detail
+    assert not prediction(c).admits(broken.verdict), broken.detail
+
 
 @pytest.mark.parametrize("probe, faults, verdict", FACADE_TEETH)
-def test_facade_probe_catches_its_fault_model(probe, faults, verdict):
-    name, _, kind = probe.partition("/")
-    fixed = Case(name, "cpu", "kvref-compat", probe.replace("/", "-"), declared(name).subject, kind=kind)
-    assert prediction(fixed).admits(run_case(fixed).outcome.verdict)
-    broken = run_case(Case(name, "cpu", "kvref-compat", probe.replace("/", "-"), declared(name).subject,
-                           Faults.parse(faults), kind=kind)).outcome
+def test_facade_probe_catches_its_fault_model(ran, probe, faults, verdict):
+    c = facade_case(probe)
+    fixed, broken = ran[c].outcome, ran[facade_case(probe, faults)].outcome
+    assert prediction(c).admits(fixed.verdict), fixed.detail
     assert Prediction.parse(verdict).admits(broken.verdict), broken.detail
-    assert not prediction(fixed).admits(broken.verdict)
+    assert not prediction(c).admits(broken.verdict)

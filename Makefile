@@ -85,9 +85,11 @@ connectors: $(PEER_STAMP)
 	PYTHONPATH=.venv-peer/beside unshare -rn .venv-peer/bin/python -m probes.run.netns tests.connectors.driver \
 	  --lib tpu-sync-jax --out reports/cpu/connectors.json
 
-# One pytest worker per core (pytest-xdist), a test module to a worker: the
-# tests of a module share its costly fixtures (a whole run, a cluster).
-test: $(STAMP) $(PEER_STAMP) $(XLA_STAMP)
+# The two peer environments build side by side (mostly unpacking wheels: one
+# core each). One pytest worker per core (pytest-xdist), a test module to a
+# worker: the tests of a module share its costly fixtures (a whole run, a cluster).
+test: $(STAMP)
+	$(MAKE) -j2 $(PEER_STAMP) $(XLA_STAMP)
 	$(BIN)/python -m pytest -n auto --dist loadfile
 
 bench: $(STAMP) $(PEER_STAMP)

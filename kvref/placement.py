@@ -45,10 +45,17 @@ def unpack(buffer, shape: Shape, out: np.ndarray | None = None) -> np.ndarray:
     logical shape and dtype to write into."""
     physical = _as_bytes(buffer, shape)
     if out is None:
-        check_allocation(shape.logical_elements * shape.element.numpy.itemsize, f"unpacking {shape}")
-    logical = _output(out, shape.dims, shape.element.numpy, shape)
+        logical = new_logical(shape, "unpacking")
+    else:
+        logical = _output(out, shape.dims, shape.element.numpy, shape)
     shape._tiled.unpack(physical, logical.reshape(-1).view(np.uint8), shape.element.numpy.itemsize)
     return logical
+
+
+def new_logical(shape: Shape, doing: str) -> np.ndarray:
+    """An uninitialized array of `shape`'s logical form, once the memory for it may be had."""
+    check_allocation(shape.logical_elements * shape.element.numpy.itemsize, f"{doing} {shape}")
+    return np.empty(shape.dims, dtype=shape.element.numpy)
 
 
 def _output(out, dims, dtype: np.dtype, shape: Shape) -> np.ndarray:

@@ -14,6 +14,7 @@ from kvref.dtypes import element_type
 from kvref.generations import DEFAULT_GENERATION, check_generation
 from kvref.limits import check_allocation
 from kvref.oracle import tpu_layout
+from kvref.placement import new_logical
 from kvref.shape import Shape
 from kvref.shape_key import ShapeKey
 from kvref.torch_interop import as_numpy
@@ -223,8 +224,7 @@ class SimDevice:
         array.materialize()
         array.await_buffer()
         shape = array.shape
-        check_allocation(shape.logical_elements * shape.element.numpy.itemsize, f"fetching {shape}")
-        out = np.empty(shape.dims, dtype=shape.element.numpy)
+        out = new_logical(shape, "fetching")
         array._buffer.read_logical(shape._tiled, out.reshape(-1).view(np.uint8), shape.element.numpy.itemsize)
         return out
 

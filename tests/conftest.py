@@ -41,8 +41,8 @@ def pytest_configure(config):
 # raylets once failed to come up five times in a row. Then the modules that
 # take a minute or more, so the short ones fill in beside them instead of one
 # long module running alone at the end.
-FIRST = ("test_ray.py", "test_peer.py", "test_probe_teeth.py", "test_outside_iuts.py", "test_xla.py",
-         "test_tpu_vm_rehearsal.py", "test_probe_suite.py")
+FIRST = ("test_ray.py", "test_peer.py", "test_outside_iuts.py", "test_xla.py", "test_tpu_vm_rehearsal.py",
+         "test_probe_teeth.py", "test_hardware_adapters.py", "test_real_connectors.py")
 
 
 def pytest_collection_modifyitems(items):

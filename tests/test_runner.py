@@ -3,6 +3,7 @@
 import dataclasses
 import os
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -13,6 +14,7 @@ import pytest
 from kvref import ShapeKey
 from kvref.oracle import device_kind
 from probes.run.channel import DESCRIBED, PHASE, RESULT as RESULT_KIND, Heard
+from probes.run import forked
 from probes.run.forked import Ran
 from probes.run.runner import classify, run_case, run_cases
 from probes.suite.cases import Case
@@ -185,6 +187,36 @@ def test_what_a_worker_leaves_holding_its_pipes_goes_when_it_exits(tmp_path):
     outcome = run_case(case, python=python).outcome
     assert outcome.verdict == "PASS" and outcome.detail == "2 blocks round-tripped", outcome.detail
     assert not alive(int(pids.read_text()))
+
+
+def group_left_behind(command: str) -> tuple[int, int]:
+    """(the group, the pid of `command`) once the group's leader has exited and
+    been reaped, leaving `command` running in the group."""
+    leader = subprocess.Popen(["sh", "-c", f"{command} > /dev/null & echo $!"], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    member = int(leader.stdout.readline())
+    leader.communicate()
+    return leader.pid, member
+
+
+def test_a_group_ends_when_each_member_has_exited_not_when_its_kill_is_queued(monkeypatch):
+    """After its kill a group is waited on: here no kill arrives and the member
+    ends by itself a moment later; end_group returns only after that."""
+    monkeypatch.setattr(forked, "kill_group", lambda pid: None)
+    group, member = group_left_behind("sleep 0.5")
+    forked.end_group(group)
+    assert not alive(member)
+
+
+def test_a_group_that_does_not_end_is_waited_on_for_a_bounded_time(monkeypatch):
+    monkeypatch.setattr(forked, "kill_group", lambda pid: None)
+    monkeypatch.setattr(forked, "DRAIN_SECONDS", 0.2)
+    group, member = group_left_behind("sleep 1000")
+    try:
+        forked.end_group(group)  # returns, the member still running
+        assert alive(member)
+    finally:
+        os.kill(member, 9)
 
 
 def test_a_clean_exit_keeps_the_reported_verdict(tmp_path):

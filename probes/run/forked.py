@@ -260,7 +260,7 @@ def end_group(pid: int) -> None:
     for member in _group_members(pid):
         try:
             fd = os.pidfd_open(member)
-        except ProcessLookupError:
+        except OSError:  # gone already, or a kernel without pidfds: nothing to wait on
             continue
         try:
             select.select([fd], [], [], max(0.0, deadline - time.monotonic()))  # readable once it has exited

@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import select
 import selectors
 import shutil
 import signal
@@ -263,7 +262,9 @@ def end_group(pid: int) -> None:
         except OSError:  # gone already, or a kernel without pidfds: nothing to wait on
             continue
         try:
-            select.select([fd], [], [], max(0.0, deadline - time.monotonic()))  # readable once it has exited
+            with selectors.DefaultSelector() as selector:  # epoll: any fd number, unlike select()
+                selector.register(fd, selectors.EVENT_READ)
+                selector.select(max(0.0, deadline - time.monotonic()))  # readable once it has exited
         finally:
             os.close(fd)
 

@@ -12,7 +12,7 @@ import kvref
 from probes.iut.adapter import Adapter
 from probes.iut.host_data import random_host
 from probes.suite.cases import Case
-from probes.suite.permutations import wrong_after
+from probes.suite.permutations import wrong_after, wrong_rows
 from probes.suite.refusals import refused
 from probes.suite.verdicts import CORRUPT, ERROR, PASS, Outcome, nothing_in_flight
 
@@ -130,8 +130,8 @@ def unawaited_transfers(case: Case, iut: Adapter) -> Outcome:
             expected = [_moved(b, shifted) for b in before]
             what, second = "an h2d from host blocks whose d2h was not awaited", "the h2d was issued"
         for layer, (got, want) in enumerate(zip(seen, expected)):
-            wrong = _wrong_rows(got, want)
-            if wrong:
+            wrong = np.flatnonzero(wrong_rows(np.ascontiguousarray(got), np.ascontiguousarray(want)))
+            if len(wrong):
                 return Outcome(CORRUPT, f"{what}: {len(wrong)} of {rows} blocks of layer {layer} wrong in "
                                f"round {r + 1} (first: block {wrong[0]})")
     if not any(overlapped):
@@ -172,7 +172,7 @@ def _d2h_then_overwrite(case, iut, manager, caches, hosts) -> Outcome:
                 return Outcome(CORRUPT, f"a d2h followed at once by a step overwriting the cache: host "
                                f"block {block} (layer {layer}) does not hold the bytes from before the step")
     for layer, (cache, n) in enumerate(zip(caches, new)):
-        if _wrong_rows(iut.fetch(cache), n):
+        if wrong_rows(np.ascontiguousarray(iut.fetch(cache)), np.ascontiguousarray(n)).any():
             return Outcome(CORRUPT, f"the step after a d2h did not leave its bytes in layer {layer}")
     if not overlapped:
         return Outcome(ERROR, nothing_in_flight([overlapped], "the d2h had ended before the step was dispatched"))
@@ -187,10 +187,3 @@ def _held(held: bool) -> str:
 def _packed(iut: Adapter, key: kvref.ShapeKey, host: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """The cache's physical bytes (into `out`, if given), one row per block."""
     return kvref.pack(host, iut.layout(key), out=out).reshape(key.dims[0], -1)
-
-
-def _wrong_rows(got: np.ndarray, expected: np.ndarray) -> list[int]:
-    rows = expected.shape[0]
-    differ = (np.ascontiguousarray(got).view(np.uint8).reshape(rows, -1)
-              != np.ascontiguousarray(expected).view(np.uint8).reshape(rows, -1)).any(1)
-    return [int(i) for i in np.nonzero(differ)[0]]

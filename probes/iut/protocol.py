@@ -120,6 +120,11 @@ class Arrays(Protocol):
         """The cache's contents as the next computation dispatched on it sees
         them (dispatched now, then read back)."""
 
+    # Optional: `fail_copies(cache, start, end)`, every later copy between
+    # the host and bytes [start, end) of the cache's storage fails, as a DMA
+    # error does (the simulated device). Without it the contract sequences
+    # draw no failing copies.
+
 
 @runtime_checkable
 class ShardedArrays(Protocol):

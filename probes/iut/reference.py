@@ -234,5 +234,9 @@ class SimArrays:
         cache.hold_next_dma(int(seconds * 1e6), until_next_op=until_step)
         return True
 
+    def fail_copies(self, cache, start, end):
+        """Every later copy touching bytes [start, end) of the cache's storage fails."""
+        cache.fail_dma_in(start, end)
+
 
 _installed(KvrefLibrary.distribution)  # read where this module is imported: a zygote's workers find it read

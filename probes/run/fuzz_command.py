@@ -1,15 +1,23 @@
 """`kvprobe fuzz --iut NAME`: random call sequences against an implementation
-under test, each in a watched worker. Every kind of failure (crash, hang,
-corruption, a silent acceptance of bad input, a refusal of good input) is
-shrunk to a short sequence and written as a standalone reproducer under
-reports/<generation>/findings/."""
+under test, each in a watched worker.
+
+By default (`--model contract`) the sequences are the contract's
+(probes.suite.contract_sequences): every offload call, model steps, stalls
+and failing copies, held to one model. Each kind of failure is written as
+data, `<out>/<generation>/findings/contract-<iut>-<verdict>-<n>.json`,
+with its shrunk sequence (shrunk in the worker; a crash or a hang, which
+ends the worker, is shrunk here by replays in workers), and `--replay
+FILE` runs one such sequence on any IUT. `--model blocks` runs the older
+d2h/h2d sequences against the block model, each failure written as a
+standalone reproducer script."""
 
 from __future__ import annotations
 
 import argparse
-
+import json
 import re
 import subprocess
+import time
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,7 +31,9 @@ from probes.run import options, reproducers
 from probes.run.runner import CaseResult, run_case, run_cases
 from probes.run.subcommand import Command
 from probes.suite.cases import Case
-from probes.suite.verdicts import PASS
+from probes.suite.contract_sequences import sequence_in, shorter
+from probes.suite.registry import probe
+from probes.suite.verdicts import CRASH, HANG, PASS
 
 MAX_SHRINK_RUNS = 40
 
@@ -129,19 +139,145 @@ def summary(results: list[CaseResult], findings: list[Finding]) -> str:
     return "\n".join(lines)
 
 
+CONTRACT = "contract_sequences"
+SHRINK_SECONDS = 600.0  # shrinking a crash or a hang across workers, at most
+
+
+def fuzz_contract(name: str, generation: str, cases: int, seed: int = 0, faults: kvref.Faults = kvref.Faults(),
+                  seconds: float = 60.0, jobs: int | None = None,
+                  out: Path = Path("reports")) -> tuple[list[CaseResult], list[Path]]:
+    """`cases` workers per way the manager is built, each drawing contract
+    sequences for `seconds`; every kind of failure written once as a JSON finding."""
+    declared = iut(name)
+    declared.check_target(generation)
+    declared.check_faults(faults)
+    results = run_cases([contract_case(name, generation, faults, seconds, seed * 1000 + i, options)
+                         for options in declared.library.OPTION_SETS for i in range(cases)], jobs)
+    kinds: dict[tuple, Path] = {}
+    directory = Path(out) / generation / "findings"
+    for result in results:
+        if result.outcome.verdict == PASS:
+            continue
+        key = (result.outcome.verdict, result.case.options_text, _reason(result.outcome.detail))
+        if key not in kinds:
+            kinds[key] = write_finding(finished(result), directory, len(kinds) + 1)
+    return results, list(kinds.values())
+
+
+def contract_case(name: str, generation: str, faults: kvref.Faults, seconds: float, seed: int,
+                  options: dict | None = None, calls: dict | None = None) -> Case:
+    """A contract_sequences case whose sequences run `seconds` (half its timeout)."""
+    return Case(CONTRACT, generation, name, f"contract-{seed}", probe(CONTRACT).subject, faults, 2 * seconds,
+                iut(name).startup_seconds, seed=seed, iut_options=tuple(sorted((options or {}).items())),
+                calls=calls)
+
+
+def finished(result: CaseResult) -> CaseResult:
+    """A crash or a hang, which ended its worker before it could shrink, shrunk
+    here by replaying shorter sequences each in a worker of its own."""
+    if result.outcome.verdict not in (CRASH, HANG):
+        return result
+    sequence = sequence_in(result.stderr)
+    if sequence is None:
+        return result
+    best = result
+
+    def fails_alike(candidate: dict) -> dict | None:
+        nonlocal best
+        tried = run_case(replace(result.case, calls=candidate))
+        if tried.outcome.verdict != result.outcome.verdict:
+            return None
+        best = tried
+        return candidate
+
+    shrunk = shorter(sequence, fails_alike, time.monotonic() + SHRINK_SECONDS, max_replays=MAX_SHRINK_RUNS)
+    return best if best.case.calls is not None else replace(result, case=replace(result.case, calls=shrunk))
+
+
+def write_finding(result: CaseResult, directory: Path, number: int) -> Path:
+    """The finding as data: what ran, what it earned, and the sequence to replay."""
+    case, outcome = result.case, result.outcome
+    sequence = case.calls or sequence_in(outcome.detail) or sequence_in(result.stderr)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"contract-{case.iut}-{outcome.verdict.lower()}-{number}.json"
+    path.write_text(json.dumps({"iut": case.iut, "generation": case.generation, "faults": list(case.faults.names),
+                                "options": case.options_text, "verdict": outcome.verdict,
+                                "detail": outcome.detail.strip().splitlines()[0] if outcome.detail.strip() else "",
+                                "sequence": sequence}, indent=1) + "\n")
+    return path
+
+
+def replay(path: Path, name: str | None, generation: str | None, faults: kvref.Faults,
+           seconds: float) -> CaseResult:
+    """One finding's (or a bare sequence's) sequence, replayed on `name`
+    (default: the IUT it was found on) in a worker."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--replay {path}: not a readable JSON sequence ({e})") from e
+    sequence = data.get("sequence", data) if isinstance(data, dict) else None
+    if not isinstance(sequence, dict) or not {"spec", "seed", "steps"} <= set(sequence):
+        raise ValueError(f"--replay {path}: expected a finding or a sequence with spec, seed and steps")
+    name = name or data.get("iut", "kvref-sim")
+    generation = generation or data.get("generation") or iut(name).targets[0]
+    iut(name).check_target(generation)
+    return run_case(contract_case(name, generation, faults, seconds, 0, calls=sequence))
+
+
+def _reason(detail: str) -> str:
+    first = detail.strip().splitlines()[0] if detail.strip() else ""
+    return re.sub(r"\{.*?\}|\[[^\]]*\]|\(.*?\)|-?\d+", "N", first.split(": ", 1)[-1])[:60]
+
+
+def contract_summary(results: list[CaseResult], findings: list[Path]) -> str:
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.outcome.verdict] = counts.get(r.outcome.verdict, 0) + 1
+    lines = [f"{len(results)} workers: " + ", ".join(f"{v} {n}" for v, n in sorted(counts.items()))]
+    lines += [f"  {r.outcome.detail.strip().splitlines()[0][:300]}" for r in results if r.outcome.verdict == PASS]
+    for path in findings:
+        finding = json.loads(path.read_text())
+        steps = len(finding["sequence"]["steps"]) if finding["sequence"] else "?"
+        lines.append(f"  {finding['verdict']} [{finding['options']}] in {steps} step(s): {finding['detail'][:200]}"
+                     f"\n    -> {path}")
+    return "\n".join(lines)
+
+
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iut", default="kvref-sim", help="an IUT, as for `kvprobe run`")
     parser.add_argument("--generation", "-g", default=None,
                         help="its target (default: the IUT's first, e.g. cpu for tpu-sync-jax)")
-    parser.add_argument("--sequences", type=options.positive, default=40,
-                        help="sequences per way the manager is built")
+    parser.add_argument("--model", choices=("contract", "blocks"), default="contract",
+                        help="contract: sequences of every offload call held to the contract's model (default); "
+                             "blocks: d2h/h2d sequences held to the block model, with reproducer scripts")
+    parser.add_argument("--sequences", type=options.positive, default=None,
+                        help="workers (contract; default 2) or sequences (blocks; default 40) per way the manager "
+                             "is built")
+    parser.add_argument("--seconds", type=options.positive_number(float), default=60.0,
+                        help="contract: seconds each worker draws sequences for")
+    parser.add_argument("--replay", type=Path, default=None,
+                        help="contract: replay the sequence of a finding (or a bare sequence) from this JSON file")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=options.positive_number(float), default=60.0, help="seconds per sequence")
+    parser.add_argument("--timeout", type=options.positive_number(float), default=60.0,
+                        help="blocks: seconds per sequence")
     options.add(parser, "faults", "jobs", "out")
 
 
 def run(args) -> int:
-    """1 when any sequence found a failure (its reproducer is written), else 0."""
+    """1 when any sequence found a failure (its finding is written), else 0."""
+    faults = kvref.Faults.parse(args.faults, environ={})
+    if args.replay is not None:
+        result = replay(args.replay, args.iut if args.iut != "kvref-sim" or not args.replay else None,
+                        args.generation, faults, args.seconds)
+        print(f"{result.outcome.verdict} [{result.case.iut} {result.case.generation}] {result.outcome.detail.strip()}")
+        return 0 if result.outcome.verdict == PASS else 1
+    if args.model == "contract":
+        generation = args.generation or iut(args.iut).targets[0]
+        results, findings = fuzz_contract(args.iut, generation, args.sequences or 2, args.seed, faults,
+                                          args.seconds, args.jobs, args.out)
+        print(contract_summary(results, findings))
+        return 1 if findings else 0
+    args.sequences = args.sequences or 40
     generation = args.generation or iut(args.iut).targets[0]
     results, findings = fuzz_iut(args.iut, generation, args.sequences, args.seed,
                                  kvref.Faults.parse(args.faults, environ={}), args.timeout, args.jobs, args.out)

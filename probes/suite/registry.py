@@ -10,7 +10,7 @@ from enum import StrEnum
 from typing import Callable
 
 import kvref
-from probes.suite import (call_sequence, construction, constructor_ports, donation, fork_forms, host_budget,
+from probes.suite import (call_sequence, construction, contract_sequences, constructor_ports, donation, fork_forms, host_budget,
                           host_chunks, host_transfers, kv_store, ordering, plan_binding, pull_donation, pull_failures,
                           pull_fans, pull_telemetry, pulls, requests, robustness, roundtrip, serving_step, settings,
                           shared_pool, sharded, worker_registration)
@@ -183,6 +183,9 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     Probe("fork_forms", fork_forms.fork_forms, Scope.ROBUSTNESS, always(PASS), subject=PULL_SUBJECT,
           kinds=fork_forms.FORK_KINDS, default=False),
     Probe("call_sequence", call_sequence.call_sequence, Scope.FUZZ, always(PASS), default=False),
+    # Stateful random sequences of every offload call, held to one model of the contract.
+    Probe("contract_sequences", contract_sequences.contract_sequences, Scope.GENERATION, always(PASS),
+          subject=PLAN_SHAPE, default=False, waits=True),
 )}
 
 DEFAULT_PROBES = tuple(name for name, p in PROBES.items() if p.default)

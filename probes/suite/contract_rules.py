@@ -1,0 +1,345 @@
+"""The rules a contract sequence is made of, each one call (or a few, as a
+serving stack makes them together) of the Library protocol or a model step
+of the Arrays: how it is drawn from the model's state, whether it still
+applies on replay (its precondition), and what it does to the IUT and the
+model (probes.suite.contract), judged as it goes. A step is plain data
+(JSON); one that names an earlier step (`of`) names the save it made."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+import kvref
+from probes.iut.adapter import Adapter
+from probes.iut.host_data import random_host
+from probes.iut.protocol import NotInPlace
+from probes.suite.block_model import BlockModel
+from probes.suite.contract import ContractModel, Judgment, Must, device_side
+from probes.suite.store_model import StoreModel
+from probes.suite.refusals import first_line
+from probes.suite.verdicts import CORRUPT, ERROR
+
+class Stop(Exception):
+    """The backend cannot make a model step the sequence asked for: the
+    sequence ends there, judged up to it."""
+
+
+class Broken(Exception):
+    """A rule the manager broke: the verdict and what happened."""
+
+    def __init__(self, verdict: str, detail: str):
+        super().__init__(detail)
+        self.verdict, self.detail = verdict, detail
+
+
+class Session:
+    """One IUT's manager over a sequence's caches, and the model beside it."""
+
+    def __init__(self, iut: Adapter, spec: dict, seed: int):
+        self.iut, self.spec = iut, spec
+        self.key = kvref.ShapeKey.parse(spec["shape"])
+        self.layout = iut.layout(self.key)
+        pairs = iut.make_caches(self.key, [seed + i for i in range(spec["layers"])], spec["mode"], finite=True)
+        self.caches = [c for c, _ in pairs]
+        if spec["mode"] != "deferred":
+            for cache in self.caches:  # landed first: the landing race has probes of its own
+                iut.fetch(cache)
+        try:
+            self.manager = iut.manager(self.caches, spec["host_blocks"])
+        except Exception as e:  # these layouts are addressable: a refusal is a finding too
+            raise Broken(ERROR, f"construction refused or failed: {first_line(e)}") from e
+        self.block = self.manager.layer_bytes_per_block[0]
+        blocks = BlockModel([self.physical(host) for _, host in pairs], host_blocks=spec["host_blocks"],
+                            zeroed_pool=False)
+        self.store = iut.kv_store(spec["store"]) if spec.get("store") else None
+        self.model = ContractModel(blocks, StoreModel(spec["store"]) if self.store is not None else None)
+        self.pending: dict[int, object] = {}  # step -> the IUT's Pending of a transfer not awaited
+        # step -> how its transfer must end, what it was, what a failure leaves unknown, the device blocks it touches
+        self.judgments: dict[int, tuple[Judgment, str, object, set[int]]] = {}
+
+    def physical(self, logical: np.ndarray) -> list[bytes]:
+        packed = kvref.pack(logical, self.layout)
+        return [packed[i:i + self.block].tobytes() for i in range(0, packed.size, self.block)]
+
+    def close(self) -> None:
+        for pending in list(self.pending.values()):
+            try:
+                pending.wait()
+            except Exception:  # a transfer judged already; only its end matters here
+                pass
+        self.pending.clear()
+
+
+# --- judging a call ------------------------------------------------------
+
+REFUSED = object()  # what `judged` answers for a call refused as the judgment allowed
+
+
+def judged(session: Session, judgment: Judgment, what: str, call):
+    """Run `call()` as the judgment says it must go: its result, or REFUSED
+    when it was refused (and a refusal was allowed)."""
+    try:
+        result = call()
+    except Broken:
+        raise
+    except Exception as e:  # judged against the model
+        if judgment.must == Must.FAIL:
+            return REFUSED
+        if judgment.must == Must.DO:
+            raise Broken(ERROR, f"{what}: a valid call was refused or failed: {first_line(e)}") from e
+        if not session.iut.refuses(e):
+            raise Broken(ERROR, f"{what}: refused with a failure, not a clean refusal: {first_line(e)}") from e
+        return REFUSED
+    if judgment.must == Must.REFUSE:
+        raise Broken(ERROR, f"{what}: accepted; it must be refused ({judgment.why})")
+    return result
+
+
+def settle(session: Session, step: int, judgment: Judgment, what: str) -> bool:
+    """Await step's transfer: whether it landed. One that must fail must say so."""
+    pending = session.pending.pop(step)
+    try:
+        pending.wait()
+    except Exception as e:  # judged against the model
+        if judgment.must not in (Must.FAIL, Must.MAY_FAIL):
+            raise Broken(ERROR, f"{what}: its transfer failed: {first_line(e)}") from e
+        return False
+    if judgment.must == Must.FAIL:
+        raise Broken(ERROR, f"{what}: reported done, though a copy it needed failed ({judgment.why})")
+    return True
+
+
+# --- the rules -----------------------------------------------------------
+
+def transfer(session: Session, index: int, step: dict) -> None:
+    """d2h or h2d (valid or not), awaited or left in flight."""
+    model, d2h = session.model, step["d2h"]
+    judgment = model.judge_transfer(d2h, step["src"], step["dst"], step["sizes"])
+    what = f"{'d2h' if d2h else 'h2d'} {step['src']} -> {step['dst']} sizes {step['sizes']}"
+    pending = judged(session, judgment, what,
+                     lambda: session.iut.start(session.manager, d2h, step["src"], step["dst"], step["sizes"]))
+    if pending is REFUSED:
+        if judgment.must == Must.FAIL:
+            model.forget(d2h, step["dst"], step["sizes"])
+        return
+    session.pending[index] = pending
+    landed = True
+    if step["wait"] or judgment.must == Must.FAIL:
+        landed = settle(session, index, judgment, what)
+    model.transfer(index, d2h, step["src"], step["dst"], step["sizes"], awaited=index not in session.pending,
+                   failed=not landed)
+    if index in session.pending:
+        session.judgments[index] = (judgment, what, lambda: model.forget(d2h, step["dst"], step["sizes"]),
+                                    device_side(d2h, step["src"], step["dst"], step["sizes"]))
+
+
+def save(session: Session, index: int, step: dict) -> None:
+    """d2h_auto_allocate: chunks the manager picks and locks."""
+    model = session.model
+    judgment = model.judge_save(step["blocks"], step["sizes"])
+    what = f"save {step['blocks']} sizes {step['sizes']}"
+    answer = judged(session, judgment, what, lambda: session.iut.save(session.manager, step["blocks"], step["sizes"]))
+    if answer is REFUSED:
+        return
+    chunks, pending = answer
+    chunks = [int(c) for c in chunks]
+    expected = sum(step["sizes"]) if step["sizes"] is not None else len(step["blocks"])
+    if len(chunks) != expected or len(set(chunks)) != len(chunks):
+        raise Broken(ERROR, f"{what}: {len(chunks)} chunks {chunks[:8]} for {expected} blocks, each its own")
+    taken = [c for c in chunks if not 0 <= c < model.host_blocks or c in model.locked]
+    if taken:
+        raise Broken(ERROR, f"{what}: chunk {taken[0]} handed out, which is out of range or still locked "
+                            f"(locked: {sorted(model.locked)[:16]})")
+    session.pending[index] = pending
+    model.saved(index, step["blocks"], step["sizes"], chunks, pending, awaited=False)
+    session.judgments[index] = (judgment, what, lambda: model.save_failed(index),
+                                device_side(True, step["blocks"], [], step["sizes"]))
+    if step["wait"] or judgment.must == Must.FAIL:
+        wait(session, index, {"of": index})
+
+
+def wait(session: Session, index: int, step: dict) -> None:
+    """Await a transfer or save left in flight."""
+    of = step["of"]
+    judgment, what, forget, _ = session.judgments.pop(of)
+    landed = settle(session, of, judgment, what)
+    session.model.settled(of)
+    if not landed:
+        forget()
+
+
+def load(session: Session, index: int, step: dict) -> None:
+    """h2d from some chunks of an earlier save into device blocks."""
+    chunks = session.model.saves[step["of"]].chunks
+    transfer(session, index, {"d2h": False, "src": [chunks[i] for i in step["pick"]], "dst": step["dst"],
+                              "sizes": None, "wait": step["wait"]})
+
+
+def unlock(session: Session, index: int, step: dict) -> None:
+    """unlock_blocks of an earlier save's chunks, or of ids not locked."""
+    chunks = list(session.model.saves[step["of"]].chunks) if "of" in step else list(step["ids"])
+    judgment = session.model.judge_unlock(chunks)
+    if "of" in step and step["of"] in session.pending and judgment.must != Must.REFUSE:
+        return  # ordering an unlock against a save in flight is the save's wait's to judge
+    if judged(session, judgment, f"unlock {chunks}", lambda: session.iut.unlock(session.manager, chunks)) is REFUSED:
+        return
+    if judgment.must != Must.REFUSE:
+        session.model.unlocked(chunks)
+
+
+def fill(session: Session, index: int, step: dict) -> None:
+    """Save as many blocks as chunks are free (all must be handed out), and
+    one more (refused, nothing taken)."""
+    free = session.model.free_chunks
+    rng = np.random.default_rng(step["seed"])
+    blocks = [int(b) for b in rng.integers(0, session.model.rows, free + step["extra"])]
+    save(session, index, {"blocks": blocks, "sizes": None, "wait": True})
+
+
+def model_step(session: Session, index: int, step: dict) -> None:
+    """A model step leaves new contents in one layer: in place, dispatched
+    and still running, or donating the cache (its storage aliased or not)."""
+    layer, how = step["layer"], step["how"]
+    new = random_host(session.key, step["seed"], finite=True)
+    cache = session.caches[layer]
+    moved = how in ("serving", "dispatch") and session.iut.backend != "sim" or how == "donate_moved"
+    try:
+        if how == "serving":
+            cache = session.iut.serving_step(cache, new)
+        elif how == "dispatch":
+            cache = session.iut.dispatch_step(cache, new)
+        else:
+            cache = session.iut.donating_step(cache, new, how == "donate_in_place")
+    except (NotInPlace, NotImplementedError) as e:
+        raise Stop(f"this backend cannot make the step {how}: {first_line(e)}") from e
+    except Exception as e:  # the step itself, not the manager
+        raise Broken(ERROR, f"model step {how} on layer {layer} failed: {first_line(e)}") from e
+    session.caches[layer] = cache
+    session.model.stepped(layer, session.physical(new), moved)
+
+
+def hold(session: Session, index: int, step: dict) -> None:
+    """The device holds the next copy of a layer in flight (a stall)."""
+    session.iut.hold_copies(session.caches[step["layer"]], step["seconds"], until_step=step["until_step"])
+
+
+def fail_copies(session: Session, index: int, step: dict) -> None:
+    """The device fails every later copy that touches one block of one layer."""
+    block = step["block"]
+    session.iut.arrays.fail_copies(session.caches[step["layer"]], block * session.block, (block + 1) * session.block)
+    session.model.failing.add(block)
+    for k, (judgment, what, forget, touches) in session.judgments.items():
+        if block in touches and judgment.must == Must.DO:
+            session.judgments[k] = (Judgment(Must.MAY_FAIL, f"block {block} began to fail while it was in flight"),
+                                    what, forget, touches)
+
+
+def check(session: Session, index: int, step: dict) -> None:
+    """Every device block as the next step reads it, against the model
+    (but those a transfer in flight may yet fail to write)."""
+    doubtful = set().union(*(touches for judgment, _, _, touches in session.judgments.values()
+                             if judgment.must == Must.MAY_FAIL))
+    for layer, cache in enumerate(session.caches):
+        device = session.physical(session.iut.read_by_step(cache))
+        wrong = [b for b, (got, want) in enumerate(zip(device, session.model.blocks.device[layer]))
+                 if want is not None and got != want and b not in doubtful]
+        if wrong:
+            raise Broken(CORRUPT, f"layer {layer}: device blocks {wrong[:8]} differ from the model")
+
+
+def check_host(session: Session) -> None:
+    """Every host block the model knows and no transfer still writes."""
+    model, skip = session.model, session.model.unsettled_host()
+    for layer in range(len(session.caches)):
+        wrong = [b for b in range(model.host_blocks) if b not in skip and model.blocks.host[layer][b] is not None
+                 and session.manager.read_block_bytes(layer, b) != model.blocks.host[layer][b]]
+        if wrong:
+            raise Broken(CORRUPT, f"layer {layer}: host blocks {wrong[:8]} differ from the model")
+
+
+def concurrent(session: Session, index: int, step: dict) -> None:
+    """Two valid transfers on two threads at once, touching disjoint blocks."""
+    errors = []
+
+    def run(request):
+        try:
+            session.iut.transfer(session.manager, request["d2h"], request["src"], request["dst"], None)
+        except Exception as e:  # collected: both are valid
+            errors.append(first_line(e))
+
+    for request in step["both"]:
+        if session.model.judge_transfer(request["d2h"], request["src"], request["dst"], None).must != Must.DO:
+            return  # no longer what the rule is for (a replay without an earlier step)
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in step["both"]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    if any(t.is_alive() for t in threads):
+        raise Broken(ERROR, "two valid transfers on two threads did not end within 60 s")
+    if errors:
+        raise Broken(ERROR, f"a valid transfer on one of two threads failed: {errors[0]}")
+    for r in step["both"]:
+        session.model.transfer(index, r["d2h"], r["src"], r["dst"], None, awaited=True)
+
+
+def store_call(session: Session, index: int, step: dict) -> None:
+    """One call of the store of saved blocks, against the store's model."""
+    store, model, call = session.store, session.model.store, step["call"]
+    hashes = [h.to_bytes(8, "little") for h in step["hashes"]]
+    if call == "lookup":
+        got, want = [(h, int(c)) for h, c in store.lookup(hashes)], model.lookup(hashes)
+        if got != want:
+            raise Broken(ERROR, f"store lookup {step['hashes']}: {_named(got)}, the model {_named(want)}")
+    elif call == "pin":
+        if len(model.lookup(hashes)) != len(hashes):
+            return  # pins only what is stored (a replay without the insert)
+        store.pin(hashes)
+        model.pin(hashes)
+    elif call == "release":
+        store.release(hashes)
+        model.release(hashes)
+    else:
+        taken, evicted = store.insert(hashes, step["chunks"])
+        want_taken, want_evicted = model.insert(hashes, step["chunks"])
+        if bool(taken) != want_taken:
+            raise Broken(ERROR, f"store insert {step['hashes']}: taken={taken}, the model says {want_taken} "
+                                f"(capacity {model.capacity}, pinned {sorted(_named(model.pins))})")
+        if evicted is not None and sorted(evicted) != sorted(want_evicted):
+            raise Broken(ERROR, f"store insert {step['hashes']}: evicted {_named(evicted)}, the model "
+                                f"{_named(want_evicted)}")
+
+
+def plan(session: Session, index: int, step: dict) -> None:
+    """A transfer plan registered (as bytes, as the serving stack passes it) and read back."""
+    request = session.iut.plan_request(step["uuid"], step["src"], step["dst"])
+    try:
+        session.manager.register_active_plan(step["uuid"], request.SerializeToString(), True)
+        got = session.manager.active_plan(step["uuid"])
+    except Exception as e:  # the binding must take the bytes it is given
+        raise Broken(ERROR, f"plan {step['uuid']} registered as bytes: {first_line(e)}") from e
+    want = session.iut.library.plan_fields(request, True)
+    read = {k: (list(got[k]) if isinstance(got, dict) else list(getattr(got, k)))
+            if isinstance(want[k], list) else (got[k] if isinstance(got, dict) else getattr(got, k))
+            for k in want}
+    if read != want:
+        raise Broken(ERROR, f"plan {step['uuid']} read back as {read}, registered as {want}")
+
+
+def _named(hashes) -> list:
+    return [int.from_bytes(h[0] if isinstance(h, tuple) else h, "little") for h in hashes]
+
+
+RULES = {rule.__name__: rule for rule in (transfer, save, wait, load, unlock, fill, model_step, hold, fail_copies,
+                                          check, concurrent, store_call, plan)}
+
+# What each call of probes.iut.protocol's Library and ManagerView is exercised by.
+CALLS = {"manager": "Session", "transfer": "concurrent", "start": "transfer", "save": "save",
+         "unlock": "unlock", "refuses": "judged", "kv_store": "store_call", "plan_request": "plan",
+         "plan_fields": "plan", "read_block_bytes": "check_host", "register_active_plan": "plan",
+         "active_plan": "plan"}
+NOT_CALLS = {"version": "the build's name", "skip_reason": "whether it runs here",
+             "distribution": "the build's name", "supports_faults": "kvref's fault models",
+             "OPTION_SETS": "each way a manager is built: one session each"}

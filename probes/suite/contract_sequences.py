@@ -1,0 +1,205 @@
+"""Stateful random sequences over the contract (probes.suite.contract), run
+in the case's worker: each step drawn from the model's state
+(probes.suite.contract_draws), carried out on the IUT and the model
+(probes.suite.contract_rules), and every host block the model knows
+compared after it; device blocks at `check` steps and at the end. A
+failing sequence is shrunk here, by replaying shorter ones on fresh caches
+and a fresh manager, to the shortest that fails the same way.
+
+Why not hypothesis's RuleBasedStateMachine: a finding here may be a crash
+or a hang, which ends the process hypothesis shrinks in; so a sequence is
+data (JSON, replayable on any IUT with `kvprobe fuzz --replay`), drawn by
+a seeded generator, and shrunk by replay, in the worker for what leaves
+it alive and by `kvprobe fuzz` across workers for what does not. A replayed
+step whose precondition no longer holds (the save it names was dropped)
+is passed over, as hypothesis passes over a rule whose bundle is empty."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+
+import numpy as np
+
+from probes.iut.adapter import Adapter
+from probes.suite import contract_rules as rules
+from probes.suite.cases import Case
+from probes.suite.contract_draws import Parts, addressable_shapes, draw_spec, draw_step
+from probes.suite.contract_rules import Broken, Session, Stop
+from probes.suite.refusals import first_line
+from probes.suite.verdicts import ERROR, PASS, SKIP, Outcome
+
+STEPS = 40  # steps a drawn sequence takes
+MAX_SEQUENCES = 400
+BUDGET_SECONDS = 60.0  # at most, per case; less where the case's timeout is shorter
+MAX_REPLAYS = 120  # shrinking: replays of shorter sequences
+
+
+def contract_sequences(case: Case, iut: Adapter) -> Outcome:
+    """Random sequences of the offload calls (transfers awaited and not,
+    saves, loads, unlocks, the store) with model steps, stalls and failing
+    copies between them, every step held to the contract's model; a
+    failing sequence is shrunk and given as JSON. With case.calls, that one
+    sequence is replayed."""
+    parts = Parts.of(iut)
+    if case.calls is not None:
+        failure = run_sequence(iut, case.calls, parts)
+        if failure is None:
+            return Outcome(PASS, f"the sequence's {len(case.calls['steps'])} steps held to the model")
+        return _outcome(failure, case.calls, case.calls)
+    shapes = addressable_shapes(iut)
+    if not shapes:
+        return Outcome(SKIP, f"no sequence shape has rows that are byte ranges on {iut.generation}")
+    start, budget = time.monotonic(), min(BUDGET_SECONDS, case.timeout * 0.5)
+    sequences = steps = 0
+    while sequences < MAX_SEQUENCES and time.monotonic() - start < budget:
+        rng = np.random.default_rng([case.seed, sequences])
+        sequence = {"spec": draw_spec(rng, shapes, parts), "seed": int(rng.integers(2**31)), "steps": []}
+        failure = run_sequence(iut, sequence, parts, rng=rng)
+        sequences += 1
+        steps += len(sequence["steps"])
+        if failure is not None:
+            shrunk = shrink(iut, sequence, failure, parts, deadline=start + case.timeout * 0.85)
+            return _outcome(run_sequence(iut, shrunk, parts) or failure, shrunk, sequence)
+    if not steps:
+        return Outcome(ERROR, "no sequence ran within the budget")
+    return Outcome(PASS, f"{sequences} sequences, {steps} steps held to the contract's model")
+
+
+def run_sequence(iut: Adapter, sequence: dict, parts: Parts, rng=None) -> tuple[int, Broken] | None:
+    """Replay `sequence` (or, with `rng`, draw its steps as it goes and
+    record them): the first broken rule, as (step, Broken), or None."""
+    # On the worker's output, so a hang's or a crash's detail names the sequence it ended in.
+    print(f"sequence {json.dumps({'spec': sequence['spec'], 'seed': sequence['seed']})}", file=sys.stderr, flush=True)
+    try:
+        session = Session(iut, sequence["spec"], sequence["seed"])
+    except Broken as e:
+        return -1, e
+    steps = sequence["steps"] if rng is None else []
+    index = 0
+    try:
+        while index < (len(steps) if rng is None else STEPS):
+            if rng is not None:
+                steps.append(draw_step(rng, session, parts))
+                sequence["steps"] = steps
+            step = steps[index]
+            print(f"step {index} {json.dumps(step)}", file=sys.stderr, flush=True)
+            if applies(session, step, parts):
+                rules.RULES[step["rule"]](session, index, step)
+                rules.check_host(session)
+            index += 1
+        for pending in sorted(session.judgments):
+            rules.wait(session, index, {"of": pending})
+        rules.check_host(session)
+        rules.check(session, index, {})
+    except Stop:
+        sequence["steps"] = steps[:index + 1]
+    except Broken as e:
+        sequence["steps"] = steps[:index + 1]
+        return index, e
+    except Exception as e:  # a rule of the harness itself failed: the verdict says so, with the step
+        sequence["steps"] = steps[:index + 1]
+        return index, Broken(ERROR, f"the harness failed at this step: {type(e).__name__}: {first_line(e)}")
+    finally:
+        session.close()
+    return None
+
+
+def applies(session: Session, step: dict, parts: Parts) -> bool:
+    """Whether a replayed step's precondition still holds."""
+    model, rule = session.model, step["rule"]
+    if rule == "wait":
+        return step["of"] in session.judgments
+    if rule == "load":
+        save = model.saves.get(step["of"])
+        return save is not None and not save.unlocked and all(i < len(save.chunks) for i in step["pick"]) \
+            and all(0 <= b < model.rows for b in step["dst"])
+    if rule == "unlock" and "of" in step:
+        return step["of"] in model.saves
+    if rule == "model_step":
+        return step["layer"] < len(session.caches) and (parts.donation or step["how"] in ("serving", "dispatch"))
+    if rule in ("hold", "fail_copies"):
+        return step["layer"] < len(session.caches) and (parts.hold if rule == "hold" else parts.fail_copies)
+    if rule == "store_call":
+        return session.store is not None
+    if rule == "plan":
+        return parts.plans
+    return True
+
+
+def failure_kind(failure: tuple[int, Broken]) -> tuple[str, str]:
+    """Failures of one kind share the verdict and the reason, numbers and lists taken out."""
+    reason = re.sub(r"\[[^\]]*\]|\(.*?\)|-?\d+|True|False|'[^']*'", "N", failure[1].detail.split(": ", 1)[-1])
+    return failure[1].verdict, reason[:60]
+
+
+def shrink(iut: Adapter, sequence: dict, failure: tuple[int, Broken], parts: Parts, deadline: float) -> dict:
+    """The shortest sequence found that fails the same way, by replays here."""
+    kind = failure_kind(failure)
+
+    def fails_alike(candidate: dict) -> dict | None:
+        found = run_sequence(iut, candidate, parts)
+        return candidate if found is not None and failure_kind(found) == kind else None
+
+    return shorter(sequence, fails_alike, deadline)
+
+
+def shorter(sequence: dict, fails_alike, deadline: float, max_replays: int = MAX_REPLAYS) -> dict:
+    """Runs of steps dropped (halves, then quarters, down to single steps),
+    then a layer, while `fails_alike(candidate)` answers the candidate as
+    replayed (or None: it did not fail alike); at most `max_replays`
+    replays, none begun after `deadline` (time.monotonic())."""
+    best, replays = sequence, 0
+
+    def attempt(candidate: dict) -> dict | None:
+        nonlocal replays
+        if replays >= max_replays or time.monotonic() > deadline:
+            return None
+        replays += 1
+        return fails_alike(json.loads(json.dumps(candidate)))
+
+    chunk = max(1, len(best["steps"]) // 2)
+    while chunk >= 1 and replays < max_replays and time.monotonic() < deadline:
+        start, progressed = 0, False
+        while start < len(best["steps"]):
+            steps = best["steps"]
+            trial = attempt({**best, "steps": steps[:start] + steps[start + chunk:]})
+            if trial is not None:
+                best, progressed = trial, True
+            else:
+                start += chunk
+        if not progressed:
+            chunk //= 2
+    if best["spec"]["layers"] > 1:
+        best = attempt({**best, "spec": {**best["spec"], "layers": 1}}) or best
+    return best
+
+
+def sequence_in(detail: str) -> dict | None:
+    """The sequence a case's detail gives: the shrunk one of a finding, or
+    the last one the worker began (from its output), or None."""
+    found = re.search(r"^sequence \(.*?\): (\{.*\})$", detail, re.M)
+    if found:
+        return json.loads(found.group(1))
+    began = [m.start() for m in re.finditer(r"^sequence \{", detail, re.M)]
+    if not began:
+        return None
+    lines = detail[began[-1]:].splitlines()
+    try:
+        sequence = {**json.loads(lines[0][len("sequence "):]), "steps": []}
+        for line in lines[1:]:
+            if line.startswith("step "):
+                sequence["steps"].append(json.loads(line.split(" ", 2)[2]))
+    except (ValueError, IndexError):
+        return None
+    return sequence
+
+
+def _outcome(failure: tuple[int, Broken], shrunk: dict, found: dict) -> Outcome:
+    index, broken = failure
+    where = "building the manager" if index < 0 else f"step {index} {json.dumps(shrunk['steps'][index])}" \
+        if index < len(shrunk["steps"]) else "after the last step, every transfer awaited"
+    return Outcome(broken.verdict, f"{where}: {broken.detail}\nsequence ({len(found['steps'])} steps, shrunk to "
+                                   f"{len(shrunk['steps'])}): {json.dumps(shrunk)}")

@@ -55,7 +55,6 @@ class Save:
     pending: object = None  # the IUT's Pending, until awaited
     failed: bool = False
     unlocked: bool = False
-    may_fail: bool = False  # it touched a failing block
 
 
 @dataclass
@@ -64,7 +63,7 @@ class ContractModel:
     store: StoreModel | None = None
     locked: dict[int, int] = field(default_factory=dict)  # chunk -> the step that locked it
     saves: dict[int, Save] = field(default_factory=dict)  # step -> its save
-    failing: set[int] = field(default_factory=set)  # device blocks whose copies fail
+    failing: dict[int, set[int]] = field(default_factory=dict)  # layer -> its blocks whose copies fail
     storage_moved: bool = False  # a step gave a cache's storage up: transfers may be refused
     in_flight: dict[int, set[int]] = field(default_factory=dict)  # step -> host blocks it still writes
     reading: dict[int, set[int]] = field(default_factory=dict)  # step -> host blocks a load in flight reads
@@ -92,8 +91,8 @@ class ContractModel:
             return Judgment(Must.REFUSE, problem)
         device, host = (src, dst) if d2h else (dst, src)
         spans = _spans(device, sizes)
-        if self.failing & spans:
-            return Judgment(Must.FAIL, f"device blocks {sorted(self.failing & spans)} fail every copy")
+        if self.failing_blocks() & spans:
+            return Judgment(Must.FAIL, f"device blocks {sorted(self.failing_blocks() & spans)} fail every copy")
         host_spans = _spans(host, sizes)
         if not d2h and {self.locked[c] for c in host_spans if c in self.locked} & self.failed_saves():
             return Judgment(Must.REFUSE, "a load from chunks whose save failed")
@@ -112,8 +111,8 @@ class ContractModel:
         wanted = len(_runs(blocks, sizes))
         if wanted > self.free_chunks:
             return Judgment(Must.REFUSE, f"{wanted} chunks asked, {self.free_chunks} free")
-        if self.failing & _spans(blocks, sizes):
-            return Judgment(Must.FAIL, f"device blocks {sorted(self.failing & _spans(blocks, sizes))} fail")
+        if self.failing_blocks() & _spans(blocks, sizes):
+            return Judgment(Must.FAIL, f"device blocks {sorted(self.failing_blocks() & _spans(blocks, sizes))} fail")
         busy = (self.unsettled_host() | set().union(*self.reading.values())) - set(self.locked)
         if wanted > self.free_chunks - len(busy):
             return Judgment(Must.EITHER, f"{len(busy)} of the free chunks are in use by copies in flight: "
@@ -133,6 +132,10 @@ class ContractModel:
         if any(self.saves[self.locked[c]].pending is not None for c in chunks):
             return Judgment(Must.EITHER, "its save is still in flight: refused, or unlocked once it lands")
         return Judgment(Must.DO)
+
+    def failing_blocks(self) -> set[int]:
+        """Blocks whose copies fail in some layer (a transfer moves every layer's)."""
+        return set().union(*self.failing.values()) if self.failing else set()
 
     def failed_saves(self) -> set[int]:
         return {step for step, save in self.saves.items() if save.failed}
@@ -184,9 +187,20 @@ class ContractModel:
             save = self.saves[step]
             save.unlocked = not any(self.locked.get(c) == step for c in save.chunks)
 
+    def rebuilt(self) -> None:
+        """A new manager over the same caches: a new pool, nothing locked."""
+        self.blocks.host = [[None] * self.host_blocks for _ in self.blocks.device]
+        self.locked.clear()
+        self.saves.clear()
+        self.in_flight.clear()
+        self.reading.clear()
+        self.storage_moved = False
+
     def stepped(self, layer: int, blocks: list[bytes], moved: bool) -> None:
         self.blocks.device[layer] = list(blocks)
         self.storage_moved |= moved
+        if moved:  # the failing copies were the old storage's
+            self.failing.pop(layer, None)
 
 
 def device_side(d2h: bool, src, dst, sizes) -> set[int]:

@@ -17,8 +17,11 @@ from probes.suite.contract_rules import Session
 from probes.suite.ownership import row_byte_ranges
 
 # Small caches, so a sequence's every step can be checked byte for byte.
-SHAPES = ("bf16[32,8,128]", "f32[16,4,256]", "bf16[64,2,128]", "bf16[16,16,128]")
+SHAPES = ("bf16[32,8,128]", "f32[16,4,256]", "bf16[64,2,128]", "bf16[16,16,128]", "bf16[32,4,128]",
+          "f32[16,8,128]")
 STEP_HOW = ("serving", "dispatch", "donate_in_place", "donate_moved")
+# Shapes whose rows interleave on every TPU generation's layout: a manager over them is refused.
+INTERLEAVED = ("bf16[64,256]", "s8[64,512]", "bf16[16,1024]")
 HASHES = 12  # the store's hashes are drawn from this many, so inserts meet stored and pinned ones
 INT64_EDGE = (-1, 2**63 - 1, -(2**63))
 
@@ -33,35 +36,47 @@ class Parts:
     fail_copies: bool
     hold: bool
     deferred: bool
+    interleaved: tuple[str, ...]  # shapes whose rows are not byte ranges on this device
+
 
     @classmethod
     def of(cls, iut: Adapter) -> "Parts":
         return cls(store=hasattr(iut.library, "kv_store"), plans=iut.iut.applies("plan_binding"),
                    donation=hasattr(iut.arrays, "donating_step"), fail_copies=hasattr(iut.arrays, "fail_copies"),
-                   hold=iut.backend == "sim", deferred=iut.iut.applies("deferred_construction"))
+                   hold=iut.backend == "sim", deferred=iut.iut.applies("deferred_construction"),
+                   interleaved=tuple(shapes_of(iut, INTERLEAVED, contiguous=False)))
 
 
 def addressable_shapes(iut: Adapter) -> list[str]:
     """The sequence shapes whose rows are byte ranges on this IUT's device."""
-    return [text for text in SHAPES if row_byte_ranges(str(iut.layout(kvref.ShapeKey.parse(text)))).contiguous]
+    return shapes_of(iut, SHAPES, contiguous=True)
+
+
+def shapes_of(iut: Adapter, shapes, contiguous: bool) -> list[str]:
+    return [text for text in shapes
+            if row_byte_ranges(str(iut.layout(kvref.ShapeKey.parse(text)))).contiguous == contiguous]
 
 
 def draw_spec(rng, shapes: list[str], parts: Parts) -> dict:
     key = kvref.ShapeKey.parse(shapes[int(rng.integers(len(shapes)))])
     rows = key.dims[0]
-    return {"shape": str(key), "layers": int(rng.integers(1, 3)), "host_blocks": int(rng.integers(4, 2 * rows)),
+    spec = {"shape": str(key), "layers": int(rng.integers(1, 3)), "host_blocks": int(rng.integers(4, 2 * rows)),
             "mode": "deferred" if parts.deferred and rng.random() < 0.15 else "put",
             "store": int(rng.integers(2, 9)) if parts.store else 0}
+    others = [s for s in shapes if s != str(key) and kvref.ShapeKey.parse(s).dims[0] == rows]
+    if others and spec["mode"] == "put" and rng.random() < 0.1:
+        spec.update(layers=2, mixed=others[int(rng.integers(len(others)))])  # a layer of another block size
+    return spec
 
 
 def draw_step(rng, session: Session, parts: Parts) -> dict:
     model = session.model
     weights = {"transfer": 5.0, "save": 4.0, "wait": 3.0 if session.judgments else 0.0,
                "load": 3.0 if _loadable(session) else 0.0, "unlock": 3.0 if model.saves else 0.5,
-               "fill": 0.6, "model_step": 1.5, "hold": 0.8 if parts.hold else 0.0,
-               "fail_copies": 0.25 if parts.fail_copies and len(model.failing) < 2 else 0.0,
+               "fill": 0.6, "model_step": 1.5, "rebuild": 25.0 if model.storage_moved else 0.2, "hold": 0.8 if parts.hold else 0.0,
+               "fail_copies": 0.25 if parts.fail_copies and len(model.failing_blocks()) < 2 else 0.0,
                "check": 1.5, "concurrent": 0.8, "store_call": 3.0 if parts.store else 0.0,
-               "plan": 0.3 if parts.plans else 0.0}
+               "plan": 0.3 if parts.plans else 0.0, "build_refused": 0.2 if parts.interleaved else 0.0}
     names = [n for n, w in weights.items() if w > 0]
     p = [weights[n] for n in names]
     rule = names[int(rng.choice(len(names), p=[w / sum(p) for w in p]))]
@@ -168,6 +183,10 @@ def _model_step(rng, session: Session, parts: Parts) -> dict:
             "seed": int(rng.integers(2**31))}
 
 
+def _rebuild(rng, session: Session, parts: Parts) -> dict:
+    return {}
+
+
 def _hold(rng, session: Session, parts: Parts) -> dict:
     return {"layer": int(rng.integers(len(session.caches))), "seconds": 0.3, "until_step": bool(rng.random() < 0.5)}
 
@@ -194,16 +213,20 @@ def _concurrent(rng, session: Session, parts: Parts) -> dict:
 
 
 def _store_call(rng, session: Session, parts: Parts) -> dict:
-    call = str(rng.choice(("lookup", "pin", "release", "insert"), p=(0.25, 0.2, 0.2, 0.35)))
+    call = str(rng.choice(("lookup", "pin", "release", "insert", "insert_bad"), p=(0.25, 0.2, 0.2, 0.3, 0.05)))
     n = int(rng.integers(1, 4))
     hashes = [int(h) for h in rng.choice(HASHES, n, replace=False)]
     step = {"call": call, "hashes": hashes}
-    if call == "insert":
-        step["chunks"] = [int(c) for c in rng.integers(0, 64, n)]
+    if call.startswith("insert"):
+        step["chunks"] = [int(c) for c in rng.integers(0, 64, n + (1 if rng.random() < 0.5 else -1) * (call != "insert"))]
     if call == "pin":
         stored = [h for h in range(HASHES) if h.to_bytes(8, "little") in session.model.store.entries]
         step["hashes"] = [int(h) for h in rng.choice(stored, min(n, len(stored)), replace=False)] if stored else []
     return step
+
+
+def _build_refused(rng, session: Session, parts: Parts) -> dict:
+    return {"shape": str(rng.choice(parts.interleaved)), "seed": int(rng.integers(2**31))}
 
 
 def _plan(rng, session: Session, parts: Parts) -> dict:
@@ -212,5 +235,6 @@ def _plan(rng, session: Session, parts: Parts) -> dict:
 
 
 DRAWS = {"transfer": _transfer, "save": _save, "wait": _wait, "load": _load, "unlock": _unlock, "fill": _fill,
-         "model_step": _model_step, "hold": _hold, "fail_copies": _fail_copies, "check": _check,
-         "concurrent": _concurrent, "store_call": _store_call, "plan": _plan}
+         "model_step": _model_step, "rebuild": _rebuild, "hold": _hold, "fail_copies": _fail_copies, "check": _check,
+         "concurrent": _concurrent, "store_call": _store_call, "plan": _plan,
+         "build_refused": _build_refused}

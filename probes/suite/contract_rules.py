@@ -39,29 +39,45 @@ class Session:
 
     def __init__(self, iut: Adapter, spec: dict, seed: int):
         self.iut, self.spec = iut, spec
-        self.key = kvref.ShapeKey.parse(spec["shape"])
-        self.layout = iut.layout(self.key)
-        pairs = iut.make_caches(self.key, [seed + i for i in range(spec["layers"])], spec["mode"], finite=True)
+        layers = spec["layers"]
+        # The last layer of a "mixed" sequence has another shape: blocks of another size.
+        self.keys = [kvref.ShapeKey.parse(spec["mixed"] if spec.get("mixed") and layer == layers - 1 and layers > 1
+                                          else spec["shape"]) for layer in range(layers)]
+        self.key = self.keys[0]
+        self.layouts = [iut.layout(key) for key in self.keys]
+        pairs = [None] * layers
+        for key in dict.fromkeys(self.keys):
+            where = [i for i, k in enumerate(self.keys) if k == key]
+            for i, pair in zip(where, iut.make_caches(key, [seed + i for i in where], spec["mode"], finite=True)):
+                pairs[i] = pair
         self.caches = [c for c, _ in pairs]
         if spec["mode"] != "deferred":
             for cache in self.caches:  # landed first: the landing race has probes of its own
                 iut.fetch(cache)
-        try:
-            self.manager = iut.manager(self.caches, spec["host_blocks"])
-        except Exception as e:  # these layouts are addressable: a refusal is a finding too
-            raise Broken(ERROR, f"construction refused or failed: {first_line(e)}") from e
-        self.block = self.manager.layer_bytes_per_block[0]
-        blocks = BlockModel([self.physical(host) for _, host in pairs], host_blocks=spec["host_blocks"],
-                            zeroed_pool=False)
+        self.manager = self.build()
+        self.sizes = list(self.manager.layer_bytes_per_block)
+        blocks = BlockModel([self.physical(host, layer) for layer, (_, host) in enumerate(pairs)],
+                            host_blocks=spec["host_blocks"], zeroed_pool=False)
         self.store = iut.kv_store(spec["store"]) if spec.get("store") else None
         self.model = ContractModel(blocks, StoreModel(spec["store"]) if self.store is not None else None)
         self.pending: dict[int, object] = {}  # step -> the IUT's Pending of a transfer not awaited
         # step -> how its transfer must end, what it was, what a failure leaves unknown, the device blocks it touches
         self.judgments: dict[int, tuple[Judgment, str, object, set[int]]] = {}
 
-    def physical(self, logical: np.ndarray) -> list[bytes]:
-        packed = kvref.pack(logical, self.layout)
-        return [packed[i:i + self.block].tobytes() for i in range(0, packed.size, self.block)]
+    def build(self):
+        """A manager over the caches as they are now. Layers of two block
+        sizes may be refused (the sequence then ends there); any other
+        refusal is a finding, as these layouts are addressable."""
+        try:
+            return self.iut.manager(self.caches, self.spec["host_blocks"])
+        except Exception as e:  # judged here
+            if len(set(self.keys)) > 1 and self.iut.refuses(e):
+                raise Stop(f"layers of two block sizes refused: {first_line(e)}") from e
+            raise Broken(ERROR, f"construction refused or failed: {first_line(e)}") from e
+
+    def physical(self, logical: np.ndarray, layer: int) -> list[bytes]:
+        packed, block = kvref.pack(logical, self.layouts[layer]), self.sizes[layer]
+        return [packed[i:i + block].tobytes() for i in range(0, packed.size, block)]
 
     def close(self) -> None:
         for pending in list(self.pending.values()):
@@ -202,7 +218,7 @@ def model_step(session: Session, index: int, step: dict) -> None:
     """A model step leaves new contents in one layer: in place, dispatched
     and still running, or donating the cache (its storage aliased or not)."""
     layer, how = step["layer"], step["how"]
-    new = random_host(session.key, step["seed"], finite=True)
+    new = random_host(session.keys[layer], step["seed"], finite=True)
     cache = session.caches[layer]
     moved = how in ("serving", "dispatch") and session.iut.backend != "sim" or how == "donate_moved"
     try:
@@ -217,7 +233,28 @@ def model_step(session: Session, index: int, step: dict) -> None:
     except Exception as e:  # the step itself, not the manager
         raise Broken(ERROR, f"model step {how} on layer {layer} failed: {first_line(e)}") from e
     session.caches[layer] = cache
-    session.model.stepped(layer, session.physical(new), moved)
+    session.model.stepped(layer, session.physical(new, layer), moved)
+
+
+def rebuild(session: Session, index: int, step: dict) -> None:
+    """Every transfer awaited, the manager dropped and a new one built over
+    the caches as they are (as a serving stack does after a step took the
+    caches it was built over); the new pool's contents are not known."""
+    for pending in sorted(session.judgments):
+        wait(session, index, {"of": pending})
+    session.manager = None
+    session.manager = session.build()
+    session.model.rebuilt()
+
+
+def build_refused(session: Session, index: int, step: dict) -> None:
+    """A second manager over caches whose rows are not byte ranges on this
+    device (as packing row numbers through the layout says): refused."""
+    key = kvref.ShapeKey.parse(step["shape"])
+    caches = [c for c, _ in session.iut.make_caches(key, [step["seed"]], "put", finite=True)]
+    judgment = Judgment(Must.REFUSE, f"the rows of {key} are not byte ranges in {session.iut.layout(key)}")
+    made = judged(session, judgment, f"a manager over {key}", lambda: session.iut.manager(caches, 4))
+    assert made is REFUSED  # judged raises for anything else
 
 
 def hold(session: Session, index: int, step: dict) -> None:
@@ -227,9 +264,9 @@ def hold(session: Session, index: int, step: dict) -> None:
 
 def fail_copies(session: Session, index: int, step: dict) -> None:
     """The device fails every later copy that touches one block of one layer."""
-    block = step["block"]
-    session.iut.arrays.fail_copies(session.caches[step["layer"]], block * session.block, (block + 1) * session.block)
-    session.model.failing.add(block)
+    block, size = step["block"], session.sizes[step["layer"]]
+    session.iut.arrays.fail_copies(session.caches[step["layer"]], block * size, (block + 1) * size)
+    session.model.failing.setdefault(step["layer"], set()).add(block)
     for k, (judgment, what, forget, touches) in session.judgments.items():
         if block in touches and judgment.must == Must.DO:
             session.judgments[k] = (Judgment(Must.MAY_FAIL, f"block {block} began to fail while it was in flight"),
@@ -242,7 +279,7 @@ def check(session: Session, index: int, step: dict) -> None:
     doubtful = set().union(*(touches for judgment, _, _, touches in session.judgments.values()
                              if judgment.must == Must.MAY_FAIL))
     for layer, cache in enumerate(session.caches):
-        device = session.physical(session.iut.read_by_step(cache))
+        device = session.physical(session.iut.read_by_step(cache), layer)
         wrong = [b for b, (got, want) in enumerate(zip(device, session.model.blocks.device[layer]))
                  if want is not None and got != want and b not in doubtful]
         if wrong:
@@ -301,6 +338,12 @@ def store_call(session: Session, index: int, step: dict) -> None:
     elif call == "release":
         store.release(hashes)
         model.release(hashes)
+    elif call == "insert_bad":  # ids of another length than the hashes
+        try:
+            store.insert(hashes, step["chunks"])
+        except Exception:  # the refusal under test; the next lookup sees nothing changed
+            return
+        raise Broken(ERROR, f"store insert of {len(hashes)} hashes with {len(step['chunks'])} ids: accepted")
     else:
         taken, evicted = store.insert(hashes, step["chunks"])
         want_taken, want_evicted = model.insert(hashes, step["chunks"])
@@ -332,11 +375,11 @@ def _named(hashes) -> list:
     return [int.from_bytes(h[0] if isinstance(h, tuple) else h, "little") for h in hashes]
 
 
-RULES = {rule.__name__: rule for rule in (transfer, save, wait, load, unlock, fill, model_step, hold, fail_copies,
-                                          check, concurrent, store_call, plan)}
+RULES = {rule.__name__: rule for rule in (transfer, save, wait, load, unlock, fill, model_step, rebuild,
+                                          build_refused, hold, fail_copies, check, concurrent, store_call, plan)}
 
 # What each call of probes.iut.protocol's Library and ManagerView is exercised by.
-CALLS = {"manager": "Session", "transfer": "concurrent", "start": "transfer", "save": "save",
+CALLS = {"manager": "rebuild", "transfer": "concurrent", "start": "transfer", "save": "save",
          "unlock": "unlock", "refuses": "judged", "kv_store": "store_call", "plan_request": "plan",
          "plan_fields": "plan", "read_block_bytes": "check_host", "register_active_plan": "plan",
          "active_plan": "plan"}

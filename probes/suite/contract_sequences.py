@@ -75,6 +75,8 @@ def run_sequence(iut: Adapter, sequence: dict, parts: Parts, rng=None) -> tuple[
     print(f"sequence {json.dumps({'spec': sequence['spec'], 'seed': sequence['seed']})}", file=sys.stderr, flush=True)
     try:
         session = Session(iut, sequence["spec"], sequence["seed"])
+    except Stop:
+        return None
     except Broken as e:
         return -1, e
     steps = sequence["steps"] if rng is None else []
@@ -126,6 +128,8 @@ def applies(session: Session, step: dict, parts: Parts) -> bool:
         return session.store is not None
     if rule == "plan":
         return parts.plans
+    if rule == "build_refused":
+        return step["shape"] in parts.interleaved
     return True
 
 

@@ -9,7 +9,7 @@ from probes.run import cli, fuzz_command
 
 
 def test_the_reference_survives_random_sequences(tmp_path, capsys):
-    assert cli.main(["fuzz", "--iut", "kvref-sim", "-g", "tpu7x", "--sequences", "6",
+    assert cli.main(["fuzz", "--model", "blocks", "--iut", "kvref-sim", "-g", "tpu7x", "--sequences", "6",
                      "--out", str(tmp_path)]) == 0
     assert "6 sequences: PASS 6" in capsys.readouterr().out
     assert not (tmp_path / "tpu7x" / "findings").exists()

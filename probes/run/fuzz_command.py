@@ -140,6 +140,7 @@ def summary(results: list[CaseResult], findings: list[Finding]) -> str:
 
 
 CONTRACT = "contract_sequences"
+MAX_SEQUENCES = 10**6  # a fuzz worker draws sequences until its time is up
 SHRINK_SECONDS = 600.0  # shrinking a crash or a hang across workers, at most
 
 
@@ -169,7 +170,7 @@ def contract_case(name: str, generation: str, faults: kvref.Faults, seconds: flo
     """A contract_sequences case whose sequences run `seconds` (half its timeout)."""
     return Case(CONTRACT, generation, name, f"contract-{seed}", probe(CONTRACT).subject, faults, 2 * seconds,
                 iut(name).startup_seconds, seed=seed, iut_options=tuple(sorted((options or {}).items())),
-                calls=calls)
+                calls=calls or {"sequences": MAX_SEQUENCES})
 
 
 def finished(result: CaseResult) -> CaseResult:
@@ -191,13 +192,14 @@ def finished(result: CaseResult) -> CaseResult:
         return candidate
 
     shrunk = shorter(sequence, fails_alike, time.monotonic() + SHRINK_SECONDS, max_replays=MAX_SHRINK_RUNS)
-    return best if best.case.calls is not None else replace(result, case=replace(result.case, calls=shrunk))
+    return best if "spec" in best.case.calls else replace(result, case=replace(result.case, calls=shrunk))
 
 
 def write_finding(result: CaseResult, directory: Path, number: int) -> Path:
     """The finding as data: what ran, what it earned, and the sequence to replay."""
     case, outcome = result.case, result.outcome
-    sequence = case.calls or sequence_in(outcome.detail) or sequence_in(result.stderr)
+    sequence = case.calls if case.calls and "spec" in case.calls else \
+        sequence_in(outcome.detail) or sequence_in(result.stderr)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"contract-{case.iut}-{outcome.verdict.lower()}-{number}.json"
     path.write_text(json.dumps({"iut": case.iut, "generation": case.generation, "faults": list(case.faults.names),

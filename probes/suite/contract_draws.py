@@ -64,8 +64,13 @@ def draw_spec(rng, shapes: list[str], parts: Parts) -> dict:
             "mode": "deferred" if parts.deferred and rng.random() < 0.15 else "put",
             "store": int(rng.integers(2, 9)) if parts.store else 0}
     others = [s for s in shapes if s != str(key) and kvref.ShapeKey.parse(s).dims[0] == rows]
-    if others and spec["mode"] == "put" and rng.random() < 0.1:
+    if others and spec["mode"] == "put" and rng.random() < 0.3:
         spec.update(layers=2, mixed=others[int(rng.integers(len(others)))])  # a layer of another block size
+    # Swarm testing: each sequence leaves some rules out and favours one, so
+    # that across sequences every rule meets long runs of every other.
+    optional = [r for r in DRAWS if r not in ("wait", "rebuild")]
+    spec["without"] = sorted(r for r in optional if rng.random() < 0.25)
+    spec["favour"] = str(rng.choice(optional)) if rng.random() < 0.5 else ""
     return spec
 
 
@@ -75,8 +80,12 @@ def draw_step(rng, session: Session, parts: Parts) -> dict:
                "load": 3.0 if _loadable(session) else 0.0, "unlock": 3.0 if model.saves else 0.5,
                "fill": 0.6, "model_step": 1.5, "rebuild": 25.0 if model.storage_moved else 0.2, "hold": 0.8 if parts.hold else 0.0,
                "fail_copies": 0.25 if parts.fail_copies and len(model.failing_blocks()) < 2 else 0.0,
-               "check": 1.5, "concurrent": 0.8, "store_call": 3.0 if parts.store else 0.0,
+               "check": 1.5, "concurrent": 0.8, "store_call": 4.0 if parts.store else 0.0,
                "plan": 0.3 if parts.plans else 0.0, "build_refused": 0.2 if parts.interleaved else 0.0}
+    for rule in session.spec.get("without", ()):
+        weights[rule] = 0.0
+    if session.spec.get("favour"):
+        weights[session.spec["favour"]] *= 5
     names = [n for n, w in weights.items() if w > 0]
     p = [weights[n] for n in names]
     rule = names[int(rng.choice(len(names), p=[w / sum(p) for w in p]))]
@@ -213,15 +222,26 @@ def _concurrent(rng, session: Session, parts: Parts) -> dict:
 
 
 def _store_call(rng, session: Session, parts: Parts) -> dict:
-    call = str(rng.choice(("lookup", "pin", "release", "insert", "insert_bad"), p=(0.25, 0.2, 0.2, 0.3, 0.05)))
+    """Mostly about what the store holds: pins of stored hashes, releases
+    of pinned ones, inserts that meet stored and pinned entries."""
+    store = session.model.store
+    stored = [int.from_bytes(h, "little") for h in store.entries]
+    pinned = [int.from_bytes(h, "little") for h in store.pins]
+    call = str(rng.choice(("lookup", "pin", "release", "insert", "insert_bad"), p=(0.2, 0.2, 0.2, 0.35, 0.05)))
     n = int(rng.integers(1, 4))
-    hashes = [int(h) for h in rng.choice(HASHES, n, replace=False)]
+    pool = {"pin": stored, "release": pinned if pinned and rng.random() < 0.8 else list(range(HASHES))}.get(
+        call, list(range(HASHES)))
+    if call in ("lookup", "insert") and stored and rng.random() < 0.6:  # stored hashes and others, mixed
+        missing = [h for h in range(HASHES) if h not in stored]
+        hashes = [int(h) for h in rng.choice(stored, min(len(stored), max(1, n - 1)), replace=False)]
+        hashes += [int(h) for h in rng.choice(missing, min(len(missing), n - len(hashes) or 1), replace=False)]
+        hashes = [int(h) for h in rng.permutation(hashes)]
+    else:
+        hashes = [int(h) for h in rng.choice(pool, min(n, len(pool)), replace=False)] if pool else []
     step = {"call": call, "hashes": hashes}
     if call.startswith("insert"):
-        step["chunks"] = [int(c) for c in rng.integers(0, 64, n + (1 if rng.random() < 0.5 else -1) * (call != "insert"))]
-    if call == "pin":
-        stored = [h for h in range(HASHES) if h.to_bytes(8, "little") in session.model.store.entries]
-        step["hashes"] = [int(h) for h in rng.choice(stored, min(n, len(stored)), replace=False)] if stored else []
+        extra = 0 if call == "insert" else (1 if rng.random() < 0.5 else -1)
+        step["chunks"] = [int(c) for c in rng.integers(0, 64, max(0, len(hashes) + extra))]
     return step
 
 

@@ -69,11 +69,23 @@ class Session:
         sizes may be refused (the sequence then ends there); any other
         refusal is a finding, as these layouts are addressable."""
         try:
-            return self.iut.manager(self.caches, self.spec["host_blocks"])
+            manager = self.iut.manager(self.caches, self.spec["host_blocks"])
         except Exception as e:  # judged here
             if len(set(self.keys)) > 1 and self.iut.refuses(e):
                 raise Stop(f"layers of two block sizes refused: {first_line(e)}") from e
             raise Broken(ERROR, f"construction refused or failed: {first_line(e)}") from e
+        said = {"num_layers": manager.num_layers, "num_shards": manager.num_shards, "host_blocks": manager.host_blocks,
+                "layer_bytes_per_block": len(manager.layer_bytes_per_block)}
+        layers = len(self.caches)
+        if said != {"num_layers": layers, "num_shards": 1, "host_blocks": self.spec["host_blocks"],
+                    "layer_bytes_per_block": layers}:
+            raise Broken(ERROR, f"the manager reports {said} for {layers} layers on one device and a pool of "
+                                f"{self.spec['host_blocks']} blocks")
+        pool = sum(manager.layer_bytes_per_block) * self.spec["host_blocks"]
+        if manager.host_bytes is not None and manager.host_bytes < pool:
+            raise Broken(ERROR, f"the manager reports a pool of {manager.host_bytes} bytes, less than the "
+                                f"{pool} its {self.spec['host_blocks']} blocks of every layer take")
+        return manager
 
     def physical(self, logical: np.ndarray, layer: int) -> list[bytes]:
         packed, block = kvref.pack(logical, self.layouts[layer]), self.sizes[layer]
@@ -379,8 +391,10 @@ RULES = {rule.__name__: rule for rule in (transfer, save, wait, load, unlock, fi
                                           build_refused, hold, fail_copies, check, concurrent, store_call, plan)}
 
 # What each call of probes.iut.protocol's Library and ManagerView is exercised by.
-CALLS = {"manager": "rebuild", "transfer": "concurrent", "start": "transfer", "save": "save",
-         "unlock": "unlock", "refuses": "judged", "kv_store": "store_call", "plan_request": "plan",
+CALLS = {"manager": "rebuild", "num_layers": "Session", "num_shards": "Session", "host_blocks": "Session",
+         "layer_bytes_per_block": "Session", "host_bytes": "Session", "transfer": "concurrent", "start": "transfer", "save": "save",
+         "unlock": "unlock", "refuses": "judged", "kv_store": "store_call", "lookup": "store_call",
+         "pin": "store_call", "release": "store_call", "insert": "store_call", "plan_request": "plan",
          "plan_fields": "plan", "read_block_bytes": "check_host", "register_active_plan": "plan",
          "active_plan": "plan"}
 NOT_CALLS = {"version": "the build's name", "skip_reason": "whether it runs here",

@@ -32,8 +32,9 @@ from probes.suite.refusals import first_line
 from probes.suite.verdicts import ERROR, PASS, SKIP, Outcome
 
 STEPS = 40  # steps a drawn sequence takes
-MAX_SEQUENCES = 400
-BUDGET_SECONDS = 60.0  # at most, per case; less where the case's timeout is shorter
+SEQUENCES = 80  # sequences a case draws, unless its time runs out first
+BUDGET_SECONDS = 60.0  # drawing, at most, per case (and half the case's timeout)
+CASE_SECONDS = 150.0  # a case's timeout: its budget, shrinking, and its worker's start and exit
 MAX_REPLAYS = 120  # shrinking: replays of shorter sequences
 
 
@@ -41,10 +42,11 @@ def contract_sequences(case: Case, iut: Adapter) -> Outcome:
     """Random sequences of the offload calls (transfers awaited and not,
     saves, loads, unlocks, the store) with model steps, stalls and failing
     copies between them, every step held to the contract's model; a
-    failing sequence is shrunk and given as JSON. With case.calls, that one
-    sequence is replayed."""
+    failing sequence is shrunk and given as JSON. With case.calls, a
+    sequence ({spec, seed, steps}) is replayed, or {"sequences": N} are drawn
+    for half the case's timeout (`kvprobe fuzz`)."""
     parts = Parts.of(iut)
-    if case.calls is not None:
+    if case.calls is not None and "spec" in case.calls:
         failure = run_sequence(iut, case.calls, parts)
         if failure is None:
             return Outcome(PASS, f"the sequence's {len(case.calls['steps'])} steps held to the model")
@@ -52,9 +54,11 @@ def contract_sequences(case: Case, iut: Adapter) -> Outcome:
     shapes = addressable_shapes(iut)
     if not shapes:
         return Outcome(SKIP, f"no sequence shape has rows that are byte ranges on {iut.generation}")
-    start, budget = time.monotonic(), min(BUDGET_SECONDS, case.timeout * 0.5)
+    drawn = (case.calls or {}).get("sequences")
+    start, budget = time.monotonic(), case.timeout * 0.5 if drawn else min(BUDGET_SECONDS, case.timeout * 0.5)
+    wanted = drawn or SEQUENCES
     sequences = steps = 0
-    while sequences < MAX_SEQUENCES and time.monotonic() - start < budget:
+    while sequences < wanted and time.monotonic() - start < budget:
         rng = np.random.default_rng([case.seed, sequences])
         sequence = {"spec": draw_spec(rng, shapes, parts), "seed": int(rng.integers(2**31)), "steps": []}
         failure = run_sequence(iut, sequence, parts, rng=rng)
@@ -62,10 +66,11 @@ def contract_sequences(case: Case, iut: Adapter) -> Outcome:
         steps += len(sequence["steps"])
         if failure is not None:
             shrunk = shrink(iut, sequence, failure, parts, deadline=start + case.timeout * 0.85)
-            return _outcome(run_sequence(iut, shrunk, parts) or failure, shrunk, sequence)
+            return _outcome(run_sequence(iut, shrunk, parts) or failure, shrunk, sequence, sequences)
     if not steps:
         return Outcome(ERROR, "no sequence ran within the budget")
-    return Outcome(PASS, f"{sequences} sequences, {steps} steps held to the contract's model")
+    cut = f" (the {budget:.0f} s budget ended it before {wanted})" if sequences < wanted and not drawn else ""
+    return Outcome(PASS, f"{sequences} sequences{cut}, {steps} steps held to the contract's model")
 
 
 def run_sequence(iut: Adapter, sequence: dict, parts: Parts, rng=None) -> tuple[int, Broken] | None:
@@ -201,9 +206,14 @@ def sequence_in(detail: str) -> dict | None:
     return sequence
 
 
-def _outcome(failure: tuple[int, Broken], shrunk: dict, found: dict) -> Outcome:
+def _outcome(failure: tuple[int, Broken], shrunk: dict, found: dict, number: int = 1) -> Outcome:
     index, broken = failure
     where = "building the manager" if index < 0 else f"step {index} {json.dumps(shrunk['steps'][index])}" \
         if index < len(shrunk["steps"]) else "after the last step, every transfer awaited"
-    return Outcome(broken.verdict, f"{where}: {broken.detail}\nsequence ({len(found['steps'])} steps, shrunk to "
-                                   f"{len(shrunk['steps'])}): {json.dumps(shrunk)}")
+    return Outcome(broken.verdict, f"{where}: {broken.detail}\nsequence (the case's {_ordinal(number)}, "
+                                   f"{len(found['steps'])} steps, shrunk to {len(shrunk['steps'])}): "
+                                   f"{json.dumps(shrunk)}")
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"

@@ -184,5 +184,5 @@ def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut
                     if not makes(declared, name, kind) or (kinds_of[name] and kind not in kinds_of[name]):
                         continue
                     cases.append(Case(name, gen, iut, f"{name}-{kind}" if kind else name, p.subject,
-                                      kind=kind, **common))
+                                      kind=kind, **{**common, "timeout": max(timeout, p.timeout or 0)}))
     return cases

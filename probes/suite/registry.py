@@ -64,6 +64,7 @@ class Probe:
     #                            lo): its workers get a namespace no other case shares
     sharded_rows: bool = False  # a shape probe that also takes a matrix row with a sharding (its cache made
     #                             over a mesh of devices)
+    timeout: float | None = None  # its cases' timeout where the run's is shorter (a probe that runs for a budget)
 
     def __post_init__(self):
         if self.scope not in tuple(Scope):
@@ -185,7 +186,7 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     Probe("call_sequence", call_sequence.call_sequence, Scope.FUZZ, always(PASS), default=False),
     # Stateful random sequences of every offload call, held to one model of the contract.
     Probe("contract_sequences", contract_sequences.contract_sequences, Scope.GENERATION, always(PASS),
-          subject=PLAN_SHAPE, default=False, waits=True),
+          subject=PLAN_SHAPE, default=False, waits=True, timeout=contract_sequences.CASE_SECONDS),
 )}
 
 DEFAULT_PROBES = tuple(name for name, p in PROBES.items() if p.default)

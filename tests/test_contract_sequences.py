@@ -1,0 +1,188 @@
+"""The contract's sequences: the model's own rules, every call of the
+Library protocol covered by a rule, kvref's IUTs clean, every fault model a
+sequence can reach found by sequences alone (no dedicated probe), shrunk
+to a sequence that passes once the fault is off, and replayed from its
+JSON on any IUT."""
+
+import json
+
+import numpy as np
+import pytest
+
+import kvref
+from probes.iut.protocol import Library, ManagerView, StoreView, missing_members
+from probes.run import cli, fuzz_command
+from probes.run.runner import run_cases
+from probes.suite import contract_rules
+from probes.suite.block_model import BlockModel
+from probes.suite.cases import Case
+from probes.suite.contract import ContractModel, Must
+from probes.suite.contract_sequences import CASE_SECONDS, sequence_in
+from probes.suite.registry import probe
+from probes.suite.store_model import StoreModel
+from tests.batch import BATCH_SECONDS, selected
+
+pytestmark = pytest.mark.timeout(BATCH_SECONDS)
+CONTRACT = "contract_sequences"
+
+# Every fault model a sequence reaches, with the verdicts it may earn.
+FOUND_BY_SEQUENCES = {
+    "leaky_refused_allocation": "ERROR", "unchecked_unlock": "ERROR", "unordered_transfers": "CORRUPT|ERROR",
+    "unfenced_copies": "CORRUPT|ERROR", "runs_as_single_blocks": "CORRUPT|ERROR", "buffer_resolved_once": "ERROR",
+    "stale_storage_address": "CORRUPT|ERROR", "refuses_donated_storage": "ERROR",
+    "no_await_before_transfer": "ERROR|CORRUPT", "no_materialize_before_await": "HANG",
+    "store_lookup_skips_misses": "ERROR", "store_evicts_pinned": "ERROR", "store_partial_insert": "ERROR",
+    "store_fifo_eviction": "ERROR", "store_unchecked_lengths": "ERROR", "str_only_plan_binding": "ERROR",
+    "legacy_slice_formula": "ERROR|CORRUPT", "allow_mixed_slices": "CORRUPT|ERROR",
+}
+# Found where a copy the device holds meets the next call: a shorter sequence
+# may not hold the copy as long (and a hang's ends the worker).
+RACES = ("unordered_transfers", "unfenced_copies", "no_materialize_before_await")
+# And why each other one is out of their reach (the docs say the same of the model).
+OUT_OF_REACH = {
+    "no_host_budget": "pools of hundreds of GiB: the host_budget probe",
+    "unchecked_settings": "settings other than the pool: the settings probe",
+    "leaked_pool": "a pool per rebuilt manager: the long run's address-space baseline",
+    **{f: "caches over a device mesh" for f in ("first_shard_only", "block_ids_on_every_shard",
+                                                 "unchecked_shard_shapes")},
+    "pool_kept_across_fork": "os.fork(): the fork_forms probe",
+    **{f: "pulls between managers" for f in (
+        "parallel_pull_drops_remainder", "pull_never_reports", "late_refusal", "offload_only_listens",
+        "pull_pairs_sorted", "partial_pull_written", "lost_pull_unsettled", "registrations_keyed_by_blocks",
+        "settled_uuid_served_stale", "shared_listen_port", "named_port_ignored", "busy_port_falls_back",
+        "pull_route_reused", "settled_registration_served", "metrics_by_uuid_slot", "metrics_json_unescaped",
+        "metrics_last_byte_unset", "metrics_uniform_layers", "sub_manager_serves_own_parts", "duplicate_reports")},
+    **{f: "a worker's registration with its controller" for f in (
+        "worker_without_controller", "worker_port_ignored", "worker_port_shared", "registered_requested_port",
+        "registration_waits_for_controller")},
+    **{f: "host-to-host transfers" for f in ("host_pairs_sorted", "host_write_unclaimed")},
+    "shm_segment_left": "a pool attached under a shared-memory key",
+}
+CLEAN = [("kvref-sim", "tpu7x"), ("kvref-sim", "v5e"), ("kvref-sim", "v3"), ("kvref-jax", "cpu"),
+         ("kvref-compat", "cpu")]
+
+
+def teeth_case(fault: str) -> Case:
+    """The case `kvprobe run --probe contract_sequences --faults FAULT` makes:
+    the default budget. A hang's ends at its timeout: a short one."""
+    timeout = 20.0 if FOUND_BY_SEQUENCES[fault] == "HANG" else CASE_SECONDS
+    return Case(CONTRACT, "tpu7x", "kvref-sim", CONTRACT, probe(CONTRACT).subject,
+                kvref.Faults.parse([fault], environ={}), timeout)
+
+
+def clean_case(name, generation):
+    return fuzz_command.contract_case(name, generation, kvref.Faults(), CASE_SECONDS / 2, 3, calls={"sequences": 12})
+
+
+@pytest.fixture(scope="module")
+def ran(request):
+    """The selected tests' cases, run together (their calls are dicts, so by key, not by case)."""
+    cases = {("teeth", p["fault"]): teeth_case(p["fault"])
+             for p in selected(request, "test_a_fault_model_is_found_by_sequences_alone")}
+    cases |= {("clean", p["name"], p["generation"]): clean_case(p["name"], p["generation"])
+              for p in selected(request, "test_kvrefs_iuts_hold_to_the_model")}
+    return dict(zip(cases, run_cases(list(cases.values()), jobs=2)))
+
+
+@pytest.fixture(scope="module")
+def replayed(ran):
+    """Each fault's shrunk sequence, replayed with the fault off, all at once."""
+    replays = {}
+    for key, result in ran.items():
+        sequence = sequence_in(result.outcome.detail) or sequence_in(result.stderr)
+        if key[0] == "teeth" and sequence is not None:
+            replays[key[1]] = fuzz_command.contract_case(
+                "kvref-sim", "tpu7x", kvref.Faults(), CASE_SECONDS / 2, 0, calls=sequence)
+    results = run_cases(list(replays.values()), jobs=2)
+    return {fault: (case.calls, result) for (fault, case), result in zip(replays.items(), results)}
+
+
+def test_every_fault_model_is_reached_or_said_out_of_reach():
+    assert sorted({*FOUND_BY_SEQUENCES, *OUT_OF_REACH}) == sorted(kvref.Faults.known())
+    assert not set(FOUND_BY_SEQUENCES) & set(OUT_OF_REACH)
+
+
+@pytest.mark.parametrize("fault", sorted(FOUND_BY_SEQUENCES))
+def test_a_fault_model_is_found_by_sequences_alone(ran, replayed, fault):
+    outcome = ran["teeth", fault].outcome
+    assert outcome.verdict in FOUND_BY_SEQUENCES[fault].split("|"), outcome.detail[:3000]
+    sequence, replay = replayed[fault]
+    # The sequence it was shrunk to fails for the fault, not for the sequence.
+    assert replay.outcome.verdict == "PASS", (sequence, replay.outcome.detail[:3000])
+    if fault not in RACES:
+        assert len(sequence["steps"]) <= 6, sequence  # shrunk from up to 40 steps
+
+
+@pytest.mark.parametrize("name, generation", CLEAN)
+def test_kvrefs_iuts_hold_to_the_model(ran, name, generation):
+    outcome = ran["clean", name, generation].outcome
+    assert outcome.verdict == "PASS", outcome.detail[:3000]
+    assert "steps held to the contract's model" in outcome.detail
+
+
+def test_every_call_of_the_library_protocol_has_a_rule():
+    declared = set(contract_rules.CALLS) | set(contract_rules.NOT_CALLS)
+    for protocol in (Library, ManagerView, StoreView):
+        members = set(missing_members(type("Nothing", (), {}), protocol))
+        assert members - declared == set(), f"{protocol.__name__}: no rule exercises {members - declared}"
+    exercisers = set(contract_rules.RULES) | {"Session", "judged", "check_host"}
+    assert set(contract_rules.CALLS.values()) <= exercisers
+
+
+def test_the_store_model_and_the_reference_store_agree_on_random_calls():
+    """Two statements of the store's rules, written apart, held to each other."""
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        capacity = int(rng.integers(1, 6))
+        model, store = StoreModel(capacity), kvref.KVCacheStore(capacity)
+        for _ in range(60):
+            hashes = [int(h).to_bytes(8, "little") for h in rng.choice(10, int(rng.integers(1, 4)), replace=False)]
+            call = rng.integers(4)
+            if call == 0:
+                assert [(h, r.data_replica_idx) for h, r in store.lookup(hashes)] == model.lookup(hashes)
+            elif call == 1 and len(model.lookup(hashes)) == len(hashes):
+                store.pin(hashes)
+                model.pin(hashes)
+            elif call == 2:
+                store.release(hashes)
+                model.release(hashes)
+            else:
+                chunks = [int(c) for c in rng.integers(0, 50, len(hashes))]
+                taken, evicted = store.insert(hashes, [kvref.RaidenId(data_replica_idx=c) for c in chunks])
+                assert (taken, [h for h, _ in evicted]) == model.insert(hashes, chunks)
+
+
+def test_the_model_judges_what_must_be_refused_and_what_may_be():
+    model = ContractModel(BlockModel([[b"a" * 4] * 8], host_blocks=4, zeroed_pool=False))
+    assert model.judge_save([0, 1, 2, 3, 4], None).must == Must.REFUSE  # five chunks of four
+    assert model.judge_save([8], None).must == Must.REFUSE  # past the cache
+    assert model.judge_save([], None).must == Must.EITHER
+    model.saved(0, [1, 2], None, [3, 0], pending=None, awaited=True)
+    assert model.judge_unlock([3, 3]).must == Must.REFUSE and model.judge_unlock([1]).must == Must.REFUSE
+    assert model.judge_unlock([3, 0]).must == Must.DO
+    assert model.judge_transfer(True, [5], [0], None).must == Must.EITHER  # a d2h into a locked chunk
+    assert model.judge_transfer(False, [1], [5], None).must == Must.EITHER  # a block never written
+    model.failing[0] = {6}
+    assert model.judge_transfer(False, [3], [6], None).must == Must.FAIL
+    assert model.judge_transfer(True, [0], [1, 1], None).must == Must.REFUSE
+
+
+def test_a_finding_replays_from_its_json_on_any_iut(tmp_path, capsys):
+    faults = kvref.Faults(unchecked_unlock=True)
+    results, findings = fuzz_command.fuzz_contract("kvref-sim", "tpu7x", 1, seed=0, faults=faults, seconds=20,
+                                                   out=tmp_path)
+    assert findings and findings[0].parent == tmp_path / "tpu7x" / "findings", results[0].outcome.detail
+    finding = json.loads(findings[0].read_text())
+    assert finding["verdict"] == results[0].outcome.verdict and finding["sequence"]["steps"]
+    assert cli.main(["fuzz", "--replay", str(findings[0]), "--faults", "unchecked_unlock"]) == 1
+    assert capsys.readouterr().out.startswith(f"{finding['verdict']} [kvref-sim tpu7x]")
+    # The same sequence on another IUT, the fault off: it holds.
+    assert cli.main(["fuzz", "--replay", str(findings[0]), "--iut", "kvref-jax", "-g", "cpu"]) == 0
+    assert "held to the model" in capsys.readouterr().out
+
+
+def test_a_replay_file_that_is_no_sequence_is_refused_by_name(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text('{"spec": {}}')
+    with pytest.raises(ValueError, match="expected a finding or a sequence with spec, seed and steps"):
+        fuzz_command.replay(path, None, None, kvref.Faults(), 10)

@@ -35,6 +35,8 @@ FOUND_BY_SEQUENCES = {
     "store_fifo_eviction": "ERROR", "store_unchecked_lengths": "ERROR", "str_only_plan_binding": "ERROR",
     "legacy_slice_formula": "ERROR|CORRUPT", "allow_mixed_slices": "CORRUPT|ERROR",
 }
+# Found by a long run's resources coming back to their baseline.
+FOUND_BY_LONG_RUNS = {"leaked_pool": "ERROR"}
 # Found where a copy the device holds meets the next call: a shorter sequence
 # may not hold the copy as long (and a hang's ends the worker).
 RACES = ("unordered_transfers", "unfenced_copies", "no_materialize_before_await")
@@ -42,7 +44,6 @@ RACES = ("unordered_transfers", "unfenced_copies", "no_materialize_before_await"
 OUT_OF_REACH = {
     "no_host_budget": "pools of hundreds of GiB: the host_budget probe",
     "unchecked_settings": "settings other than the pool: the settings probe",
-    "leaked_pool": "a pool per rebuilt manager: the long run's address-space baseline",
     **{f: "caches over a device mesh" for f in ("first_shard_only", "block_ids_on_every_shard",
                                                  "unchecked_shard_shapes")},
     "pool_kept_across_fork": "os.fork(): the fork_forms probe",
@@ -58,6 +59,7 @@ OUT_OF_REACH = {
     **{f: "host-to-host transfers" for f in ("host_pairs_sorted", "host_write_unclaimed")},
     "shm_segment_left": "a pool attached under a shared-memory key",
 }
+LONG_STEPS = 3000
 CLEAN = [("kvref-sim", "tpu7x"), ("kvref-sim", "v5e"), ("kvref-sim", "v3"), ("kvref-jax", "cpu"),
          ("kvref-compat", "cpu")]
 
@@ -68,6 +70,11 @@ def teeth_case(fault: str) -> Case:
     timeout = 20.0 if FOUND_BY_SEQUENCES[fault] == "HANG" else CASE_SECONDS
     return Case(CONTRACT, "tpu7x", "kvref-sim", CONTRACT, probe(CONTRACT).subject,
                 kvref.Faults.parse([fault], environ={}), timeout)
+
+
+def long_case(name, generation, faults=()):
+    return fuzz_command.contract_case(name, generation, kvref.Faults.parse(faults, environ={}), CASE_SECONDS / 2, 1,
+                                      calls={"long": LONG_STEPS})
 
 
 def clean_case(name, generation):
@@ -81,6 +88,10 @@ def ran(request):
              for p in selected(request, "test_a_fault_model_is_found_by_sequences_alone")}
     cases |= {("clean", p["name"], p["generation"]): clean_case(p["name"], p["generation"])
               for p in selected(request, "test_kvrefs_iuts_hold_to_the_model")}
+    cases |= {("long", p["name"], p["generation"]): long_case(p["name"], p["generation"])
+              for p in selected(request, "test_a_long_run_comes_back_to_its_baseline")}
+    cases |= {("long", fault): long_case("kvref-sim", "tpu7x", [fault])
+              for p in selected(request, "test_a_leak_is_found_by_a_long_run") for fault in [p["fault"]]}
     return dict(zip(cases, run_cases(list(cases.values()), jobs=2)))
 
 
@@ -98,8 +109,8 @@ def replayed(ran):
 
 
 def test_every_fault_model_is_reached_or_said_out_of_reach():
-    assert sorted({*FOUND_BY_SEQUENCES, *OUT_OF_REACH}) == sorted(kvref.Faults.known())
-    assert not set(FOUND_BY_SEQUENCES) & set(OUT_OF_REACH)
+    assert sorted({*FOUND_BY_SEQUENCES, *FOUND_BY_LONG_RUNS, *OUT_OF_REACH}) == sorted(kvref.Faults.known())
+    assert not set(FOUND_BY_SEQUENCES) & set(OUT_OF_REACH) and not set(FOUND_BY_LONG_RUNS) & set(OUT_OF_REACH)
 
 
 @pytest.mark.parametrize("fault", sorted(FOUND_BY_SEQUENCES))
@@ -118,6 +129,20 @@ def test_kvrefs_iuts_hold_to_the_model(ran, name, generation):
     outcome = ran["clean", name, generation].outcome
     assert outcome.verdict == "PASS", outcome.detail[:3000]
     assert "steps held to the contract's model" in outcome.detail
+
+
+@pytest.mark.parametrize("name, generation", [("kvref-sim", "v6e"), ("kvref-compat", "cpu")])
+def test_a_long_run_comes_back_to_its_baseline(ran, name, generation):
+    outcome = ran["long", name, generation].outcome
+    assert outcome.verdict == "PASS", outcome.detail[:3000]
+    assert f"{LONG_STEPS} steps" in outcome.detail and "back to its baseline" in outcome.detail
+
+
+@pytest.mark.parametrize("fault", sorted(FOUND_BY_LONG_RUNS))
+def test_a_leak_is_found_by_a_long_run(ran, fault):
+    outcome = ran["long", fault].outcome
+    assert outcome.verdict == FOUND_BY_LONG_RUNS[fault], outcome.detail[:3000]
+    assert "not back to the baseline: address space" in outcome.detail
 
 
 def test_every_call_of_the_library_protocol_has_a_rule():

@@ -145,14 +145,16 @@ SHRINK_SECONDS = 600.0  # shrinking a crash or a hang across workers, at most
 
 
 def fuzz_contract(name: str, generation: str, cases: int, seed: int = 0, faults: kvref.Faults = kvref.Faults(),
-                  seconds: float = 60.0, jobs: int | None = None,
-                  out: Path = Path("reports")) -> tuple[list[CaseResult], list[Path]]:
+                  seconds: float = 60.0, jobs: int | None = None, out: Path = Path("reports"),
+                  long: int = 0) -> tuple[list[CaseResult], list[Path]]:
     """`cases` workers per way the manager is built, each drawing contract
-    sequences for `seconds`; every kind of failure written once as a JSON finding."""
+    sequences for `seconds` (with `long`, one long run of that many steps);
+    every kind of failure written once as a JSON finding."""
     declared = iut(name)
     declared.check_target(generation)
     declared.check_faults(faults)
-    results = run_cases([contract_case(name, generation, faults, seconds, seed * 1000 + i, options)
+    calls = {"long": long} if long else None
+    results = run_cases([contract_case(name, generation, faults, seconds, seed * 1000 + i, options, calls)
                          for options in declared.library.OPTION_SETS for i in range(cases)], jobs)
     kinds: dict[tuple, Path] = {}
     directory = Path(out) / generation / "findings"
@@ -257,6 +259,10 @@ def arguments(parser: argparse.ArgumentParser) -> None:
                              "is built")
     parser.add_argument("--seconds", type=options.positive_number(float), default=60.0,
                         help="contract: seconds each worker draws sequences for")
+    parser.add_argument("--long", type=options.positive, default=0, metavar="STEPS",
+                        help="contract: one long run of STEPS save/load/unlock/store/rebuild steps per worker, then "
+                             "every resource (free chunks, address space, descriptors, threads, shared memory) "
+                             "back to its baseline")
     parser.add_argument("--replay", type=Path, default=None,
                         help="contract: replay the sequence of a finding (or a bare sequence) from this JSON file")
     parser.add_argument("--seed", type=int, default=0)
@@ -276,7 +282,7 @@ def run(args) -> int:
     if args.model == "contract":
         generation = args.generation or iut(args.iut).targets[0]
         results, findings = fuzz_contract(args.iut, generation, args.sequences or 2, args.seed, faults,
-                                          args.seconds, args.jobs, args.out)
+                                          args.seconds, args.jobs, args.out, args.long)
         print(contract_summary(results, findings))
         return 1 if findings else 0
     args.sequences = args.sequences or 40

@@ -67,6 +67,7 @@ class ContractModel:
     storage_moved: bool = False  # a step gave a cache's storage up: transfers may be refused
     in_flight: dict[int, set[int]] = field(default_factory=dict)  # step -> host blocks it still writes
     reading: dict[int, set[int]] = field(default_factory=dict)  # step -> host blocks a load in flight reads
+    touched: set[int] = field(default_factory=set)  # host blocks written since they were last compared
 
     @property
     def host_blocks(self) -> int:
@@ -86,6 +87,9 @@ class ContractModel:
     # --- judgments -------------------------------------------------------
 
     def judge_transfer(self, d2h: bool, src, dst, sizes) -> Judgment:
+        if is_empty(src, dst, sizes):
+            return Judgment(Must.EITHER, "a request of no blocks: refused, nothing moved, or (the wrapper's API) "
+                                         "the whole cache copied, so what it may have written is not known")
         problem = self.blocks.problem(d2h, src, dst, sizes)
         if problem is not None:
             return Judgment(Must.REFUSE, problem)
@@ -144,10 +148,16 @@ class ContractModel:
 
     def transfer(self, step: int, d2h: bool, src, dst, sizes, awaited: bool, failed: bool = False) -> None:
         """A transfer carried out (or failed part-way: its destinations unknown)."""
+        if is_empty(src, dst, sizes):
+            whole = list(range(min(self.rows, self.host_blocks) if d2h else self.rows))
+            self.forget(d2h, whole, None)
+            return
         if failed:
             self.forget(d2h, dst, sizes)
             return
         self.blocks.apply(d2h, src, dst, sizes)
+        if d2h:
+            self.touched |= _spans(dst, sizes)
         if not awaited:
             (self.in_flight if d2h else self.reading)[step] = _spans(dst if d2h else src, sizes)
 
@@ -160,6 +170,7 @@ class ContractModel:
     def saved(self, step: int, blocks, sizes, chunks: list[int], pending, awaited: bool) -> None:
         sources = _runs(blocks, sizes)
         self.blocks.apply(True, sources, chunks, None)
+        self.touched |= set(chunks)
         for c in chunks:
             self.locked[c] = step
         self.saves[step] = Save(list(blocks), list(chunks), None if awaited else pending)
@@ -201,6 +212,10 @@ class ContractModel:
         self.storage_moved |= moved
         if moved:  # the failing copies were the old storage's
             self.failing.pop(layer, None)
+
+
+def is_empty(src, dst, sizes) -> bool:
+    return isinstance(src, list) and isinstance(dst, list) and not src and not dst and not sizes
 
 
 def device_side(d2h: bool, src, dst, sizes) -> set[int]:

@@ -74,7 +74,8 @@ def draw_spec(rng, shapes: list[str], parts: Parts) -> dict:
     return spec
 
 
-def draw_step(rng, session: Session, parts: Parts) -> dict:
+def draw_step(rng, session: Session, parts: Parts, only: tuple[str, ...] = ()) -> dict:
+    """The next step, from the rules whose preconditions hold (with `only`, of those rules)."""
     model = session.model
     weights = {"transfer": 5.0, "save": 4.0, "wait": 3.0 if session.judgments else 0.0,
                "load": 3.0 if _loadable(session) else 0.0, "unlock": 3.0 if model.saves else 0.5,
@@ -84,6 +85,8 @@ def draw_step(rng, session: Session, parts: Parts) -> dict:
                "plan": 0.3 if parts.plans else 0.0, "build_refused": 0.2 if parts.interleaved else 0.0}
     for rule in session.spec.get("without", ()):
         weights[rule] = 0.0
+    for rule in weights if only else ():
+        weights[rule] *= rule in only
     if session.spec.get("favour"):
         weights[session.spec["favour"]] *= 5
     names = [n for n, w in weights.items() if w > 0]

@@ -286,8 +286,9 @@ def fail_copies(session: Session, index: int, step: dict) -> None:
 
 
 def check(session: Session, index: int, step: dict) -> None:
-    """Every device block as the next step reads it, against the model
-    (but those a transfer in flight may yet fail to write)."""
+    """Every device block as the next step reads it, and every host block,
+    against the model (but those a transfer in flight may yet fail to write)."""
+    check_host(session, everything=True)
     doubtful = set().union(*(touches for judgment, _, _, touches in session.judgments.values()
                              if judgment.must == Must.MAY_FAIL))
     for layer, cache in enumerate(session.caches):
@@ -298,14 +299,18 @@ def check(session: Session, index: int, step: dict) -> None:
             raise Broken(CORRUPT, f"layer {layer}: device blocks {wrong[:8]} differ from the model")
 
 
-def check_host(session: Session) -> None:
-    """Every host block the model knows and no transfer still writes."""
+def check_host(session: Session, everything: bool = False) -> None:
+    """The host blocks written since they were last compared (with
+    `everything`, every one the model knows), but those a transfer still
+    writes."""
     model, skip = session.model, session.model.unsettled_host()
+    blocks = range(model.host_blocks) if everything else sorted(model.touched)
     for layer in range(len(session.caches)):
-        wrong = [b for b in range(model.host_blocks) if b not in skip and model.blocks.host[layer][b] is not None
+        wrong = [b for b in blocks if b not in skip and model.blocks.host[layer][b] is not None
                  and session.manager.read_block_bytes(layer, b) != model.blocks.host[layer][b]]
         if wrong:
             raise Broken(CORRUPT, f"layer {layer}: host blocks {wrong[:8]} differ from the model")
+    model.touched &= skip
 
 
 def concurrent(session: Session, index: int, step: dict) -> None:

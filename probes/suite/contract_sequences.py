@@ -27,6 +27,7 @@ from probes.iut.adapter import Adapter
 from probes.suite import contract_rules as rules
 from probes.suite.cases import Case
 from probes.suite.contract_draws import Parts, addressable_shapes, draw_spec, draw_step
+from probes.suite.contract_long import LONG_SPEC, long_run
 from probes.suite.contract_rules import Broken, Session, Stop
 from probes.suite.refusals import first_line
 from probes.suite.verdicts import ERROR, PASS, SKIP, Outcome
@@ -54,6 +55,8 @@ def contract_sequences(case: Case, iut: Adapter) -> Outcome:
     shapes = addressable_shapes(iut)
     if not shapes:
         return Outcome(SKIP, f"no sequence shape has rows that are byte ranges on {iut.generation}")
+    if case.calls is not None and "long" in case.calls:
+        return _long(case, iut, parts, case.calls["long"])
     drawn = (case.calls or {}).get("sequences")
     start, budget = time.monotonic(), case.timeout * 0.5 if drawn else min(BUDGET_SECONDS, case.timeout * 0.5)
     wanted = drawn or SEQUENCES
@@ -71,6 +74,21 @@ def contract_sequences(case: Case, iut: Adapter) -> Outcome:
         return Outcome(ERROR, "no sequence ran within the budget")
     cut = f" (the {budget:.0f} s budget ended it before {wanted})" if sequences < wanted and not drawn else ""
     return Outcome(PASS, f"{sequences} sequences{cut}, {steps} steps held to the contract's model")
+
+
+def _long(case: Case, iut: Adapter, parts: Parts, steps: int) -> Outcome:
+    """One long sequence of cycles (probes.suite.contract_long); not shrunk: its finding is the whole run."""
+    rng = np.random.default_rng([case.seed, 0])
+    spec = {**LONG_SPEC, "store": 64 if parts.store else 0, "without": [], "favour": "rebuild"}
+    sequence = {"spec": spec, "seed": int(rng.integers(2**31)), "steps": []}
+    print(f"sequence {json.dumps({'spec': spec, 'seed': sequence['seed']})}", file=sys.stderr, flush=True)
+    failure = long_run(iut, sequence, parts, rng, steps)
+    if failure is None:
+        return Outcome(PASS, f"{steps} steps of save, load, unlock, store and rebuild held to the model, and every "
+                             "resource back to its baseline")
+    index, broken = failure
+    return Outcome(broken.verdict, f"long run, step {index}: {broken.detail}\nsequence (long, {len(sequence['steps'])} "
+                                   f"steps, not shrunk): {json.dumps(sequence)}")
 
 
 def run_sequence(iut: Adapter, sequence: dict, parts: Parts, rng=None) -> tuple[int, Broken] | None:

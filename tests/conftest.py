@@ -42,7 +42,7 @@ def pytest_configure(config):
 # take a minute or more, so the short ones fill in beside them instead of one
 # long module running alone at the end.
 FIRST = ("test_ray.py", "test_peer.py", "test_outside_iuts.py", "test_xla.py", "test_tpu_vm_rehearsal.py",
-         "test_probe_teeth.py", "test_hardware_adapters.py", "test_real_connectors.py")
+         "test_contract_sequences.py", "test_probe_teeth.py", "test_hardware_adapters.py", "test_real_connectors.py")
 
 
 def pytest_collection_modifyitems(items):

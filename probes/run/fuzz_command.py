@@ -31,7 +31,7 @@ from probes.run import options, reproducers
 from probes.run.runner import CaseResult, run_case, run_cases
 from probes.run.subcommand import Command
 from probes.suite.cases import Case
-from probes.suite.contract_sequences import sequence_in, shorter
+from probes.suite.contract_sequences import findings_in, sequence_in, shorter
 from probes.suite.registry import probe
 from probes.suite.verdicts import CRASH, HANG, PASS
 
@@ -154,16 +154,26 @@ def fuzz_contract(name: str, generation: str, cases: int, seed: int = 0, faults:
     declared.check_target(generation)
     declared.check_faults(faults)
     calls = {"long": long} if long else None
-    results = run_cases([contract_case(name, generation, faults, seconds, seed * 1000 + i, options, calls)
-                         for options in declared.library.OPTION_SETS for i in range(cases)], jobs)
+    ends, results, rounds = time.monotonic() + seconds, [], 0
+    # A worker a crash or a hang ended early is followed by another, on new seeds, while time is left.
+    while not rounds or (not long and ends - time.monotonic() > min(10.0, seconds / 4)
+                         and any(r.outcome.verdict in (CRASH, HANG) for r in results[-batch:])):
+        left = seconds if not rounds else ends - time.monotonic()
+        made = [contract_case(name, generation, faults, left, seed * 1000 + rounds * 100 + i, options, calls)
+                for options in declared.library.OPTION_SETS for i in range(cases)]
+        batch, rounds = len(made), rounds + 1
+        results += run_cases(made, jobs)
     kinds: dict[tuple, Path] = {}
     directory = Path(out) / generation / "findings"
     for result in results:
         if result.outcome.verdict == PASS:
             continue
-        key = (result.outcome.verdict, result.case.options_text, _reason(result.outcome.detail))
-        if key not in kinds:
-            kinds[key] = write_finding(finished(result), directory, len(kinds) + 1)
+        result = finished(result)
+        for verdict, headline, sequence in findings_in(result.outcome.detail, result.outcome.verdict, result.stderr):
+            key = (verdict, result.case.options_text, _reason(headline))
+            if key not in kinds:
+                kinds[key] = write_finding(result.case, verdict, headline, sequence or sequence_in(result.stderr),
+                                           directory, len(kinds) + 1)
     return results, list(kinds.values())
 
 
@@ -197,16 +207,15 @@ def finished(result: CaseResult) -> CaseResult:
     return best if "spec" in best.case.calls else replace(result, case=replace(result.case, calls=shrunk))
 
 
-def write_finding(result: CaseResult, directory: Path, number: int) -> Path:
-    """The finding as data: what ran, what it earned, and the sequence to replay."""
-    case, outcome = result.case, result.outcome
-    sequence = case.calls if case.calls and "spec" in case.calls else \
-        sequence_in(outcome.detail) or sequence_in(result.stderr)
+def write_finding(case: Case, verdict: str, headline: str, sequence: dict | None, directory: Path,
+                  number: int) -> Path:
+    """A finding as data: what ran, what it earned, and the sequence to replay."""
+    if case.calls and "spec" in case.calls:
+        sequence = case.calls
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"contract-{case.iut}-{outcome.verdict.lower()}-{number}.json"
+    path = directory / f"contract-{case.iut}-{verdict.lower()}-{number}.json"
     path.write_text(json.dumps({"iut": case.iut, "generation": case.generation, "faults": list(case.faults.names),
-                                "options": case.options_text, "verdict": outcome.verdict,
-                                "detail": outcome.detail.strip().splitlines()[0] if outcome.detail.strip() else "",
+                                "options": case.options_text, "verdict": verdict, "detail": headline,
                                 "sequence": sequence}, indent=1) + "\n")
     return path
 

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import kvref
 from probes.iut.adapter import Adapter
+from probes.iut.protocol import PullLibrary
 from probes.suite.contract import Must
+from probes.suite.contract_pulls import draw_pull_step
 from probes.suite.contract_rules import Session
 from probes.suite.ownership import row_byte_ranges
 
@@ -37,6 +39,7 @@ class Parts:
     hold: bool
     deferred: bool
     interleaved: tuple[str, ...]  # shapes whose rows are not byte ranges on this device
+    pulls: bool  # managers that pull from one another (probes.iut.protocol.PullLibrary)
 
 
     @classmethod
@@ -44,7 +47,8 @@ class Parts:
         return cls(store=hasattr(iut.library, "kv_store"), plans=iut.iut.applies("plan_binding"),
                    donation=hasattr(iut.arrays, "donating_step"), fail_copies=hasattr(iut.arrays, "fail_copies"),
                    hold=iut.backend == "sim", deferred=iut.iut.applies("deferred_construction"),
-                   interleaved=tuple(shapes_of(iut, INTERLEAVED, contiguous=False)))
+                   interleaved=tuple(shapes_of(iut, INTERLEAVED, contiguous=False)),
+                   pulls=isinstance(iut.library, PullLibrary))
 
 
 def addressable_shapes(iut: Adapter) -> list[str]:
@@ -68,7 +72,7 @@ def draw_spec(rng, shapes: list[str], parts: Parts) -> dict:
         spec.update(layers=2, mixed=others[int(rng.integers(len(others)))])  # a layer of another block size
     # Swarm testing: each sequence leaves some rules out and favours one, so
     # that across sequences every rule meets long runs of every other.
-    optional = [r for r in DRAWS if r not in ("wait", "rebuild")]
+    optional = [r for r in DRAWS if r not in ("wait", "rebuild") and (r != "pulls" or parts.pulls)]
     spec["without"] = sorted(r for r in optional if rng.random() < 0.25)
     spec["favour"] = str(rng.choice(optional)) if rng.random() < 0.5 else ""
     return spec
@@ -82,7 +86,8 @@ def draw_step(rng, session: Session, parts: Parts, only: tuple[str, ...] = ()) -
                "fill": 0.6, "model_step": 1.5, "rebuild": 25.0 if model.storage_moved else 0.2, "hold": 0.8 if parts.hold else 0.0,
                "fail_copies": 0.25 if parts.fail_copies and len(model.failing_blocks()) < 2 else 0.0,
                "check": 1.5, "concurrent": 0.8, "store_call": 4.0 if parts.store else 0.0,
-               "plan": 0.3 if parts.plans else 0.0, "build_refused": 0.2 if parts.interleaved else 0.0}
+               "plan": 0.3 if parts.plans else 0.0, "build_refused": 0.2 if parts.interleaved else 0.0,
+               "pulls": 3.0 if parts.pulls else 0.0}
     for rule in session.spec.get("without", ()):
         weights[rule] = 0.0
     for rule in weights if only else ():
@@ -260,4 +265,4 @@ def _plan(rng, session: Session, parts: Parts) -> dict:
 DRAWS = {"transfer": _transfer, "save": _save, "wait": _wait, "load": _load, "unlock": _unlock, "fill": _fill,
          "model_step": _model_step, "rebuild": _rebuild, "hold": _hold, "fail_copies": _fail_copies, "check": _check,
          "concurrent": _concurrent, "store_call": _store_call, "plan": _plan,
-         "build_refused": _build_refused}
+         "build_refused": _build_refused, "pulls": lambda rng, session, parts: draw_pull_step(rng, session)}

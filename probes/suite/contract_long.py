@@ -67,7 +67,7 @@ def long_run(iut, sequence: dict, parts: Parts, rng, steps: int) -> tuple[int, B
                 baseline = Held.now()
             step = draw_step(rng, session, parts, only=CYCLE_RULES)
             sequence["steps"].append(step)
-            rules.RULES[step["rule"]](session, index, step)
+            rules.RULES[step["rule"]](session, index, step)  # no pulls in CYCLE_RULES
             rules.check_host(session)
         _settle(session, steps)
         held = Held.now()

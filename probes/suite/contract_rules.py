@@ -61,6 +61,8 @@ class Session:
         self.store = iut.kv_store(spec["store"]) if spec.get("store") else None
         self.model = ContractModel(blocks, StoreModel(spec["store"]) if self.store is not None else None)
         self.pending: dict[int, object] = {}  # step -> the IUT's Pending of a transfer not awaited
+        self.pulls = None  # the pull managers (probes.suite.contract_pulls), made at the first pull rule
+        self.closers: list = []  # what closing the session closes besides
         # step -> how its transfer must end, what it was, what a failure leaves unknown, the device blocks it touches
         self.judgments: dict[int, tuple[Judgment, str, object, set[int]]] = {}
 
@@ -98,6 +100,9 @@ class Session:
             except Exception:  # a transfer judged already; only its end matters here
                 pass
         self.pending.clear()
+        for close in self.closers:
+            close()
+        self.closers.clear()
 
 
 # --- judging a call ------------------------------------------------------

@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from probes.iut.adapter import Adapter
-from probes.suite import contract_rules as rules
+from probes.suite import contract_pulls, contract_rules as rules
 from probes.suite.cases import Case
 from probes.suite.contract_draws import Parts, addressable_shapes, draw_spec, draw_step
 from probes.suite.contract_long import LONG_SPEC, long_run
@@ -37,6 +37,8 @@ SEQUENCES = 80  # sequences a case draws, unless its time runs out first
 BUDGET_SECONDS = 60.0  # drawing, at most, per case (and half the case's timeout)
 CASE_SECONDS = 150.0  # a case's timeout: its budget, shrinking, and its worker's start and exit
 MAX_REPLAYS = 120  # shrinking: replays of shorter sequences
+FOUND = "kvprobe-contract-finding"
+RULES = rules.RULES | contract_pulls.RULES  # the worker's output line of each finding of a `kvprobe fuzz` case
 
 
 def contract_sequences(case: Case, iut: Adapter) -> Outcome:
@@ -61,15 +63,31 @@ def contract_sequences(case: Case, iut: Adapter) -> Outcome:
     start, budget = time.monotonic(), case.timeout * 0.5 if drawn else min(BUDGET_SECONDS, case.timeout * 0.5)
     wanted = drawn or SEQUENCES
     sequences = steps = 0
+    found: dict[tuple, Outcome] = {}  # kind -> its shrunk finding, in the order found
     while sequences < wanted and time.monotonic() - start < budget:
         rng = np.random.default_rng([case.seed, sequences])
         sequence = {"spec": draw_spec(rng, shapes, parts), "seed": int(rng.integers(2**31)), "steps": []}
         failure = run_sequence(iut, sequence, parts, rng=rng)
         sequences += 1
         steps += len(sequence["steps"])
-        if failure is not None:
-            shrunk = shrink(iut, sequence, failure, parts, deadline=start + case.timeout * 0.85)
-            return _outcome(run_sequence(iut, shrunk, parts) or failure, shrunk, sequence, sequences)
+        if failure is None or failure_kind(failure) in found:
+            continue
+        # A probe's case ends at its first finding; `kvprobe fuzz` goes on for other kinds.
+        deadline = start + case.timeout * 0.85 if not drawn else min(start + budget, time.monotonic() + 30)
+        shrunk = shrink(iut, sequence, failure, parts, deadline=deadline)
+        outcome = _outcome(run_sequence(iut, shrunk, parts) or failure, shrunk, sequence, sequences)
+        found[failure_kind(failure)] = outcome
+        if not drawn:
+            break
+        # On the worker's output too: a crash later in the case keeps what it found before.
+        said = {"verdict": outcome.verdict, "detail": outcome.detail.splitlines()[0], "sequence": shrunk}
+        print(f"{FOUND} {json.dumps(said)}", file=sys.stderr, flush=True)
+    if found:
+        first = next(iter(found.values()))
+        if len(found) == 1:
+            return first
+        return Outcome(first.verdict, "\n".join(f"finding {n} of {len(found)}, {o.verdict}: {o.detail}"
+                                                for n, o in enumerate(found.values(), 1)))
     if not steps:
         return Outcome(ERROR, "no sequence ran within the budget")
     cut = f" (the {budget:.0f} s budget ended it before {wanted})" if sequences < wanted and not drawn else ""
@@ -112,11 +130,13 @@ def run_sequence(iut: Adapter, sequence: dict, parts: Parts, rng=None) -> tuple[
             step = steps[index]
             print(f"step {index} {json.dumps(step)}", file=sys.stderr, flush=True)
             if applies(session, step, parts):
-                rules.RULES[step["rule"]](session, index, step)
+                RULES[step["rule"]](session, index, step)
                 rules.check_host(session)
             index += 1
         for pending in sorted(session.judgments):
             rules.wait(session, index, {"of": pending})
+        if session.pulls is not None:
+            contract_pulls.settle(session, index, {})
         rules.check_host(session)
         rules.check(session, index, {})
     except Stop:
@@ -153,6 +173,8 @@ def applies(session: Session, step: dict, parts: Parts) -> bool:
         return parts.plans
     if rule == "build_refused":
         return step["shape"] in parts.interleaved
+    if rule in contract_pulls.RULES:
+        return parts.pulls and (rule in ("register", "pull") or session.pulls is not None)
     return True
 
 
@@ -202,6 +224,31 @@ def shorter(sequence: dict, fails_alike, deadline: float, max_replays: int = MAX
     if best["spec"]["layers"] > 1:
         best = attempt({**best, "spec": {**best["spec"], "layers": 1}}) or best
     return best
+
+
+def findings_in(detail: str, verdict: str, output: str = "") -> list[tuple[str, str, dict | None]]:
+    """Each finding a case's detail gives, and each its worker said on its
+    output before it ended: (verdict, its first line, its sequence)."""
+    said = []
+    for line in output.splitlines():
+        if line.startswith(FOUND + " "):
+            try:
+                found = json.loads(line[len(FOUND) + 1:])
+                said.append((found["verdict"], found["detail"], found["sequence"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+    return said + _findings_in(detail, verdict)
+
+
+def _findings_in(detail: str, verdict: str) -> list[tuple[str, str, dict | None]]:
+    blocks = re.split(r"^finding \d+ of \d+, ", detail, flags=re.M)
+    if len(blocks) == 1:
+        return [(verdict, detail.strip().splitlines()[0] if detail.strip() else "", sequence_in(detail))]
+    found = []
+    for block in blocks[1:]:
+        said, _, rest = block.partition(": ")
+        found.append((said, rest.splitlines()[0], sequence_in(block)))
+    return found
 
 
 def sequence_in(detail: str) -> dict | None:

@@ -1,0 +1,304 @@
+"""Pulls between managers in the contract (kvref.pulls states the rules
+the pull probes check): a producer registers a request's blocks under a
+uuid, a consumer pulls them into blocks of its own, both poll for what
+settled. In a sequence both managers live in the worker, beside the
+offload manager, over caches of their own, and a second consumer has
+blocks of another size (a geometry that differs).
+
+What holds: a pull of registered blocks lands exactly (remote block i into
+local block i, every layer); one the producer cannot serve (a uuid not
+registered, a registration already pulled, blocks of another size) fails
+and writes nothing; a pull made before its registration may land or fail;
+one in flight when its producer goes away may land or fail; a request
+that cannot be carried out is refused at the call that receives it; every
+accepted pull settles exactly once, as done or failed, within its
+timeout; the producer tells each registration done sending once."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import kvref
+from probes.iut.protocol import PullLibrary
+from probes.suite.contract_rules import REFUSED, Broken, Session, judged
+from probes.suite.contract import Judgment, Must
+from probes.suite.verdicts import CORRUPT, ERROR
+
+TIMEOUT_S = 3.0  # each pull manager's timeout_s: a pull that cannot land fails within it
+MAX_BLOCKS = 8  # the most blocks one pull moves
+SETTLE_S = TIMEOUT_S + 10.0  # beyond which a pull that never settled is a finding (a loaded machine is slow)
+POLL_S = 0.005
+DONE, FAILED, EITHER = "done", "failed", "done or failed"
+
+
+@dataclass
+class Pull:
+    uuid: int
+    remote: list[int]
+    local: list[int]
+    consumer: int  # 0: the consumer of the same geometry; 1: the one whose blocks differ
+    expect: str
+    settled: str = ""
+
+
+@dataclass
+class PullWorld:
+    """The producer and the two consumers, and what the model knows of them."""
+
+    lib: PullLibrary
+    key: kvref.ShapeKey
+    managers: list  # producer, consumer, consumer of another geometry
+    keys: list[kvref.ShapeKey]
+    blocks: list[list[list[bytes]]]  # per manager, per layer, per block
+    caches: list[list]
+    registrations: dict[int, list[int]] = field(default_factory=dict)  # uuid -> blocks, not yet pulled
+    pulled: set[int] = field(default_factory=set)  # uuids whose registration a pull took
+    pulls: dict[str, Pull] = field(default_factory=dict)
+    sent: set[str] = field(default_factory=set)  # requests the producer told done sending
+    reasons: dict[str, str] = field(default_factory=dict)  # a failed pull's reason, as the library says it
+
+    @property
+    def rows(self) -> int:
+        return self.key.dims[0]
+
+
+def world(session: Session) -> PullWorld:
+    """The session's pull managers, built at the first pull rule."""
+    if getattr(session, "pulls", None) is None:
+        lib = session.iut.library
+        other = kvref.ShapeKey(session.key.dtype, (session.key.dims[0], session.key.dims[1] * 2, *session.key.dims[2:]))
+        keys = [session.key, session.key, other]
+        caches, blocks = [], []
+        for n, key in enumerate(keys):
+            pairs = session.iut.make_caches(key, [session.spec.get("seed", 0) + 100 * (n + 1) + i for i in range(2)],
+                                            "put", finite=True)
+            caches.append([c for c, _ in pairs])
+            layout, size = session.iut.layout(key), None
+            blocks.append([])
+            for _, host in pairs:
+                packed = kvref.pack(host, layout)
+                size = packed.size // key.dims[0]
+                blocks[-1].append([packed[i:i + size].tobytes() for i in range(0, packed.size, size)])
+        try:
+            managers = [lib.pull_manager(c, "slots", True, TIMEOUT_S, MAX_BLOCKS) for c in caches]
+        except Exception as e:  # these caches are addressable: building a pull manager must work
+            raise Broken(ERROR, f"a pull manager could not be built: {type(e).__name__}: {e}") from e
+        session.pulls = PullWorld(lib, session.key, managers, keys, blocks, caches)
+        session.closers.append(lambda: [lib.close_manager(m) for m in session.pulls.managers])
+    return session.pulls
+
+
+def register(session: Session, index: int, step: dict) -> None:
+    """register_read on the producer: valid blocks (True), or a block out of range (refused)."""
+    w = world(session)
+    uuid = step["uuid"]
+    if any(p.uuid == uuid and not p.settled and p.expect != DONE for p in w.pulls.values()):
+        return  # a pull in flight that names it may yet find it: the `early` pull's case, not this one's
+    valid = all(0 <= b < w.rows for b in step["blocks"]) and len(set(step["blocks"])) == len(step["blocks"]) \
+        and uuid not in w.registrations
+    # A uuid whose pull took it may be used again once that pull settled, which
+    # its producer may know before the model has polled, or not yet.
+    judgment = Judgment(Must.EITHER, "a uuid a pull took, used again") if valid and uuid in w.pulled else \
+        Judgment(Must.DO if valid else Must.REFUSE, "" if valid else "a block out of range or a uuid in use")
+    said = judged(session, judgment, f"register_read {step['req']} uuid {step['uuid']} {step['blocks']}",
+                  lambda: w.managers[0].register_read(step["req"], step["uuid"], step["blocks"]))
+    if said is REFUSED:
+        return
+    if said is False:  # register_read says no: a refusal
+        if valid:
+            raise Broken(ERROR, f"register_read {step['req']} {step['blocks']}: False for a valid registration")
+        return
+    if not valid:
+        raise Broken(ERROR, f"register_read {step['req']} {step['blocks']}: accepted; it must be refused")
+    w.pulled.discard(uuid)
+    w.registrations[uuid] = list(step["blocks"])
+
+
+def pull(session: Session, index: int, step: dict) -> None:
+    """start_read on a consumer: of a registration (landing exactly, paired
+    in the order given), of a uuid not registered, or into blocks of
+    another size."""
+    w = world(session)
+    consumer, uuid = step["consumer"], step["uuid"]
+    busy = {b for p in w.pulls.values() if not p.settled and p.consumer == consumer for b in p.local}
+    if step["req"] in w.pulls or busy & set(step["local"]):
+        return  # a replay without the steps that made these free
+    bad = _bad_pull(step["remote"], step["local"], w.rows)
+    if bad:
+        refused = judged(session, Judgment(Must.REFUSE, bad), f"start_read {step['req']} {step['remote']} -> "
+                         f"{step['local']}", lambda: w.managers[1 + consumer].start_read(
+                             step["req"], uuid, "127.0.0.1:1", step["remote"], step["local"]))
+        assert refused is REFUSED  # judged raises for anything else
+        return
+    registered = w.registrations.get(uuid)
+    if registered is not None and consumer == 0 and list(step["remote"]) == [registered[i] for i in step["pick"]]:
+        expect = DONE
+    elif step.get("early") and registered is None and uuid not in w.pulled and consumer == 0:
+        expect = EITHER  # registered just after the pull began
+    else:
+        expect = FAILED
+    endpoint = w.managers[0].get_local_endpoints()
+    endpoint = endpoint[0]["endpoint"] if len(endpoint) == 1 else endpoint
+    judgment = Judgment(Must.DO if expect == DONE else Must.EITHER, "a pull the producer cannot serve may be "
+                        "refused at start_read, or fail")
+    if step.get("drop") and session.iut.backend == "sim":  # slow the producer's copies, so it goes mid-pull
+        for cache in w.caches[0]:
+            session.iut.hold_copies(cache, 0.5)
+    started = judged(session, judgment, f"start_read {step['req']} uuid {uuid} {step['remote']} -> {step['local']}",
+                     lambda: w.managers[1 + consumer].start_read(step["req"], uuid, endpoint, step["remote"],
+                                                                 step["local"], step.get("parallelism", 1)))
+    if started is REFUSED:
+        return
+    if registered is not None and expect == DONE:
+        w.pulled.add(uuid)
+        del w.registrations[uuid]
+    w.pulls[step["req"]] = Pull(uuid, list(step["remote"]), list(step["local"]), consumer, expect)
+    if step.get("drop"):  # the producer dies in the middle of the pull
+        drop_producer(session, index, step)
+    if expect == EITHER:  # the registration the pull asked for arrives after it
+        w.pulled.add(uuid)
+        said = judged(session, Judgment(Must.EITHER, "a registration its pull came before"),
+                      f"register_read {step['req']} after its pull",
+                      lambda: w.managers[0].register_read(step["req"], uuid, step["remote"]))
+        if said is False or said is REFUSED:
+            w.pulls[step["req"]].expect = FAILED if said is REFUSED else EITHER
+
+
+def _bad_pull(remote, local, rows: int) -> str:
+    """Why start_read must refuse a request at once, or ""."""
+    if len(remote) != len(local):
+        return "remote and local block lists of different lengths"
+    if any(not 0 <= b < rows for b in local) or len(set(local)) != len(local):
+        return "a local block out of range or named twice"
+    if len(local) > MAX_BLOCKS:
+        return f"more than the {MAX_BLOCKS} blocks a pull moves"
+    return ""
+
+
+def drop_producer(session: Session, index: int, step: dict) -> None:
+    """The producer goes away (closed) with pulls still in flight, which may
+    land or fail but must settle; a new producer over the same caches
+    takes its place."""
+    w = world(session)
+    for p in w.pulls.values():
+        if not p.settled and p.expect == DONE:
+            p.expect = EITHER
+    for cache in w.caches[0] if session.iut.backend == "sim" else ():
+        cache.release_dma_hold()  # copies held for the pull go on, and meet a producer closing
+    w.lib.close_manager(w.managers[0])
+    w.registrations.clear()
+    try:
+        w.managers[0] = w.lib.pull_manager(w.caches[0], "slots", True, TIMEOUT_S, MAX_BLOCKS)
+    except Exception as e:  # as at the first build
+        raise Broken(ERROR, f"a pull manager could not be built again: {type(e).__name__}: {e}") from e
+    w.sent.clear()
+
+
+def settle(session: Session, index: int, step: dict) -> None:
+    """Poll until every pull settled: each exactly once, as the model says,
+    within its timeout; then the consumers' blocks against the model."""
+    w = world(session)
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        _poll(w)
+        if all(p.settled for p in w.pulls.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(POLL_S)
+    for _ in range(3):  # a few polls more: nothing is reported again
+        _poll(w)
+    open_ = [req for req, p in w.pulls.items() if not p.settled]
+    if open_:
+        raise Broken(ERROR, f"pulls {open_[:4]} never settled within {SETTLE_S} s (timeout_s {TIMEOUT_S})")
+    for consumer in (0, 1):
+        got = w.caches[1 + consumer]
+        for layer, cache in enumerate(got):
+            packed = kvref.pack(session.iut.fetch(cache), session.iut.layout(w.keys[1 + consumer]))
+            size = packed.size // w.rows
+            want = w.blocks[1 + consumer][layer]
+            wrong = [b for b in range(w.rows) if packed[b * size:(b + 1) * size].tobytes() != want[b]]
+            if wrong:
+                raise Broken(CORRUPT, f"consumer {consumer} layer {layer}: blocks {wrong[:8]} differ from the model "
+                                      f"after its pulls settled")
+    w.pulls = {req: p for req, p in w.pulls.items() if not p.settled}
+
+
+def _poll(w: PullWorld) -> None:
+    sending, _, _ = w.managers[0].poll_stats()
+    for req in sending:
+        if req in w.sent:
+            raise Broken(ERROR, f"the producer told {req} done sending twice")
+        w.sent.add(req)
+    for consumer in (0, 1):
+        _, done, failed = w.managers[1 + consumer].poll_stats()
+        for req, how in [*((r, DONE) for r in done), *((r, FAILED) for r in failed)]:
+            p = w.pulls.get(req)
+            if p is None or p.consumer != consumer:
+                raise Broken(ERROR, f"consumer {consumer} reported {req} {how}, a pull it never made or "
+                                    f"reported before")
+            if p.settled:
+                raise Broken(ERROR, f"{req} reported {p.settled} and then {how}")
+            if p.expect not in (how, EITHER):
+                raise Broken(ERROR, f"{req} (uuid {p.uuid}, {p.remote} -> {p.local}) reported {how}; "
+                                    f"the model says {p.expect}")
+            p.settled = how
+            if how == FAILED:
+                w.reasons[req] = w.lib.pull_failure(w.managers[1 + consumer], req)  # said, or "": never a failure
+            if how == DONE:
+                for layer, blocks in enumerate(w.blocks[1 + consumer]):
+                    for r, l in zip(p.remote, p.local):
+                        blocks[l] = w.blocks[0][layer][r]
+
+
+def draw_pull_step(rng, session: Session) -> dict:
+    """One of the pull rules, from what the pull managers hold now."""
+    w = getattr(session, "pulls", None)
+    registrations = w.registrations if w else {}
+    unsettled = bool(w and any(not p.settled for p in w.pulls.values()))
+    uuid = int(rng.integers(1, 2**50))
+    req = f"req-{int(rng.integers(2**31))}"
+    rows = session.key.dims[0]
+    kind = rng.random()
+    if unsettled and kind < 0.35:
+        return {"rule": "settle"} if rng.random() < 0.85 else {"rule": "drop_producer"}
+    pulled = sorted(w.pulled) if w else []
+    if not registrations or kind < 0.55:
+        n = int(rng.integers(1, MAX_BLOCKS + 1))
+        blocks = [int(b) for b in rng.choice(rows, n, replace=False)]
+        odd = rng.random()
+        if odd < 0.1:
+            blocks[-1] = rows if rng.random() < 0.5 else -1
+        elif odd < 0.25 and registrations:  # another request's very blocks (a shared prefix)
+            blocks = list(registrations[sorted(registrations)[int(rng.integers(len(registrations)))]])
+        elif odd < 0.5 and pulled:  # a uuid whose pull settled, used again
+            uuid = pulled[int(rng.integers(len(pulled)))]
+        return {"rule": "register", "req": req, "uuid": uuid, "blocks": blocks}
+    uuids = sorted(registrations)
+    taken = uuids[int(rng.integers(len(uuids)))]
+    if pulled and rng.random() < 0.25:  # a registration a pull took already
+        taken = pulled[int(rng.integers(len(pulled)))]
+        registrations = {taken: [int(b) for b in rng.choice(rows, 2, replace=False)]}
+    blocks = registrations[taken]
+    pick = [int(i) for i in rng.permutation(len(blocks))]  # every registered block, paired in a new order
+    local = [int(b) for b in rng.choice(rows, len(blocks), replace=False)]
+    step = {"rule": "pull", "req": req, "uuid": taken, "pick": pick, "remote": [blocks[i] for i in pick],
+            "local": local, "consumer": 0, "parallelism": int(rng.choice([1, 1, 2, 3, 4]))}
+    odd = rng.random()
+    if odd < 0.08:  # refused at once: lists of different lengths, or a local block out of range
+        step["local"] = local[:-1] if len(local) > 1 and rng.random() < 0.5 else local[:-1] + [rows]
+        return step
+    if odd < 0.12:
+        step["uuid"] = uuid  # never registered
+    elif odd < 0.22:
+        step["consumer"] = 1  # blocks of another size
+    elif odd < 0.3:
+        step.update(uuid=uuid, early=True)  # registered just after the pull began
+    elif odd < 0.42:
+        step["drop"] = True  # its producer goes away while it runs
+    return step
+
+
+RULES = {"register": register, "pull": pull, "settle": settle, "drop_producer": drop_producer}
+# What exercises each call of probes.iut.protocol's PullLibrary and PullManager.
+CALLS = {"pull_manager": "world", "close_manager": "drop_producer", "pull_failure": "settle",
+         "register_read": "register", "start_read": "pull", "poll_stats": "settle", "get_local_endpoints": "pull"}

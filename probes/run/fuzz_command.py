@@ -179,8 +179,8 @@ def fuzz_contract(name: str, generation: str, cases: int, seed: int = 0, faults:
 
 def contract_case(name: str, generation: str, faults: kvref.Faults, seconds: float, seed: int,
                   options: dict | None = None, calls: dict | None = None) -> Case:
-    """A contract_sequences case whose sequences run `seconds` (half its timeout)."""
-    return Case(CONTRACT, generation, name, f"contract-{seed}", probe(CONTRACT).subject, faults, 2 * seconds,
+    """A contract_sequences case whose sequences run `seconds` (0.4 of its timeout)."""
+    return Case(CONTRACT, generation, name, f"contract-{seed}", probe(CONTRACT).subject, faults, 2.5 * seconds,
                 iut(name).startup_seconds, seed=seed, iut_options=tuple(sorted((options or {}).items())),
                 calls=calls or {"sequences": MAX_SEQUENCES})
 

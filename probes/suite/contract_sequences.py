@@ -34,7 +34,7 @@ from probes.suite.verdicts import ERROR, PASS, SKIP, Outcome
 
 STEPS = 40  # steps a drawn sequence takes
 SEQUENCES = 80  # sequences a case draws, unless its time runs out first
-BUDGET_SECONDS = 60.0  # drawing, at most, per case (and half the case's timeout)
+BUDGET_SECONDS = 60.0  # drawing, at most, per case (and 0.4 of the case's timeout)
 CASE_SECONDS = 150.0  # a case's timeout: its budget, shrinking, and its worker's start and exit
 MAX_REPLAYS = 120  # shrinking: replays of shorter sequences
 FOUND = "kvprobe-contract-finding"
@@ -47,7 +47,7 @@ def contract_sequences(case: Case, iut: Adapter) -> Outcome:
     copies between them, every step held to the contract's model; a
     failing sequence is shrunk and given as JSON. With case.calls, a
     sequence ({spec, seed, steps}) is replayed, or {"sequences": N} are drawn
-    for half the case's timeout (`kvprobe fuzz`)."""
+    for 0.4 of the case's timeout (`kvprobe fuzz`)."""
     parts = Parts.of(iut)
     if case.calls is not None and "spec" in case.calls:
         failure = run_sequence(iut, case.calls, parts)
@@ -60,7 +60,7 @@ def contract_sequences(case: Case, iut: Adapter) -> Outcome:
     if case.calls is not None and "long" in case.calls:
         return _long(case, iut, parts, case.calls["long"])
     drawn = (case.calls or {}).get("sequences")
-    start, budget = time.monotonic(), case.timeout * 0.5 if drawn else min(BUDGET_SECONDS, case.timeout * 0.5)
+    start, budget = time.monotonic(), case.timeout * 0.4 if drawn else min(BUDGET_SECONDS, case.timeout * 0.4)
     wanted = drawn or SEQUENCES
     sequences = steps = 0
     found: dict[tuple, Outcome] = {}  # kind -> its shrunk finding, in the order found
@@ -73,7 +73,8 @@ def contract_sequences(case: Case, iut: Adapter) -> Outcome:
         if failure is None or failure_kind(failure) in found:
             continue
         # A probe's case ends at its first finding; `kvprobe fuzz` goes on for other kinds.
-        deadline = start + case.timeout * 0.85 if not drawn else min(start + budget, time.monotonic() + 30)
+        # Shrinking ends with room left for a last replay and the worker's exit (pull managers closing).
+        deadline = start + case.timeout * 0.7 if not drawn else min(start + budget, time.monotonic() + 30)
         shrunk = shrink(iut, sequence, failure, parts, deadline=deadline)
         outcome = _outcome(run_sequence(iut, shrunk, parts) or failure, shrunk, sequence, sequences)
         found[failure_kind(failure)] = outcome

@@ -35,11 +35,6 @@ FOUND_BY_SEQUENCES = {
     "store_lookup_skips_misses": "ERROR", "store_evicts_pinned": "ERROR", "store_partial_insert": "ERROR",
     "store_fifo_eviction": "ERROR", "store_unchecked_lengths": "ERROR", "str_only_plan_binding": "ERROR",
     "legacy_slice_formula": "ERROR|CORRUPT", "allow_mixed_slices": "CORRUPT|ERROR",
-    # Pulls between managers.
-    "pull_pairs_sorted": "CORRUPT", "pull_never_reports": "ERROR", "duplicate_reports": "ERROR",
-    "lost_pull_unsettled": "ERROR",
-    "registrations_keyed_by_blocks": "ERROR|CORRUPT", "late_refusal": "ERROR",
-    "parallel_pull_drops_remainder": "ERROR|CORRUPT", "settled_uuid_served_stale": "CORRUPT|ERROR",
 }
 # Found by a long run's resources coming back to their baseline.
 FOUND_BY_LONG_RUNS = {"leaked_pool": "ERROR"}
@@ -59,6 +54,10 @@ OUT_OF_REACH = {
     **{f: "the consumer's telemetry (dump_metrics_to_string, no call of the protocol): pull_telemetry" for f in (
         "metrics_by_uuid_slot", "metrics_json_unescaped", "metrics_last_byte_unset", "metrics_uniform_layers")},
     "pull_route_reused": "pulls from several producers: the pull_fan probe",
+    **{f: "pull rules are not drawn yet (docs/contract.md): the pull probes" for f in (
+        "pull_pairs_sorted", "pull_never_reports", "duplicate_reports", "lost_pull_unsettled",
+        "registrations_keyed_by_blocks", "late_refusal", "parallel_pull_drops_remainder",
+        "settled_uuid_served_stale")},
     # Measured: found in sequences 104, none, none, none of four cases' first 120 (a second pull of a
     # registration after its first settled, with the producer told): `kvprobe fuzz` reaches it.
     "settled_registration_served": "reached in about one sequence of 100: beyond the default budget",

@@ -36,9 +36,10 @@ address the peers you trust reach."""
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import queue
 from dataclasses import dataclass, field
 
 from kvref.endpoints import Route, routes
@@ -54,6 +55,11 @@ from kvref.values import request_id, request_uuid
 
 SETTLE_NOTICE_SECONDS = 2.0  # the longest telling the producer a pull settled may take
 CLOSE_SECONDS = 5.0  # the longest close() waits for a pull's thread
+# Past its deadline a pull cancels the streams still open, and fails a grace
+# later whether they ended or not: gRPC has been seen to end neither at its
+# deadline nor at a cancel a stream whose producer went away mid-pull. So the
+# streams run on daemon threads, which such a stream cannot keep from exiting.
+CANCEL_GRACE_S = 0.5
 MAX_PULLS = 1024  # pulls in flight at once on one consumer, each a thread
 MAX_REASONS = 4096  # failure reasons kept, the oldest dropped first
 # A producer whose listener has every call slot taken refuses a stream at once
@@ -77,6 +83,7 @@ class Pull:
     refusal: str = ""  # late_refusal: the refusal it should have had
     streams: int = 1  # the pull's parallelism: streams per route, each a contiguous run of its blocks
     record: PullRecord | None = None  # what telemetry keeps of it
+    cancelled: bool = False  # its streams were ended by its own deadline or a failed stream
 
 
 class PullService:
@@ -197,10 +204,7 @@ class PullService:
         try:
             received = {}
             for route in pull.routes:
-                spans = self._spans(len(pull.remote), pull.streams)
-                with ThreadPoolExecutor(len(spans), thread_name_prefix=f"kvref-pull-{pull.req_id}") as streams:
-                    for part in streams.map(lambda span: self._fetch(pull, route, span), spans):
-                        received.update(part)
+                received.update(self._gather(pull, route))
             pull.record.stamp("last_byte")
             local = sorted(pull.local) if self._faults.pull_pairs_sorted else pull.local
             pull.record.stamp("writing")
@@ -210,13 +214,51 @@ class PullService:
             if self._faults.lost_pull_unsettled and e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                 return
             reason = f"{e.code().name}: {e.details()}"
-            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED or time.monotonic() >= pull.deadline:
                 reason = f"no complete answer within timeout_s={self.timeout_s}s ({reason})"
             return self._settle(pull, False, reason)
         except Exception as e:  # the pull's own failure, reported as its reason
             return self._settle(pull, False, f"{type(e).__name__}: {e}")
         self._tell_producer(pull)
         self._settle(pull, True)
+
+    def _gather(self, pull: Pull, route: Route) -> dict:
+        """Every part this route serves, over the pull's streams at once; the
+        first stream to fail, or the deadline, ends the others."""
+        spans = self._spans(len(pull.remote), pull.streams)
+        ended: queue.SimpleQueue = queue.SimpleQueue()
+
+        def stream(span):
+            try:
+                ended.put((self._fetch(pull, route, span), None))
+            except BaseException as e:  # carried to the pull's thread, which fails the pull with it
+                ended.put((None, e))
+
+        for n, span in enumerate(spans):
+            threading.Thread(target=stream, args=(span,), name=f"kvref-pull-{pull.req_id}-{n}", daemon=True).start()
+        received, end, cancelled = {}, pull.deadline + CANCEL_GRACE_S, False
+        for _ in spans:
+            while True:
+                try:
+                    part, error = ended.get(timeout=max(0.0, end - time.monotonic()))
+                    break
+                except queue.Empty:
+                    if cancelled:
+                        raise TimeoutError(f"no complete answer within timeout_s={self.timeout_s}s, and a stream "
+                                           "cancelled then did not end") from None
+                    self._cancel(pull)
+                    cancelled, end = True, time.monotonic() + CANCEL_GRACE_S
+            if error is not None:
+                self._cancel(pull)
+                raise error
+            received.update(part)
+        return received
+
+    def _cancel(self, pull: Pull) -> None:
+        with self._lock:
+            pull.cancelled = True
+            for call in pull.calls:
+                call.cancel()
 
     def _spans(self, blocks: int, streams: int) -> list[tuple[int, int]]:
         """`streams` contiguous runs that cover positions 0..blocks-1, the
@@ -254,7 +296,7 @@ class PullService:
                 timeout=max(0.001, pull.deadline - time.monotonic()))
             with self._lock:
                 pull.calls.append(call)
-                if self._closed:
+                if self._closed or pull.cancelled:
                     call.cancel()
             replies = iter(call)
             header = next(replies).header

@@ -1,6 +1,8 @@
 """kvprobe under misuse: every argument error is one line naming the
 argument or file and what was expected, exit 2, found before any case runs."""
 
+import signal
+
 import pandas as pd
 import pytest
 
@@ -52,12 +54,13 @@ def test_a_matrix_that_is_not_one_names_the_file(capsys, tmp_path, content, mess
     assert message in refused(capsys, "--matrix", str(matrix), "--out", str(tmp_path / "out"))
 
 
-def test_ctrl_c_stops_the_run_at_once_and_keeps_what_finished(tmp_path):
-    """SIGINT (Ctrl-C) during a run: no queued case starts, running workers
-    end, one line is printed, exit 130, and finished cases are written as a
-    run marked partial. (A shell's background job ignores SIGINT, so the
-    run is started here directly.)"""
-    import signal
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_ctrl_c_stops_the_run_at_once_and_keeps_what_finished(tmp_path, signum):
+    """SIGINT (Ctrl-C) during a run, or SIGTERM (a CI cancel, `timeout`), or
+    SIGHUP (a closed terminal): no queued case starts, running workers end,
+    one line is printed, exit 128 + the signal, and finished cases are
+    written as a run marked partial. (A shell's background job ignores
+    SIGINT, so the run is started here directly.)"""
     import subprocess
     import sys
     import time
@@ -67,11 +70,11 @@ def test_ctrl_c_stops_the_run_at_once_and_keeps_what_finished(tmp_path):
     command = [sys.executable, "-m", "probes.run.cli", "run", "-g", "v5e", "--probe", "all", "--out", str(tmp_path)]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(8)  # past start-up: cases are running
-    run.send_signal(signal.SIGINT)
+    run.send_signal(signum)
     _, err = run.communicate(timeout=120)
-    assert run.returncode == 130, err[-2000:]
+    assert run.returncode == 128 + signum, err[-2000:]
     lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("kvprobe: interrupted"), err[-2000:]
+    assert len(lines) == 1 and lines[0].startswith(f"kvprobe: interrupted ({signum.name})"), err[-2000:]
     runs = list(tmp_path.glob("*/runs/*.csv"))
     assert all(p.stem.endswith("-partial") for p in runs), runs
     if "finished cases kept" in lines[0]:

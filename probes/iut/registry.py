@@ -17,6 +17,7 @@ module is imported first in a watched process of its own (vet_import)."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import importlib
 import os
@@ -169,7 +170,9 @@ def _from_entry_point(name: str) -> IUT:
 def _load_entry_point(name: str) -> IUT:
     points = _entry_points().get(name)
     if not points:
-        raise IUTError(f"unknown implementation under test {name!r}; expected one of "
+        close = difflib.get_close_matches(name, sorted(_entry_points()), 1)
+        raise IUTError(f"unknown implementation under test {name!r}"
+                       + (f" (did you mean {close[0]!r}?)" if close else "") + "; expected one of "
                        f"{sorted(_entry_points())}, package.module:ATTR, or either ==VERSION for a "
                        "build of its library (`kvprobe iuts` lists what is installed)")
     if len(points) > 1:

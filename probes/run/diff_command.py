@@ -20,12 +20,27 @@ def run(args) -> int:
     for path in (args.a, args.b):
         if not path.exists():
             raise ValueError(f"no such run file: {path}")
-    changes = diff.diff_runs(results.read_run(args.a), results.read_run(args.b))
+    changes = diff.diff_runs(*(_read(results, path) for path in (args.a, args.b)))
     if changes.empty:
         print("no differences")
         return 0
     print(changes.to_markdown(index=False))
     return 1
+
+
+def _read(results, path: Path):
+    """A run CSV, or a one-line refusal saying why it is not one."""
+    import pandas as pd
+
+    try:
+        frame = results.read_run(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not a run CSV: {first_line(e)}") from None
+    return frame
+
+
+def first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 COMMAND = Command("diff", "what changed between two run CSVs", arguments, run)

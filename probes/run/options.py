@@ -6,6 +6,7 @@ is the same error everywhere."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +67,9 @@ def probes(value: str) -> list[str]:
     names = [v.strip() for v in value.split(",") if v.strip()]
     unknown = sorted(name for name in names if not names_a_case_kind(name))
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown probe(s) {unknown or value!r}; expected any of "
+        close = difflib.get_close_matches(unknown[0], list(PROBES), 1) if unknown else []
+        raise argparse.ArgumentTypeError(f"unknown probe(s) {unknown or value!r}"
+                                         + (f" (did you mean {close[0]!r}?)" if close else "") + "; expected any of "
                                          f"{', '.join(PROBES)}, or probe/kind for one kind of one")
     return names
 

@@ -4,6 +4,7 @@ runs and reports."""
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -33,7 +34,17 @@ def run(args) -> int:
     seconds = frame.attrs.get("seconds", {})
     split = f" (runner {seconds['runner']:.1f} s, reports {seconds['reports']:.1f} s)" if seconds else ""
     print(f"{len(frame)} cases in {time.monotonic() - start:.1f} s{split}; reports: {args.out / 'README.md'}")
-    return 0
+    return verdict_code(frame)
+
+
+def verdict_code(frame) -> int:
+    """1 when any case's verdict is one its prediction does not admit (said on stderr), else 0."""
+    from probes.report.results import disagreements
+
+    disagree = len(disagreements(frame))
+    if disagree:
+        print(f"kvprobe: {disagree} of {len(frame)} cases disagree with their prediction", file=sys.stderr)
+    return 1 if disagree else 0
 
 
 def report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,7 +86,7 @@ def qualify(args) -> int:
     path, frame = command.qualify(args.new, args.against, args.matrix, args.jobs, args.timeout, args.out,
                                   Console(stderr=True))
     print(f"{len(frame)} cases; qualification report: {path}")
-    return 0
+    return verdict_code(frame)
 
 
 RUN = Command("run", "run probe cases in watched workers; write CSVs and reports", run_arguments, run)

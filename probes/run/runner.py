@@ -239,25 +239,25 @@ def run_cases(cases: list[Case], jobs: int | None = None, python: str | None = N
             if progress:
                 progress(result)
             results.append(result)
-    except KeyboardInterrupt:
-        # Ctrl-C: no queued case starts, every running worker ends now, and
-        # what had finished is kept (a case killed here earned no verdict).
+    except KeyboardInterrupt as stop:
+        # Ctrl-C (or SIGTERM, SIGHUP): no queued case starts, every running worker
+        # ends now, and what had finished is kept (a case killed here earned no verdict).
         finished = [f.result() for f in futures if f.done() and not f.cancelled() and not f.exception()]
         for pool in pools:
             pool.shutdown(wait=False, cancel_futures=True)
         kill_live()
-        raise Interrupted(finished) from None
+        raise Interrupted(finished, getattr(stop, "signum", signal.SIGINT)) from None
     for pool in pools:
         pool.shutdown()
     return results
 
 
 class Interrupted(KeyboardInterrupt):
-    """A run stopped by Ctrl-C, with the cases that had finished."""
+    """A run stopped by Ctrl-C (or the signal `signum`), with the cases that had finished."""
 
-    def __init__(self, finished: list[CaseResult]):
+    def __init__(self, finished: list[CaseResult], signum: int = signal.SIGINT):
         super().__init__(f"interrupted with {len(finished)} cases finished")
-        self.finished = finished
+        self.finished, self.signum = finished, signum
 
 
 def owns_device(cases: list[Case]) -> bool:

@@ -177,6 +177,15 @@ class ContractModel:
         if not awaited:
             self.in_flight[step] = set(chunks)
 
+    def received(self, step: int, chunks: list[int], contents: list[list[bytes | None]]) -> None:
+        """A peer's host blocks landed in `chunks`, locked (contents: per layer, per chunk)."""
+        for layer, blocks in zip(self.blocks.host, contents):
+            for c, data in zip(chunks, blocks):
+                layer[c] = data
+        for c in chunks:
+            self.locked[c] = step
+        self.saves[step] = Save([], list(chunks))
+
     def save_failed(self, step: int) -> None:
         save = self.saves[step]
         save.failed, save.pending = True, None
@@ -221,6 +230,11 @@ def is_empty(src, dst, sizes) -> bool:
 def device_side(d2h: bool, src, dst, sizes) -> set[int]:
     """The device blocks a transfer reads or writes."""
     return _spans(src if d2h else dst, sizes)
+
+
+def host_side(d2h: bool, src, dst, sizes) -> set[int]:
+    """The host blocks a transfer reads or writes."""
+    return _spans(dst if d2h else src, sizes)
 
 
 def _spans(starts, sizes) -> set[int]:

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import kvref
 from probes.iut.adapter import Adapter
-from probes.iut.protocol import PullLibrary
+from probes.iut.protocol import HostTransferLibrary, PullLibrary
 from probes.suite.contract import Must
+from probes.suite.contract_hosts import draw_host_step
 from probes.suite.contract_pulls import draw_pull_step
 from probes.suite.contract_rules import Session
 from probes.suite.ownership import row_byte_ranges
@@ -24,6 +25,10 @@ SHAPES = ("bf16[32,8,128]", "f32[16,4,256]", "bf16[64,2,128]", "bf16[16,16,128]"
 STEP_HOW = ("serving", "dispatch", "donate_in_place", "donate_moved")
 # Shapes whose rows interleave on every TPU generation's layout: a manager over them is refused.
 INTERLEAVED = ("bf16[64,256]", "s8[64,512]", "bf16[16,1024]")
+# The managers beside the offload one get anywhere only by runs of their own
+# steps (register, pull, register again, pull again): one drawn starts a
+# burst of up to MOST_BURST more.
+BURSTS, MOST_BURST = ("pulls", "hosts"), 4
 HASHES = 12  # the store's hashes are drawn from this many, so inserts meet stored and pinned ones
 INT64_EDGE = (-1, 2**63 - 1, -(2**63))
 
@@ -40,7 +45,7 @@ class Parts:
     deferred: bool
     interleaved: tuple[str, ...]  # shapes whose rows are not byte ranges on this device
     pulls: bool  # managers that pull from one another (probes.iut.protocol.PullLibrary)
-
+    hosts: bool  # managers that move host blocks to one another (probes.iut.protocol.HostTransferLibrary)
 
     @classmethod
     def of(cls, iut: Adapter) -> "Parts":
@@ -48,7 +53,8 @@ class Parts:
                    donation=hasattr(iut.arrays, "donating_step"), fail_copies=hasattr(iut.arrays, "fail_copies"),
                    hold=iut.backend == "sim", deferred=iut.iut.applies("deferred_construction"),
                    interleaved=tuple(shapes_of(iut, INTERLEAVED, contiguous=False)),
-                   pulls=isinstance(iut.library, PullLibrary))
+                   pulls=isinstance(iut.library, PullLibrary),
+                   hosts=isinstance(iut.library, HostTransferLibrary))
 
 
 def addressable_shapes(iut: Adapter) -> list[str]:
@@ -72,7 +78,8 @@ def draw_spec(rng, shapes: list[str], parts: Parts) -> dict:
         spec.update(layers=2, mixed=others[int(rng.integers(len(others)))])  # a layer of another block size
     # Swarm testing: each sequence leaves some rules out and favours one, so
     # that across sequences every rule meets long runs of every other.
-    optional = [r for r in DRAWS if r not in ("wait", "rebuild") and (r != "pulls" or parts.pulls)]
+    optional = [r for r in DRAWS if r not in ("wait", "rebuild") and (r != "pulls" or parts.pulls)
+                and (r != "hosts" or parts.hosts)]
     spec["without"] = sorted(r for r in optional if rng.random() < 0.25)
     spec["favour"] = str(rng.choice(optional)) if rng.random() < 0.5 else ""
     return spec
@@ -87,19 +94,21 @@ def draw_step(rng, session: Session, parts: Parts, only: tuple[str, ...] = ()) -
                "fail_copies": 0.25 if parts.fail_copies and len(model.failing_blocks()) < 2 else 0.0,
                "check": 1.5, "concurrent": 0.8, "store_call": 4.0 if parts.store else 0.0,
                "plan": 0.3 if parts.plans else 0.0, "build_refused": 0.2 if parts.interleaved else 0.0,
-               # Pulls run when a sequence names them, and are not drawn yet: a pull left in flight
-               # has been seen never to settle on kvref-sim, and a kvref-jax pull to settle otherwise
-               # than the model said beside a donating step; both are open (docs/contract.md).
-               "pulls": 0.0}
+               "pulls": 3.0 if parts.pulls else 0.0, "hosts": 2.0 if parts.hosts else 0.0}
     for rule in session.spec.get("without", ()):
         weights[rule] = 0.0
     for rule in weights if only else ():
         weights[rule] *= rule in only
     if session.spec.get("favour"):
         weights[session.spec["favour"]] *= 5
-    names = [n for n, w in weights.items() if w > 0]
-    p = [weights[n] for n in names]
-    rule = names[int(rng.choice(len(names), p=[w / sum(p) for w in p]))]
+    rule, left = session.burst
+    if left and weights.get(rule, 0) > 0:
+        session.burst = (rule, left - 1)
+    else:
+        names = [n for n, w in weights.items() if w > 0]
+        p = [weights[n] for n in names]
+        rule = names[int(rng.choice(len(names), p=[w / sum(p) for w in p]))]
+        session.burst = (rule, int(rng.integers(0, MOST_BURST + 1)) if rule in BURSTS else 0)
     return {"rule": rule, **DRAWS[rule](rng, session, parts)}
 
 
@@ -268,4 +277,5 @@ def _plan(rng, session: Session, parts: Parts) -> dict:
 DRAWS = {"transfer": _transfer, "save": _save, "wait": _wait, "load": _load, "unlock": _unlock, "fill": _fill,
          "model_step": _model_step, "rebuild": _rebuild, "hold": _hold, "fail_copies": _fail_copies, "check": _check,
          "concurrent": _concurrent, "store_call": _store_call, "plan": _plan,
-         "build_refused": _build_refused, "pulls": lambda rng, session, parts: draw_pull_step(rng, session)}
+         "build_refused": _build_refused, "pulls": lambda rng, session, parts: draw_pull_step(rng, session),
+         "hosts": lambda rng, session, parts: draw_host_step(rng, session)}

@@ -9,23 +9,35 @@ What holds: a pull of registered blocks lands exactly (remote block i into
 local block i, every layer); one the producer cannot serve (a uuid not
 registered, a registration already pulled, blocks of another size) fails
 and writes nothing; a pull made before its registration may land or fail;
-one in flight when its producer goes away may land or fail; a request
+one in flight when its producer goes away may land or fail; a
+registration not pulled within timeout_s expires, and is told done
+sending; a request
 that cannot be carried out is refused at the call that receives it; every
 accepted pull settles exactly once, as done or failed, within its
-timeout; the producer tells each registration done sending once."""
+timeout; the producer tells each registration done sending once. A
+consumer's telemetry (dump_metrics_to_string, where it has it) holds one
+record of each pull that landed, with its request, uuid, blocks, bytes and
+stages, and at most one of each that failed."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 import kvref
 from probes.iut.protocol import PullLibrary
 from probes.suite.contract_rules import REFUSED, Broken, Session, judged
 from probes.suite.contract import Judgment, Must
+from probes.suite.pull_telemetry import record_problem, records_in
 from probes.suite.verdicts import CORRUPT, ERROR
 
-TIMEOUT_S = 3.0  # each pull manager's timeout_s: a pull that cannot land fails within it
+TIMEOUT_S = 6.0  # each pull manager's timeout_s: a pull that cannot land fails within it
+# A registration not pulled within timeout_s expires (told done sending). One
+# younger than FRESH_S must still be served; an older one may have expired
+# (a loaded machine, or a model step that compiles, takes seconds).
+FRESH_S = TIMEOUT_S / 2
 MAX_BLOCKS = 8  # the most blocks one pull moves
 SETTLE_S = TIMEOUT_S + 10.0  # beyond which a pull that never settled is a finding (a loaded machine is slow)
 POLL_S = 0.005
@@ -53,14 +65,20 @@ class PullWorld:
     blocks: list[list[list[bytes]]]  # per manager, per layer, per block
     caches: list[list]
     registrations: dict[int, list[int]] = field(default_factory=dict)  # uuid -> blocks, not yet pulled
+    registered_at: dict[int, float] = field(default_factory=dict)  # uuid -> when its register_read was called
     pulled: set[int] = field(default_factory=set)  # uuids whose registration a pull took
     pulls: dict[str, Pull] = field(default_factory=dict)
     sent: set[str] = field(default_factory=set)  # requests the producer told done sending
     reasons: dict[str, str] = field(default_factory=dict)  # a failed pull's reason, as the library says it
+    started: list[tuple[str, Pull]] = field(default_factory=list)  # every pull accepted, in order
 
     @property
     def rows(self) -> int:
         return self.key.dims[0]
+
+    def fresh(self, uuid: int) -> bool:
+        """Whether the registration under `uuid` must still be there."""
+        return uuid in self.registrations and time.monotonic() - self.registered_at[uuid] < FRESH_S
 
 
 def world(session: Session) -> PullWorld:
@@ -71,15 +89,9 @@ def world(session: Session) -> PullWorld:
         keys = [session.key, session.key, other]
         caches, blocks = [], []
         for n, key in enumerate(keys):
-            pairs = session.iut.make_caches(key, [session.spec.get("seed", 0) + 100 * (n + 1) + i for i in range(2)],
-                                            "put", finite=True)
-            caches.append([c for c, _ in pairs])
-            layout, size = session.iut.layout(key), None
-            blocks.append([])
-            for _, host in pairs:
-                packed = kvref.pack(host, layout)
-                size = packed.size // key.dims[0]
-                blocks[-1].append([packed[i:i + size].tobytes() for i in range(0, packed.size, size)])
+            own, own_blocks = session.own_caches(key, session.spec.get("seed", 0) + 100 * (n + 1))
+            caches.append(own)
+            blocks.append(own_blocks)
         try:
             managers = [lib.pull_manager(c, "slots", True, TIMEOUT_S, MAX_BLOCKS) for c in caches]
         except Exception as e:  # these caches are addressable: building a pull manager must work
@@ -95,12 +107,18 @@ def register(session: Session, index: int, step: dict) -> None:
     uuid = step["uuid"]
     if any(p.uuid == uuid and not p.settled and p.expect != DONE for p in w.pulls.values()):
         return  # a pull in flight that names it may yet find it: the `early` pull's case, not this one's
-    valid = all(0 <= b < w.rows for b in step["blocks"]) and len(set(step["blocks"])) == len(step["blocks"]) \
-        and uuid not in w.registrations
+    blocks_ok = all(0 <= b < w.rows for b in step["blocks"]) and len(set(step["blocks"])) == len(step["blocks"])
+    valid = blocks_ok and uuid not in w.registrations
     # A uuid whose pull took it may be used again once that pull settled, which
-    # its producer may know before the model has polled, or not yet.
-    judgment = Judgment(Must.EITHER, "a uuid a pull took, used again") if valid and uuid in w.pulled else \
-        Judgment(Must.DO if valid else Must.REFUSE, "" if valid else "a block out of range or a uuid in use")
+    # its producer may know before the model has polled, or not yet; so may
+    # one whose registration may have expired.
+    if blocks_ok and uuid in w.registrations and not w.fresh(uuid):
+        valid, judgment = True, Judgment(Must.EITHER, "a uuid whose registration may have expired, used again")
+    elif valid and uuid in w.pulled:
+        judgment = Judgment(Must.EITHER, "a uuid a pull took, used again")
+    else:
+        judgment = Judgment(Must.DO if valid else Must.REFUSE, "" if valid else "a block out of range or a uuid in use")
+    called = time.monotonic()
     said = judged(session, judgment, f"register_read {step['req']} uuid {step['uuid']} {step['blocks']}",
                   lambda: w.managers[0].register_read(step["req"], step["uuid"], step["blocks"]))
     if said is REFUSED:
@@ -113,6 +131,7 @@ def register(session: Session, index: int, step: dict) -> None:
         raise Broken(ERROR, f"register_read {step['req']} {step['blocks']}: accepted; it must be refused")
     w.pulled.discard(uuid)
     w.registrations[uuid] = list(step["blocks"])
+    w.registered_at[uuid] = called
 
 
 def pull(session: Session, index: int, step: dict) -> None:
@@ -133,7 +152,7 @@ def pull(session: Session, index: int, step: dict) -> None:
         return
     registered = w.registrations.get(uuid)
     if registered is not None and consumer == 0 and list(step["remote"]) == [registered[i] for i in step["pick"]]:
-        expect = DONE
+        expect = DONE if w.fresh(uuid) else EITHER
     elif step.get("early") and registered is None and uuid not in w.pulled and consumer == 0:
         expect = EITHER  # registered just after the pull began
     else:
@@ -150,13 +169,14 @@ def pull(session: Session, index: int, step: dict) -> None:
                                                                  step["local"], step.get("parallelism", 1)))
     if started is REFUSED:
         return
-    if registered is not None and expect == DONE:
+    if registered is not None and expect != FAILED:
         w.pulled.add(uuid)
         del w.registrations[uuid]
     w.pulls[step["req"]] = Pull(uuid, list(step["remote"]), list(step["local"]), consumer, expect)
+    w.started.append((step["req"], w.pulls[step["req"]]))
     if step.get("drop"):  # the producer dies in the middle of the pull
         drop_producer(session, index, step)
-    if expect == EITHER:  # the registration the pull asked for arrives after it
+    if expect == EITHER and step.get("early"):  # the registration the pull asked for arrives after it
         w.pulled.add(uuid)
         said = judged(session, Judgment(Must.EITHER, "a registration its pull came before"),
                       f"register_read {step['req']} after its pull",
@@ -211,16 +231,42 @@ def settle(session: Session, index: int, step: dict) -> None:
     if open_:
         raise Broken(ERROR, f"pulls {open_[:4]} never settled within {SETTLE_S} s (timeout_s {TIMEOUT_S})")
     for consumer in (0, 1):
-        got = w.caches[1 + consumer]
-        for layer, cache in enumerate(got):
-            packed = kvref.pack(session.iut.fetch(cache), session.iut.layout(w.keys[1 + consumer]))
-            size = packed.size // w.rows
-            want = w.blocks[1 + consumer][layer]
-            wrong = [b for b in range(w.rows) if packed[b * size:(b + 1) * size].tobytes() != want[b]]
+        for layer, cache in enumerate(w.caches[1 + consumer]):
+            got = session.blocks_of(w.keys[1 + consumer], cache)
+            wrong = [b for b, (have, want) in enumerate(zip(got, w.blocks[1 + consumer][layer])) if have != want]
             if wrong:
                 raise Broken(CORRUPT, f"consumer {consumer} layer {layer}: blocks {wrong[:8]} differ from the model "
                                       f"after its pulls settled")
+        _check_telemetry(w, consumer)
     w.pulls = {req: p for req, p in w.pulls.items() if not p.settled}
+
+
+def _check_telemetry(w: PullWorld, consumer: int) -> None:
+    """The consumer's records against the pulls it accepted (all settled):
+    one of each that landed, whole, at most one of each that failed."""
+    dump = getattr(w.managers[1 + consumer], "dump_metrics_to_string", None)
+    if not callable(dump):
+        return
+    records = records_in(dump())
+    if isinstance(records, str):
+        raise Broken(ERROR, f"consumer {consumer}: {records}")
+    key = w.keys[1 + consumer]
+    block_bytes = len(w.caches[1 + consumer]) * int(np.prod(key.dims[1:])) * kvref.element_type(key.dtype).numpy.itemsize
+    pulls: dict[tuple[str, int], list[Pull]] = {}
+    for req, p in w.started:
+        if p.consumer == consumer:
+            pulls.setdefault((req, p.uuid), []).append(p)
+    for (req, uuid), alike in pulls.items():
+        mine = [r for r in records if r.get("req_id") == req and r.get("uuid") == uuid]
+        landed = [p for p in alike if p.settled == DONE]
+        if not len(landed) <= len(mine) <= len(alike):
+            raise Broken(ERROR, f"consumer {consumer}'s telemetry holds {len(mine)} records of request {req!r} "
+                                f"(uuid {uuid}); it started {len(alike)} pulls of it, {len(landed)} landed")
+        if len(mine) == len(landed) == 1:
+            problem = record_problem(mine[0], req, (len(landed[0].remote), len(landed[0].remote) * block_bytes),
+                                     stages=True)
+            if problem:
+                raise Broken(ERROR, f"consumer {consumer}'s record of {req!r} (uuid {uuid}): {problem}")
 
 
 def _poll(w: PullWorld) -> None:
@@ -238,12 +284,13 @@ def _poll(w: PullWorld) -> None:
                                     f"reported before")
             if p.settled:
                 raise Broken(ERROR, f"{req} reported {p.settled} and then {how}")
-            if p.expect not in (how, EITHER):
-                raise Broken(ERROR, f"{req} (uuid {p.uuid}, {p.remote} -> {p.local}) reported {how}; "
-                                    f"the model says {p.expect}")
-            p.settled = how
             if how == FAILED:
                 w.reasons[req] = w.lib.pull_failure(w.managers[1 + consumer], req)  # said, or "": never a failure
+            if p.expect not in (how, EITHER):
+                why = f" ({w.reasons[req]})" if how == FAILED and w.reasons[req] else ""
+                raise Broken(ERROR, f"{req} (uuid {p.uuid}, {p.remote} -> {p.local}) reported {how}{why}; "
+                                    f"the model says {p.expect}")
+            p.settled = how
             if how == DONE:
                 for layer, blocks in enumerate(w.blocks[1 + consumer]):
                     for r, l in zip(p.remote, p.local):
@@ -259,11 +306,14 @@ def draw_pull_step(rng, session: Session) -> dict:
     registrations = w.registrations if w else {}
     unsettled = bool(w and any(not p.settled for p in w.pulls.values()))
     uuid = int(rng.integers(1, 2**50))
-    req = f"req-{int(rng.integers(2**31))}"
+    used = [p.uuid for _, p in w.started] if w else []
+    if used and rng.random() < 0.15:  # the low bits of a uuid used before: a table keyed by them collides
+        uuid = (int(rng.integers(1, 2**29)) << 21) | (used[int(rng.integers(len(used)))] & (2**21 - 1))
+    req = f"req-{int(rng.integers(2**31))}" if rng.random() < 0.85 else f'req "{int(rng.integers(2**31))}" \\ \u00e9'
     rows = session.key.dims[0]
     kind = rng.random()
     if unsettled and kind < 0.35:
-        return {"rule": "settle"}
+        return {"rule": "settle"} if rng.random() < 0.85 else {"rule": "drop_producer"}
     pulled = sorted(w.pulled) if w else []
     if not registrations or kind < 0.55:
         n = int(rng.integers(1, MAX_BLOCKS + 1))
@@ -296,6 +346,8 @@ def draw_pull_step(rng, session: Session) -> dict:
         step["consumer"] = 1  # blocks of another size
     elif odd < 0.3:
         step.update(uuid=uuid, early=True)  # registered just after the pull began
+    elif odd < 0.42:
+        step["drop"] = True  # its producer goes away while it runs
     return step
 
 

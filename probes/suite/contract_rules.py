@@ -16,7 +16,7 @@ from probes.iut.adapter import Adapter
 from probes.iut.host_data import random_host
 from probes.iut.protocol import NotInPlace
 from probes.suite.block_model import BlockModel
-from probes.suite.contract import ContractModel, Judgment, Must, device_side
+from probes.suite.contract import ContractModel, Judgment, Must, device_side, host_side
 from probes.suite.store_model import StoreModel
 from probes.suite.refusals import first_line
 from probes.suite.verdicts import CORRUPT, ERROR
@@ -62,7 +62,9 @@ class Session:
         self.model = ContractModel(blocks, StoreModel(spec["store"]) if self.store is not None else None)
         self.pending: dict[int, object] = {}  # step -> the IUT's Pending of a transfer not awaited
         self.pulls = None  # the pull managers (probes.suite.contract_pulls), made at the first pull rule
+        self.hosts = None  # the host managers (probes.suite.contract_hosts), made at the first host rule
         self.closers: list = []  # what closing the session closes besides
+        self.burst = ("", 0)  # drawing: the rule a burst repeats, and how many more (contract_draws)
         # step -> how its transfer must end, what it was, what a failure leaves unknown, the device blocks it touches
         self.judgments: dict[int, tuple[Judgment, str, object, set[int]]] = {}
 
@@ -93,6 +95,16 @@ class Session:
         packed, block = kvref.pack(logical, self.layouts[layer]), self.sizes[layer]
         return [packed[i:i + block].tobytes() for i in range(0, packed.size, block)]
 
+    def own_caches(self, key: kvref.ShapeKey, seed: int, layers: int = 2) -> tuple[list, list[list[bytes]]]:
+        """Caches of `key` for a manager beside the session's, and their blocks per layer."""
+        pairs = self.iut.make_caches(key, [seed + i for i in range(layers)], "put", finite=True)
+        layout = self.iut.layout(key)
+        return [c for c, _ in pairs], [_blocks(kvref.pack(host, layout), key.dims[0]) for _, host in pairs]
+
+    def blocks_of(self, key: kvref.ShapeKey, cache) -> list[bytes]:
+        """A cache of `key`'s blocks as its next reader sees them."""
+        return _blocks(kvref.pack(self.iut.fetch(cache), self.iut.layout(key)), key.dims[0])
+
     def close(self) -> None:
         for pending in list(self.pending.values()):
             try:
@@ -103,6 +115,11 @@ class Session:
         for close in self.closers:
             close()
         self.closers.clear()
+
+
+def _blocks(packed: np.ndarray, rows: int) -> list[bytes]:
+    size = packed.size // rows
+    return [packed[i:i + size].tobytes() for i in range(0, packed.size, size)]
 
 
 # --- judging a call ------------------------------------------------------
@@ -131,8 +148,12 @@ def judged(session: Session, judgment: Judgment, what: str, call):
 
 
 def settle(session: Session, step: int, judgment: Judgment, what: str) -> bool:
-    """Await step's transfer: whether it landed. One that must fail must say so."""
-    pending = session.pending.pop(step)
+    """Await step's transfer: whether it landed."""
+    return landed(session.pending.pop(step), judgment, what)
+
+
+def landed(pending, judgment: Judgment, what: str) -> bool:
+    """Await a transfer: whether it landed. One that must fail must say so."""
     try:
         pending.wait()
     except Exception as e:  # judged against the model
@@ -140,7 +161,7 @@ def settle(session: Session, step: int, judgment: Judgment, what: str) -> bool:
             raise Broken(ERROR, f"{what}: its transfer failed: {first_line(e)}") from e
         return False
     if judgment.must == Must.FAIL:
-        raise Broken(ERROR, f"{what}: reported done, though a copy it needed failed ({judgment.why})")
+        raise Broken(ERROR, f"{what}: reported done, though it must fail ({judgment.why})")
     return True
 
 
@@ -150,6 +171,9 @@ def transfer(session: Session, index: int, step: dict) -> None:
     """d2h or h2d (valid or not), awaited or left in flight."""
     model, d2h = session.model, step["d2h"]
     judgment = model.judge_transfer(d2h, step["src"], step["dst"], step["sizes"])
+    if not d2h and judgment.must in (Must.DO, Must.EITHER) \
+            and host_side(d2h, step["src"], step["dst"], step["sizes"]) & _doubtful_host(session):
+        judgment = Judgment(Must.MAY_FAIL, "it reads host blocks a copy in flight may fail to write")
     what = f"{'d2h' if d2h else 'h2d'} {step['src']} -> {step['dst']} sizes {step['sizes']}"
     pending = judged(session, judgment, what,
                      lambda: session.iut.start(session.manager, d2h, step["src"], step["dst"], step["sizes"]))
@@ -177,20 +201,26 @@ def save(session: Session, index: int, step: dict) -> None:
     if answer is REFUSED:
         return
     chunks, pending = answer
-    chunks = [int(c) for c in chunks]
-    expected = sum(step["sizes"]) if step["sizes"] is not None else len(step["blocks"])
-    if len(chunks) != expected or len(set(chunks)) != len(chunks):
-        raise Broken(ERROR, f"{what}: {len(chunks)} chunks {chunks[:8]} for {expected} blocks, each its own")
-    taken = [c for c in chunks if not 0 <= c < model.host_blocks or c in model.locked]
-    if taken:
-        raise Broken(ERROR, f"{what}: chunk {taken[0]} handed out, which is out of range or still locked "
-                            f"(locked: {sorted(model.locked)[:16]})")
+    chunks = check_handed_out(what, chunks, sum(step["sizes"]) if step["sizes"] is not None else len(step["blocks"]),
+                              model)
     session.pending[index] = pending
     model.saved(index, step["blocks"], step["sizes"], chunks, pending, awaited=False)
     session.judgments[index] = (judgment, what, lambda: model.save_failed(index),
                                 device_side(True, step["blocks"], [], step["sizes"]))
     if step["wait"] or judgment.must == Must.FAIL:
         wait(session, index, {"of": index})
+
+
+def check_handed_out(what: str, chunks, expected: int, model: ContractModel) -> list[int]:
+    """The chunks a call locked for `expected` blocks: one each, in the pool, none locked already."""
+    chunks = [int(c) for c in chunks]
+    if len(chunks) != expected or len(set(chunks)) != len(chunks):
+        raise Broken(ERROR, f"{what}: {len(chunks)} chunks {chunks[:8]} for {expected} blocks, each its own")
+    taken = [c for c in chunks if not 0 <= c < model.host_blocks or c in model.locked]
+    if taken:
+        raise Broken(ERROR, f"{what}: chunk {taken[0]} handed out, which is out of range or still locked "
+                            f"(locked: {sorted(model.locked)[:16]})")
+    return chunks
 
 
 def wait(session: Session, index: int, step: dict) -> None:
@@ -285,9 +315,20 @@ def fail_copies(session: Session, index: int, step: dict) -> None:
     session.iut.arrays.fail_copies(session.caches[step["layer"]], block * size, (block + 1) * size)
     session.model.failing.setdefault(step["layer"], set()).add(block)
     for k, (judgment, what, forget, touches) in session.judgments.items():
-        if block in touches and judgment.must == Must.DO:
+        if block in touches and judgment.must in (Must.DO, Must.EITHER):  # accepted, so it was to land
             session.judgments[k] = (Judgment(Must.MAY_FAIL, f"block {block} began to fail while it was in flight"),
                                     what, forget, touches)
+    doubtful = _doubtful_host(session)  # and the loads in flight that read what those write
+    for k, (judgment, what, forget, touches) in session.judgments.items():
+        if judgment.must in (Must.DO, Must.EITHER) and session.model.reading.get(k, set()) & doubtful:
+            session.judgments[k] = (Judgment(Must.MAY_FAIL, "it reads host blocks a copy in flight may fail to "
+                                                            "write"), what, forget, touches)
+
+
+def _doubtful_host(session: Session) -> set[int]:
+    """The host blocks copies in flight that may fail still write."""
+    return set().union(set(), *(session.model.in_flight.get(k, set()) for k, (judgment, *_) in session.judgments.items()
+                                if judgment.must == Must.MAY_FAIL))
 
 
 def check(session: Session, index: int, step: dict) -> None:

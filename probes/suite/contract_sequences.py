@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from probes.iut.adapter import Adapter
-from probes.suite import contract_pulls, contract_rules as rules
+from probes.suite import contract_hosts, contract_pulls, contract_rules as rules
 from probes.suite.cases import Case
 from probes.suite.contract_draws import Parts, addressable_shapes, draw_spec, draw_step
 from probes.suite.contract_long import LONG_SPEC, long_run
@@ -38,7 +38,7 @@ BUDGET_SECONDS = 60.0  # drawing, at most, per case (and 0.4 of the case's timeo
 CASE_SECONDS = 150.0  # a case's timeout: its budget, shrinking, and its worker's start and exit
 MAX_REPLAYS = 120  # shrinking: replays of shorter sequences
 FOUND = "kvprobe-contract-finding"
-RULES = rules.RULES | contract_pulls.RULES  # the worker's output line of each finding of a `kvprobe fuzz` case
+RULES = rules.RULES | contract_pulls.RULES | contract_hosts.RULES  # the worker's output line of each finding of a `kvprobe fuzz` case
 
 
 def contract_sequences(case: Case, iut: Adapter) -> Outcome:
@@ -176,6 +176,8 @@ def applies(session: Session, step: dict, parts: Parts) -> bool:
         return step["shape"] in parts.interleaved
     if rule in contract_pulls.RULES:
         return parts.pulls and (rule in ("register", "pull") or session.pulls is not None)
+    if rule in contract_hosts.RULES:
+        return parts.hosts and contract_hosts.applies(session, step)
     return True
 
 

@@ -73,30 +73,42 @@ def pull_telemetry(case: Case, iut: Adapter) -> Outcome:
 
 
 def _judge(kind: str, text: str, requests, side: Side) -> Outcome:
-    try:
-        records = json.loads(text)
-    except ValueError as e:
-        return Outcome(ERROR, f"dump_metrics_to_string() is not JSON ({e}): {text[:160]!r}")
-    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
-        return Outcome(ERROR, f"dump_metrics_to_string() is not an array of objects: {text[:160]!r}")
+    records = records_in(text)
+    if isinstance(records, str):
+        return Outcome(ERROR, records)
     for req, uuid, pairs in requests:
         mine = [r for r in records if r.get("uuid") == uuid]
         if len(mine) != 1:
             return Outcome(ERROR, f"{len(mine)} records of the pull under uuid {uuid} (request {req!r}); expected "
                            f"one, among {len(records)}: uuids {[r.get('uuid') for r in records][:8]}")
-        (record,) = mine
-        want = {"req_id": req}  # every kind; each judges its own property besides
-        if kind == "sizes":
-            want.update(num_blocks=len(pairs), total_bytes=side.pull_bytes(len(pairs)))
-        wrong = {key: record.get(key) for key, value in want.items() if record.get(key) != value}
-        if wrong:
-            return Outcome(ERROR, f"the record of uuid {uuid} says {wrong}; the pull was {want}")
-        if kind == "stages":
-            problem = _stage_problem(record)
-            if problem:
-                return Outcome(ERROR, f"the record of uuid {uuid}: {problem}")
+        sizes = (len(pairs), side.pull_bytes(len(pairs))) if kind == "sizes" else None
+        problem = record_problem(mine[0], req, sizes, stages=kind == "stages")
+        if problem:
+            return Outcome(ERROR, f"the record of uuid {uuid}: {problem}")
     held = {"sizes": ", blocks and bytes", "stages": ", and stages within the whole"}.get(kind, "")
     return Outcome(PASS, f"{len(requests)} pulls, one record each, with their uuid and req_id{held}")
+
+
+def records_in(text: str) -> list[dict] | str:
+    """The records of dump_metrics_to_string()'s text, or what is wrong with it."""
+    try:
+        records = json.loads(text)
+    except ValueError as e:
+        return f"dump_metrics_to_string() is not JSON ({e}): {text[:160]!r}"
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        return f"dump_metrics_to_string() is not an array of objects: {text[:160]!r}"
+    return records
+
+
+def record_problem(record: dict, req: str, sizes: tuple[int, int] | None, stages: bool) -> str:
+    """What is wrong with the record of a pull that landed: its req_id, its
+    (num_blocks, total_bytes) where `sizes` is given, its stages where
+    `stages`; "" if nothing."""
+    want = {"req_id": req} | ({"num_blocks": sizes[0], "total_bytes": sizes[1]} if sizes else {})
+    wrong = {key: record.get(key) for key, value in want.items() if record.get(key) != value}
+    if wrong:
+        return f"it says {wrong}; the pull was {want}"
+    return _stage_problem(record) if stages else ""
 
 
 def _stage_problem(record: dict) -> str:

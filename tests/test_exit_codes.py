@@ -1,0 +1,90 @@
+"""kvprobe's exit codes, as a CI job reads them (`kvprobe --help` states
+them): 0 all agree, 1 a disagreement or a finding, 2 a usage error or bad
+input, 3 kvprobe's own failure, 128+N a signal."""
+
+import subprocess
+import sys
+
+import pytest
+
+from probes.run import cli
+from probes.run.subcommand import Command
+
+KVPROBE = [sys.executable, "-m", "probes.run.cli"]
+
+
+def kvprobe(*argv, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run([*KVPROBE, *argv], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("faults, code", [((), 0), (("--faults", "str_only_plan_binding"), 1)])
+def test_a_run_exits_1_when_a_case_disagrees_with_its_prediction(tmp_path, faults, code):
+    done = kvprobe("run", "-g", "v5e", "--iut", "kvref-sim", "--probe", "plan_binding", *faults,
+                   "--out", str(tmp_path))
+    assert done.returncode == code, done.stderr[-2000:]
+    said = "1 of 1 cases disagree with their prediction"
+    assert (said in done.stderr) == bool(code), done.stderr[-2000:]
+
+
+def test_a_diff_of_a_file_that_is_not_a_run_is_one_line_and_exit_2(tmp_path):
+    bad, empty = tmp_path / "bad.csv", tmp_path / "empty.csv"
+    bad.write_text("case_id\nx\n")
+    empty.write_text("")
+    for a, b in ((bad, bad), (empty, bad)):
+        done = kvprobe("diff", str(a), str(b))
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr
+        assert lines[0].startswith(f"kvprobe: error: {a} is not a") and "run CSV" in lines[0], lines
+
+
+def test_a_mistyped_command_is_one_line_with_what_was_meant():
+    done = kvprobe("runn")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "invalid choice: 'runn'" in lines[0] and "did you mean 'run'?" in lines[0], lines
+
+
+def test_a_mistyped_iut_or_probe_says_what_was_meant(capsys):
+    assert cli.main(["run", "--iut", "kvref-sym"]) == 2
+    assert "(did you mean 'kvref-sim'?)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["run", "--probe", "roundtrp"])
+    assert stop.value.code == 2 and "(did you mean 'roundtrip'?)" in capsys.readouterr().err
+
+
+def test_version():
+    from importlib.metadata import version
+
+    done = kvprobe("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"kvprobe {version('kvref')}", done
+
+
+def test_the_help_states_the_exit_codes():
+    done = kvprobe("--help")
+    assert done.returncode == 0 and "exit codes" in done.stdout
+    for code in ("0 ", "1 ", "2 ", "3 ", "128+N"):
+        assert f"\n  {code}" in done.stdout, done.stdout
+
+
+def test_kvprobes_own_failure_is_exit_3_with_its_traceback(monkeypatch, capsys):
+    def broken(args):
+        raise TypeError("a bug in kvprobe")
+
+    def build():
+        parser = cli.Parser(prog="kvprobe")
+        Command("broken", "always fails", lambda p: None, broken).add_to(parser.add_subparsers(dest="command"))
+        return parser
+
+    monkeypatch.setattr(cli, "build_parser", build)
+    assert cli.main(["broken"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("kvprobe: internal error (exit 3)") and "TypeError: a bug in kvprobe" in err, err
+
+
+def test_a_parser_error_exits_2_in_one_line(capsys):
+    parser = cli.Parser(prog="kvprobe x")
+    parser.add_argument("--n", type=int)
+    with pytest.raises(SystemExit) as stop:
+        parser.parse_args(["--n", "many"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and err[0].startswith("kvprobe x: error: argument --n"), err

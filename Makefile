@@ -74,9 +74,12 @@ peer-env-torch: $(STAMP)
 tpu-test: peer-python-check $(PEER_STAMP) peer-env-torch
 	$(BIN)/python -m pytest -m tpu
 
-# The reference and the production library side by side on JAX CPU arrays.
+# The reference and the production library side by side on JAX CPU arrays. Exit 1
+# (cases that disagree with their prediction) is the production library's findings:
+# the reports are what this target makes; any other code fails it.
 peer-probe: $(PEER_STAMP)
-	$(BIN)/kvprobe run --generation cpu --iut kvref-jax,kvref-compat,tpu-sync-jax --matrix cpu --probe all --out reports
+	$(BIN)/kvprobe run --generation cpu --iut kvref-jax,kvref-compat,tpu-sync-jax --matrix cpu --probe all \
+	  --out reports || test $$? -eq 1
 	$(MAKE) connectors
 
 # tpu-inference's connectors, unmodified, on tpu-sync-jax (in a loopback-only

@@ -250,3 +250,45 @@ def test_a_module_that_hangs_at_import_is_refused_in_bounded_time(tmp_path, monk
     with pytest.raises(registry.IUTError, match="hangs_iuts:IUT: module hangs_iuts did not finish importing in 2s"):
         registry.iut("hangs_iuts:IUT")
     assert "hangs_iuts" not in sys.modules
+
+
+def test_a_copy_of_the_example_runs_from_its_folder_without_installing_anything(tmp_path):
+    """As the README's outside-team path says: the example's package copied
+    into a folder, `--iut package.module:ATTR` from that folder, nothing
+    installed and no PYTHONPATH (the module is found from where kvprobe was
+    started, as uvicorn and gunicorn find an app)."""
+    import shutil
+
+    shutil.copytree(EXAMPLE / "example_manager", tmp_path / "example_manager")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    script = [sys.executable, "-c", "import sys; from probes.run.cli import main; sys.exit(main())"]  # as the script
+    done = run([*script, "run", "--iut", "example_manager.iut:EXAMPLE_MANAGER", "-g", "v5e", "--probe",
+                "roundtrip", "--out", str(tmp_path / "out")], tmp_path, env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    frame = latest_csv(tmp_path / "out")
+    assert len(frame) > 10 and not failing(frame) and set(frame["iut_version"]) == {"source"}
+
+
+def test_a_member_that_raises_when_asked_is_one_error_before_any_case(outside, tmp_path):
+    work, env = outside
+    (work / "asked_iuts.py").write_text(textwrap.dedent('''
+        from importlib import metadata
+
+        from probes.iut.adapter import IUT
+        from probes.iut.reference import KvrefLibrary, SimArrays
+
+
+        class Unpackaged(KvrefLibrary):
+            @property
+            def version(self):
+                return metadata.version("a-package-never-installed")
+
+
+        IUT = IUT("unpackaged", SimArrays, Unpackaged, targets=("tpu7x",))
+    '''))
+    done = run([*KVPROBE, "run", "--iut", "asked_iuts:IUT", "-g", "tpu7x", "--out", str(tmp_path / "never")], work,
+               env, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert "asked_iuts:IUT: its Library's version raised PackageNotFoundError" in line, line
+    assert not (tmp_path / "never").exists()

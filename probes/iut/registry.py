@@ -82,31 +82,47 @@ IMPORT_SECONDS = 60.0  # for an outside IUT's module to import in its own proces
 VETTED_VARIABLE = "KVPROBE_VETTED_IUTS"  # modules vetted by a parent, which its workers need not vet again
 VETTED_MARK = "KVPROBE-VETTED"
 RAISED_MARK = "KVPROBE-RAISED"  # the vetting process's own account of what the import raised
+ASKED_MARK = "KVPROBE-ASKED"  # a member of the IUT's Library that raised when asked, and what it raised
 # A module that forks and then raises has two tracebacks on one stderr, their
 # lines interleaved: the exception is told on stdout, by the first process only.
+# Then the Library is built and every member a worker asks first is asked once,
+# as a worker would (a `version` that reads package metadata the module's
+# package never installed fails every case otherwise, with no result).
 VET_SCRIPT = f"""
 import importlib, os, sys
 first = os.getpid()
 try:
-    importlib.import_module(sys.argv[1])
+    module = importlib.import_module(sys.argv[1])
 except Exception as e:
     if os.getpid() == first:
         told = " ".join(f"{{type(e).__name__}}: {{e}}".split())
         print({RAISED_MARK!r}, first, told, flush=True)
     raise
 print({VETTED_MARK!r}, os.getpid(), flush=True)
+declared = getattr(module, sys.argv[2], None)
+if os.getpid() == first and isinstance(getattr(declared, "library", None), type):
+    import kvref
+    asked = declared.library.__qualname__ + "(faults,options)"
+    try:
+        library = declared.library(kvref.Faults(), None)
+        for asked in ("version", "skip_reason()", "distribution", "supports_faults", "OPTION_SETS"):
+            eval("library." + asked)
+    except Exception as e:
+        told = " ".join(f"{{type(e).__name__}}: {{e}}".split())
+        print({ASKED_MARK!r}, first, asked, told, flush=True)
 """
 
 
-def vet_import(module_name: str, spec: str) -> None:
+def vet_import(module_name: str, spec: str, attr: str = "") -> None:
     """Import `module_name` first in a process of its own, bounded in time,
     so that a module which hangs, ends the process (os._exit, SystemExit),
     forks or prints at import is a one-line IUTError here, never a hang or a
-    silent exit of kvprobe. Once per module and process tree."""
+    silent exit of kvprobe; and ask its IUT `attr`'s Library every member a
+    worker asks first. Once per module and process tree."""
     if module_name in os.environ.get(VETTED_VARIABLE, "").split(os.pathsep):
         return
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    proc = subprocess.Popen([sys.executable, "-c", VET_SCRIPT, module_name], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", VET_SCRIPT, module_name, attr], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env,
                             start_new_session=True)
     try:
@@ -126,7 +142,8 @@ def vet_import(module_name: str, spec: str) -> None:
     raised = [line.split(None, 2)[-1] for line in out.splitlines()
               if line.startswith(f"{RAISED_MARK} {proc.pid} ")]
     said = [line for line in out.splitlines()
-            if line.strip() and not line.startswith((VETTED_MARK, RAISED_MARK))]
+            if line.strip() and not line.startswith((VETTED_MARK, RAISED_MARK, ASKED_MARK))]
+    asked = [line.split(None, 3)[2:] for line in out.splitlines() if line.startswith(f"{ASKED_MARK} {proc.pid} ")]
     last = (err.strip().splitlines() or [""])[-1]
     if said:  # before anything else: what it printed would reach kvprobe's output on any later import
         raise IUTError(f"{spec}: module {module_name} prints at import ({said[0][:80]!r}); an IUT's module must "
@@ -143,6 +160,10 @@ def vet_import(module_name: str, spec: str) -> None:
     if len(marks) > 1 or marks[0].split()[-1] != str(proc.pid):
         raise IUTError(f"{spec}: module {module_name} forks at import (the import returned in {len(marks)} "
                        "processes); an IUT's module must not start processes when imported")
+    if asked:
+        member, told = (asked[0] + [""])[:2]
+        raise IUTError(f"{spec}: its Library's {member} raised {told[:300]} when asked, as every case's worker "
+                       "asks it; no case would have a result")
     os.environ[VETTED_VARIABLE] = os.pathsep.join(filter(None, [os.environ.get(VETTED_VARIABLE), module_name]))
 
 
@@ -150,7 +171,9 @@ def _from_module(spec: str) -> IUT:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise IUTError(f"{spec!r}: expected package.module:ATTR")
-    vet_import(module_name, spec)
+    if os.getcwd() not in sys.path:  # as uvicorn and gunicorn find an app: from where kvprobe was started
+        sys.path.insert(0, os.getcwd())
+    vet_import(module_name, spec, attr)
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 (whatever the import raised is the reason)

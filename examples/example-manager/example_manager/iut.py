@@ -33,7 +33,10 @@ class ExampleLibrary:
 
     @property
     def version(self) -> str:
-        return metadata.version(self.distribution)
+        try:
+            return metadata.version(self.distribution)
+        except metadata.PackageNotFoundError:  # run from a copy of its source (--iut example_manager.iut:...)
+            return "source"
 
     def skip_reason(self) -> str | None:
         return None

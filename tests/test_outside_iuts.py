@@ -71,7 +71,8 @@ def test_the_example_package_is_qualified_from_outside_through_the_cli_and_the_p
     junit = tmp_path / "junit.xml"
     done = run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--kvprobe-iut", "example-manager",
                 "--kvprobe-generation", "tpu7x", "--kvprobe-probe", "roundtrip,serving_step,bad_input",
-                "--kvprobe-out", str(tmp_path / "plugin"), f"--junitxml={junit}", "-q"], work, env)
+                "--kvprobe-out", str(tmp_path / "plugin"), f"--junitxml={junit}", "-q", "--strict-markers",
+                "-m", "not tpu"], work, env)
     assert done.returncode == 0, done.stdout[-3000:]
     cases = ET.parse(junit).getroot().iter("testcase")
     properties = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")} for c in cases}

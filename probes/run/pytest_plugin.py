@@ -24,6 +24,7 @@ import pytest
 from probes.suite.verdicts import SKIP
 
 GROUP = "kvprobe"
+TPU_MARK = "tpu"
 
 
 def pytest_addoption(parser):
@@ -36,6 +37,8 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    # What the plugin's items carry, registered as a plugin's markers are (--strict-markers, -m tpu).
+    config.addinivalue_line("markers", f"{TPU_MARK}: a kvprobe case of an IUT that runs on real TPU hardware")
     if config.getoption("kvprobe_iut"):
         config.pluginmanager.register(KvprobeRun(config), "kvprobe-run")
 
@@ -135,7 +138,7 @@ class NotATarget(pytest.Item):
     def __init__(self, *, why: str, **kwargs):
         super().__init__(**kwargs)
         self.why = why
-        self.add_marker("tpu")
+        self.add_marker(TPU_MARK)
 
     def runtest(self):
         pytest.skip(self.why)
@@ -152,7 +155,7 @@ class CaseItem(pytest.Item):
         self.case, self.run = case, run
         self.on_hardware = iut(case.iut).owns_device
         if self.on_hardware:
-            self.add_marker("tpu")
+            self.add_marker(TPU_MARK)
         if self.config.pluginmanager.hasplugin("timeout"):  # pytest-timeout must outlast the runner's own limit
             self.add_marker(pytest.mark.timeout(item_timeout(case, self.config.getini("timeout"))))
 

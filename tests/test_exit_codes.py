@@ -88,3 +88,24 @@ def test_a_parser_error_exits_2_in_one_line(capsys):
         parser.parse_args(["--n", "many"])
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(err) == 1 and err[0].startswith("kvprobe x: error: argument --n"), err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["report", "--out", "{tmp}/never"], "no reports folder {tmp}/never; run `kvprobe run --out {tmp}/never` first"),
+    (["explain", "bf16[64,8,128]", "-g", "v5e", "--png", "{tmp}/nodir/x.png"], "no folder '{tmp}/nodir'"),
+    (["explain", "bf16[64,8,128]", "-g", "v5e", "--png", "{tmp}/x.jpg"], "expected a file name ending in .png"),
+])
+def test_a_mistake_is_one_line_before_anything_is_done(tmp_path, argv, said):
+    done = kvprobe(*[a.format(tmp=tmp_path) for a in argv])
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and said.format(tmp=tmp_path) in lines[0], done.stderr
+    assert done.stdout == "" and not list(tmp_path.iterdir())  # nothing explained, nothing written
+
+
+@pytest.mark.oracle  # 'v5' is described by the installed libtpu
+def test_a_tpu_type_that_is_a_prefix_of_shipped_ones_says_which_were_likely_meant(capsys):
+    from probes.run import options
+
+    assert options.generations("v5") == ["v5"]
+    assert "'v5' is not a shipped TPU type; its layouts are compiled live (did you mean 'v5e' or 'v5p'?)" \
+        in capsys.readouterr().err

@@ -185,6 +185,8 @@ def latest_frames(out: Path, committed: bool = False) -> dict[str, pd.DataFrame]
 def write_reports(out: Path) -> dict[str, pd.DataFrame]:
     """Reports from each generation's latest run, and the index (with the
     generations that only have a baseline); returns the runs' frames."""
+    if not Path(out).is_dir():
+        raise ValueError(f"no reports folder {out}; run `kvprobe run --out {out}` first")
     frames = latest_frames(out, committed=True)
     ran = {gen: frame for gen, frame in frames.items() if results.latest_run(Path(out) / gen)}
     if not ran:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from kvref.generations import DEFAULT_GENERATION
 from probes.run import options
@@ -28,8 +29,18 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=options.positive, default=1, help="layers for the host-pool estimate")
     parser.add_argument("--sharding", type=_sharding, default=None, metavar="TEXT",
                         help="one device's shard of the cache split this way: 'mesh(model=4) spec(None,None,model)'")
-    parser.add_argument("--png", help="draw the physical memory map to this file "
-                        "(one shape and generation; use {generation} in the name for several)")
+    parser.add_argument("--png", type=_png, help="draw the physical memory map to this .png file, in a folder "
+                        "that exists (one shape and generation; use {generation} in the name for several)")
+
+
+def _png(value: str) -> str:
+    """A .png path whose folder exists: checked before anything is explained."""
+    path = Path(value)
+    if path.suffix.lower() != ".png":
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a file name ending in .png (the map is a PNG)")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{value!r}: no folder {str(path.parent)!r} to write it in")
+    return value
 
 
 def run(args) -> int:

@@ -2,9 +2,11 @@
 them): 0 all agree, 1 a disagreement or a finding, 2 a usage error or bad
 input, 3 kvprobe's own failure, 128+N a signal."""
 
+import json
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 
 from probes.run import cli
@@ -24,6 +26,12 @@ def test_a_run_exits_1_when_a_case_disagrees_with_its_prediction(tmp_path, fault
     assert done.returncode == code, done.stderr[-2000:]
     said = "1 of 1 cases disagree with their prediction"
     assert (said in done.stderr) == bool(code), done.stderr[-2000:]
+    # The same, for a dashboard: summary.json beside the reports, naming the run's files.
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    (csv,) = [f for f in summary["files"] if f.endswith(".csv")]
+    frame = pd.read_csv(csv, keep_default_na=False)
+    assert summary["cases"] == len(frame) == 1 and summary["verdicts"] == frame["verdict"].value_counts().to_dict()
+    assert [d["case_id"] for d in summary["disagreements"]] == (list(frame["case_id"]) if code else [])
 
 
 def test_a_diff_of_a_file_that_is_not_a_run_is_one_line_and_exit_2(tmp_path):

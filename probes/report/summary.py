@@ -4,6 +4,7 @@ pictures of probes.report.pictures) and reports/README.md side by side."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -123,6 +124,24 @@ def findings(gen_dir: Path) -> list[str]:
         summary = ast.get_docstring(ast.parse(script.read_text())) or ""
         lines.append(f"- [`{script.name}`](findings/{script.name}): {' '.join(summary.split(chr(10) + chr(10))[0].split())}")
     return lines + [""]
+
+
+def write_run_json(frame: pd.DataFrame, files: list[Path], out: Path) -> Path:
+    """<out>/summary.json: one run as a CI job or a dashboard reads it: its
+    id, counts per verdict, the cases that disagree with their prediction,
+    and the files the run wrote."""
+    disagree = disagreements(frame)
+    summary = {
+        "run_id": str(frame["run_id"].iloc[0]) if len(frame) else "",
+        "cases": len(frame),
+        "verdicts": {str(v): int(n) for v, n in frame["verdict"].value_counts().sort_index().items()},
+        "disagreements": [{key: str(row[key]) for key in ("generation", "iut", "iut_options", "case_id", "verdict",
+                                                            "predicted")} for _, row in disagree.iterrows()],
+        "files": [str(p) for p in files],
+    }
+    path = Path(out) / "summary.json"
+    path.write_text(json.dumps(summary, indent=1) + "\n")
+    return path
 
 
 def write_index(frames: dict[str, pd.DataFrame], out: Path) -> Path:

@@ -127,10 +127,11 @@ def devices_of(name: str) -> int | None:
 def record(found, run_id: str, out: Path) -> pd.DataFrame:
     """The results of a run as CSVs, each generation's report and the index."""
     frame = rows.to_frame(found, run_id)
-    results.write_runs(frame, out)
+    files = results.write_runs(frame, out)
     for gen, part in frame.groupby("generation", sort=False):
-        summary.write_generation_report(part, Path(out) / results.generation_dir(gen))
-    summary.write_index(latest_frames(out, committed=True), Path(out))
+        files.append(summary.write_generation_report(part, Path(out) / results.generation_dir(gen)))
+    files.append(summary.write_index(latest_frames(out, committed=True), Path(out)))
+    summary.write_run_json(frame, files, out)
     return frame
 
 

@@ -33,7 +33,8 @@ def run(args) -> int:
     Console().print(command.summary_table(frame))
     seconds = frame.attrs.get("seconds", {})
     split = f" (runner {seconds['runner']:.1f} s, reports {seconds['reports']:.1f} s)" if seconds else ""
-    print(f"{len(frame)} cases in {time.monotonic() - start:.1f} s{split}; reports: {args.out / 'README.md'}")
+    print(f"{len(frame)} cases in {time.monotonic() - start:.1f} s{split}; reports: {args.out / 'README.md'}; "
+          f"summary: {args.out / 'summary.json'}")
     return verdict_code(frame)
 
 

@@ -33,7 +33,7 @@ from probes.suite.refusals import first_line
 from probes.suite.verdicts import ERROR, PASS, SKIP, Outcome
 
 STEPS = 40  # steps a drawn sequence takes
-SEQUENCES = 80  # sequences a case draws, unless its time runs out first
+SEQUENCES = 120  # sequences a case draws, unless its time runs out first
 BUDGET_SECONDS = 60.0  # drawing, at most, per case (and 0.4 of the case's timeout)
 CASE_SECONDS = 150.0  # a case's timeout: its budget, shrinking, and its worker's start and exit
 MAX_REPLAYS = 120  # shrinking: replays of shorter sequences

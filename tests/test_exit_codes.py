@@ -24,6 +24,7 @@ def test_a_run_exits_1_when_a_case_disagrees_with_its_prediction(tmp_path, fault
     done = kvprobe("run", "-g", "v5e", "--iut", "kvref-sim", "--probe", "plan_binding", *faults,
                    "--out", str(tmp_path))
     assert done.returncode == code, done.stderr[-2000:]
+    assert "kvprobe: 1/1 cases done (" in done.stderr  # piped: a line says how far the run is, and its end
     said = "1 of 1 cases disagree with their prediction"
     assert (said in done.stderr) == bool(code), done.stderr[-2000:]
     # The same, for a dashboard: summary.json beside the reports, naming the run's files.

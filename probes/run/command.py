@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import tempfile
 import threading
 import time
@@ -26,6 +27,7 @@ from probes.suite.verdicts import Verdict
 
 
 DESCRIBE_JOIN_S = 30.0  # one case's description, on a loaded machine
+HEARTBEAT_S = 10.0  # piped output: the longest a run goes without a line
 
 
 def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, console,
@@ -44,7 +46,7 @@ def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, con
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
         task = progress.add_task(f"probing {', '.join(iuts)}", total=len(cases))
-        advance = lambda r: progress.advance(task)  # noqa: E731
+        advance = _Heartbeat(progress, task, len(cases), console, start)
         try:
             found = (run_cases_on_ray(cases, ray_address, advance) if ray_address
                      else run_cases(cases, jobs, progress=advance))
@@ -61,6 +63,25 @@ def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, con
     frame = record(found, run_id, out)
     frame.attrs["seconds"] = {"runner": ran - start, "reports": time.monotonic() - ran}
     return frame
+
+
+class _Heartbeat:
+    """Each finished case advances the bar on a terminal; piped (a CI log,
+    where the bar is not drawn) a line says how far the run is, at most
+    every HEARTBEAT_S and at its end."""
+
+    def __init__(self, progress, task, total: int, console, start: float):
+        self.progress, self.task, self.total, self.console, self.start = progress, task, total, console, start
+        self.done, self.said = 0, start
+
+    def __call__(self, result) -> None:
+        self.progress.advance(self.task)
+        self.done += 1
+        now = time.monotonic()
+        if not self.console.is_terminal and (now - self.said >= HEARTBEAT_S or self.done == self.total):
+            self.said = now
+            print(f"kvprobe: {self.done}/{self.total} cases done ({now - self.start:.0f} s)", file=sys.stderr,
+                  flush=True)
 
 
 def prepare(generations, iuts, matrix, probes, timeout, faults, out: Path | None, say=print) -> list:

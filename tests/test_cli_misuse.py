@@ -46,6 +46,8 @@ def test_an_out_that_cannot_be_made(capsys, tmp_path):
     (b'name,shape\na,"bf16[64,8,128]"\na,"f32[64,8,128]"\n',
      "m.csv:3: row name 'a' is also the name of line 2; each row needs its own name"),
     (bytes(range(128, 256)) * 3, "m.csv: not a text CSV file"),
+    (b'name,shape,probe\na,"bf16[64,8,128]",roundtrip\n', "m.csv: unknown column 'probe' (did you mean 'probes'?)"),
+    (b'name,shape,owner\na,"bf16[64,8,128]",me\n', "m.csv: unknown column 'owner'; expected name,shape"),
     (b"name,shape\nx," + b"y" * 200_000 + b"\n", "m.csv: field larger than field limit"),
 ])
 def test_a_matrix_that_is_not_one_names_the_file(capsys, tmp_path, content, message):

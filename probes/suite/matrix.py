@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from probes.suite.registry import DEFAULT_PROBES, PROBES, SHAPE_PROBES, SHARDED_
 
 MATRIX_DIR = Path(__file__).with_name("matrices")
 COLUMNS = "name,shape[,probes][,sharding]"
+KNOWN_COLUMNS = ("name", "shape", "probes", "sharding")
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,11 @@ def _read_matrix(path: Path) -> list[MatrixRow]:
         missing = {"name", "shape"} - set(reader.fieldnames or ())
         if missing:
             raise ValueError(f"{path}: missing column(s) {sorted(missing)}; expected {COLUMNS}")
+        extra = [c for c in reader.fieldnames if c not in KNOWN_COLUMNS]
+        if extra:  # a misspelt column ('probe') would be ignored, and the wrong probes run
+            close = difflib.get_close_matches(extra[0], KNOWN_COLUMNS, 1)
+            raise ValueError(f"{path}: unknown column {extra[0]!r}" + (f" (did you mean {close[0]!r}?)" if close
+                                                                       else "") + f"; expected {COLUMNS}")
         for line, row in enumerate(reader, start=2):
             try:
                 shape = kvref.ShapeKey.parse(row["shape"] or "")

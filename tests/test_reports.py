@@ -122,7 +122,7 @@ def test_run_report_and_diff(tmp_path, capsys):
 def test_faulty_run_reports_disagreements(tmp_path, capsys):
     out = tmp_path / "reports"
     assert cli.main(["run", "-g", "tpu7x", "--matrix", "seed", "--probe", "roundtrip",
-                     "--faults", "legacy_slice_formula", "--out", str(out)]) == 0
+                     "--faults", "legacy_slice_formula", "--out", str(out)]) == 1  # cases that disagree
     summary = (out / "tpu7x" / "summary.md").read_text()
     assert "CORRUPT" in summary and "legacy_slice_formula" in summary
 

@@ -13,53 +13,100 @@ from probes.report import drawn, memory_map
 from probes.report.paths import file_safe
 from probes.report.results import implementation
 from probes.suite.registry import PROBES, Scope
-from probes.suite.verdicts import Verdict
+from probes.suite.verdicts import Prediction, Verdict
 
 VERDICT_COLOURS = {Verdict.PASS: "#4caf50", Verdict.REJECTED: "#90a4ae", Verdict.CORRUPT: "#e53935",
                    Verdict.HANG: "#8e24aa", Verdict.CRASH: "#000000", Verdict.ERROR: "#fb8c00",
                    Verdict.SKIP: "#ffffff"}
 MAX_MEMORY_MAPS = 4
+CELL_IN = 0.3  # a heatmap cell's side, in inches
+OTHER_PROBES = "other probes"  # the panel of probes that do not run per shape
+SEVERITY = (Verdict.SKIP, Verdict.PASS, Verdict.REJECTED, Verdict.ERROR, Verdict.CORRUPT, Verdict.HANG, Verdict.CRASH)
 
 
 def draw_heatmap(frame: pd.DataFrame, path: Path, title: str) -> None:
-    """Each case's verdict, a row per shape (or kind of input) and a column
-    per probe (and implementation); drawn only when the grid or title changed."""
+    """Each case's verdict: a panel of shapes (rows) by the probes that run
+    per shape (columns; per implementation, where there are several), then
+    one of every other probe (rows) by implementation (columns), each cell
+    its cases' most severe verdict and how many passed. A legend says the colours; "!"
+    marks a verdict the prediction does not admit. Drawn only when what it
+    shows changed."""
     names = implementation(frame)
-    several = names.nunique() > 1
-    # Shape probes are rows by shape; robustness probes by their kind of input.
-    by_kind = frame["case_id"].str.rsplit("/", n=1).str[1]
-    robustness = frame["probe"].isin([n for n, p in PROBES.items() if p.scope == Scope.ROBUSTNESS])
-    labelled = frame.assign(row=frame["shape"].where(~robustness, by_kind),
-                            column=frame["probe"] + (" / " + names if several else ""))
-    grid = labelled.pivot_table(index="row", columns="column", values="verdict", aggfunc="first")
+    labelled = frame.assign(implementation=names, off=~pd.Series(_admitted(frame), index=frame.index, dtype=bool))
+    per_shape = labelled["probe"].isin([n for n, p in PROBES.items() if p.scope == Scope.SHAPE])
     order = {p: i for i, p in enumerate(PROBES)}
-    grid = grid[sorted(grid.columns, key=lambda c: (order.get(c.split(" / ")[0], 99), c))]
-    cells = [[str(v) if isinstance(v, str) else None for v in row] for row in grid.to_numpy().tolist()]
-    print_ = drawn.fingerprint(title, list(grid.index), list(grid.columns), cells)
+    panels = []
+    shaped = labelled[per_shape]
+    if len(shaped):
+        several = shaped["implementation"].nunique() > 1
+        shaped = shaped.assign(column=shaped["probe"] + (" / " + shaped["implementation"] if several else ""))
+        grid = shaped.pivot_table(index="shape", columns="column", values="verdict", aggfunc="first")
+        grid = grid[sorted(grid.columns, key=lambda c: (order.get(c.split(" / ")[0], 99), c))]
+        off = set(shaped[shaped["off"]].set_index(["shape", "column"]).index)
+        cells = [[(v, "!" if (r, c) in off else "") if isinstance(v, str) else None for c, v in row.items()]
+                 for r, row in grid.iterrows()]
+        panels.append(("probes per shape", list(grid.index), list(grid.columns), cells))
+    rest = labelled[~per_shape]
+    if len(rest):
+        probes = sorted(rest["probe"].unique(), key=lambda p: (order.get(p, 99), p))
+        columns = sorted(rest["implementation"].unique())
+        cells = [[_summed(rest[(rest["probe"] == p) & (rest["implementation"] == c)]) for c in columns]
+                 for p in probes]
+        panels.append((f"{OTHER_PROBES}:\nmost severe verdict, passed/run", probes, columns, cells))
+    print_ = drawn.fingerprint(title, panels)
     if drawn.present(path, print_):
         return
+    _draw_panels(panels, path, title, print_)
+
+
+def _summed(cases: pd.DataFrame):
+    """A cell of the other probes' panel: (the most severe verdict, "passed/run" and "!" where one disagrees)."""
+    if not len(cases):
+        return None
+    worst = max(cases["verdict"], key=lambda v: SEVERITY.index(Verdict(v)))
+    passed = int((cases["verdict"].isin([Verdict.PASS, Verdict.REJECTED])).sum())
+    return worst, f"{passed}/{len(cases)}" + ("!" if cases["off"].any() else "")
+
+
+def _draw_panels(panels, path: Path, title: str, print_: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
 
-    codes = grid.apply(lambda col: col.map({v: i for i, v in enumerate(Verdict)}))
-    fig, ax = plt.subplots(figsize=(2 + 1.3 * len(grid.columns), 1 + 0.28 * len(grid)),
-                           constrained_layout=True)
+    widest = max(len(columns) * (2 if name.startswith(OTHER_PROBES) else 1) for name, _, columns, _ in panels)
+    heights = [1.6 + CELL_IN * len(rows) for _, rows, _, _ in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(4 + CELL_IN * max(widest, 8), 1.2 + sum(heights)),
+                             gridspec_kw={"height_ratios": heights}, constrained_layout=True, squeeze=False)
     cmap = ListedColormap([VERDICT_COLOURS[v] for v in Verdict])
-    ax.imshow(codes.to_numpy(dtype=float), cmap=cmap, vmin=-0.5, vmax=len(Verdict) - 0.5,
-              aspect="auto")
-    ax.set_xticks(range(len(grid.columns)), grid.columns, rotation=30, ha="right", fontsize=8)
-    ax.set_yticks(range(len(grid.index)), grid.index, fontsize=7)
-    for (i, j), verdict in pd.DataFrame(grid.to_numpy()).stack().items():
-        if not isinstance(verdict, str):
-            continue  # this probe does not run on this shape
-        ax.text(j, i, verdict, ha="center", va="center", fontsize=6,
-                color="white" if verdict in (Verdict.CRASH, Verdict.HANG) else "black")
-    ax.set_title(title, fontsize=10)
+    codes = {v: i for i, v in enumerate(Verdict)}
+    for ax, (name, rows, columns, cells) in zip(axes[:, 0], panels):
+        grid = [[codes[Verdict(c[0])] if c else float("nan") for c in row] for row in cells]
+        summed = name.startswith(OTHER_PROBES)  # cells that carry counts: twice as wide
+        ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=len(Verdict) - 0.5, aspect=0.5 if summed else "equal")
+        ax.set_xticks(range(len(columns)), columns, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(rows)), rows, fontsize=7)
+        for i, row in enumerate(cells):
+            for j, cell in enumerate(row):
+                if cell and cell[1]:
+                    dark = Verdict(cell[0]) in (Verdict.CRASH, Verdict.HANG, Verdict.CORRUPT)
+                    ax.text(j, i, cell[1], ha="center", va="center", fontsize=6 if len(cell[1]) > 1 else 8,
+                            fontweight="bold", color="white" if dark else "black")
+        off = sum(1 for row in cells for c in row if c and c[1].endswith("!"))
+        ax.set_title(f"{name}\n{off} cells disagree", fontsize=9, loc="left")
+    fig.legend(handles=[Patch(facecolor=VERDICT_COLOURS[v], edgecolor="#555555", label=str(v)) for v in Verdict]
+               + [Patch(facecolor="none", edgecolor="none", label="! disagrees with the prediction")],
+               loc="outside lower center", ncol=4, fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=10)
     drawn.save(fig, path, print_, dpi=90)
     plt.close(fig)
+
+
+def _admitted(frame: pd.DataFrame) -> list[bool]:
+    """Whether each case's verdict is one its prediction admits (a SKIP was not tested: it is)."""
+    return [v == Verdict.SKIP or Prediction.parse(p).admits(v) for v, p in zip(frame["verdict"], frame["predicted"])]
 
 
 def draw_refused_maps(frame: pd.DataFrame, gen_dir: Path) -> list[Path]:

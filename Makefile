@@ -99,6 +99,7 @@ bench: $(STAMP) $(PEER_STAMP)
 	$(BIN)/python -m probes.bench.layout
 	$(BIN)/python -m probes.bench.manager
 	$(BIN)/python -m probes.bench.run
+	$(BIN)/python -m probes.bench.plugin
 	$(BIN)/python -m probes.bench.pull
 	.venv-peer/bin/python -m probes.bench.peer
 

@@ -293,3 +293,19 @@ def test_a_member_that_raises_when_asked_is_one_error_before_any_case(outside, t
     (line,) = done.stderr.strip().splitlines()
     assert "asked_iuts:IUT: its Library's version raised PackageNotFoundError" in line, line
     assert not (tmp_path / "never").exists()
+
+
+def test_the_plugin_counts_its_items_as_pytest_counts_any(tmp_path):
+    """From an outside folder, under --strict-markers: the items are counted
+    as collected, -k deselects among them, --collect-only lists them."""
+    plugin = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--strict-markers", "--kvprobe-iut",
+              "kvref-sim", "--kvprobe-generation", "tpu7x", "--kvprobe-probe", "roundtrip,bad_input"]
+    listed = run([*plugin, "--collect-only", "-q"], tmp_path, os.environ, timeout=300)
+    ids = [line for line in listed.stdout.splitlines() if line.startswith("kvprobe/")]
+    assert listed.returncode == 0 and f"{len(ids)} tests collected" in listed.stdout, listed.stdout[-2000:]
+    bad_input = [i for i in ids if "/bad_input/" in i]
+    assert 0 < len(bad_input) < len(ids)
+    done = run([*plugin, "-k", "bad_input", "-m", "not tpu"], tmp_path, os.environ, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert (f"collected {len(ids)} items / {len(ids) - len(bad_input)} deselected / {len(bad_input)} selected"
+            in done.stdout), done.stdout[-2000:]

@@ -5,8 +5,10 @@ own CI, in any repository where kvref is installed:
            [--kvprobe-probe P,...] [--kvprobe-out DIR] [-m tpu]
 
 Every case is one test item, `kvprobe/<iut>/<how its manager is built>::<case id>`
-(the case id of the CSVs), run in a watched worker exactly as `kvprobe run`
-runs it. It passes only when the verdict is one the reference predicts; its
+(the case id of the CSVs), collected and counted as pytest counts any item,
+and run in a watched worker exactly as `kvprobe run` runs it: the selected
+cases start together, as many at once as `kvprobe run` runs (one at a time
+on a real TPU), and each item reports its own. It passes only when the verdict is one the reference predicts; its
 verdict, prediction and detail are the item's properties (so `--junitxml`
 carries them). A SKIP is a pytest skip with the worker's reason, except for a
 case of an IUT that owns a real TPU (those items are marked `tpu`) on a
@@ -17,6 +19,8 @@ does nothing."""
 from __future__ import annotations
 
 import argparse
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -54,6 +58,9 @@ class KvprobeRun:
         self.config = config
         self.found = []  # CaseResult, in the order the items ran
         self.not_run: list[tuple[str, str]] = []  # (IUT, why) for an IUT this TPU is no target of
+        self.selected: list = []  # the CaseItems left after -k and -m, in the order they run
+        self.pool: ThreadPoolExecutor | None = None
+        self.running: dict = {}  # id(CaseItem) -> the future of its case's result
 
     def cases(self) -> list:
         from probes.iut.hardware import TpuUnavailable
@@ -99,17 +106,41 @@ class KvprobeRun:
 
     @pytest.hookimpl(tryfirst=True)  # before -m and -k deselect: they apply to these items too
     def pytest_collection_modifyitems(self, session, config, items):
-        groups: dict[str, pytest.Collector] = {}
+        groups: dict[str, tuple[pytest.Collector, list]] = {}
         for case in self.cases():
             label = f"kvprobe/{case.iut}/{case.options_text}"
             if label not in groups:
-                groups[label] = CaseGroup.from_parent(session, name=label, nodeid=label)
-            items.append(CaseItem.from_parent(groups[label], name=case.case_id, case=case, run=self))
+                groups[label] = (CaseGroup.from_parent(session, name=label, nodeid=label), [])
+            group, members = groups[label]
+            members.append(CaseItem.from_parent(group, name=case.case_id, case=case, run=self))
         for name, why in self.not_run:
             group = CaseGroup.from_parent(session, name=f"kvprobe/{name}", nodeid=f"kvprobe/{name}")
-            items.append(NotATarget.from_parent(group, name="this-tpu", why=why))
+            groups[group.nodeid] = (group, [NotATarget.from_parent(group, name="this-tpu", why=why)])
+        for group, members in groups.values():
+            items += members
+            # Said as a collector's report is, so pytest counts them as collected ("collected N items").
+            config.hook.pytest_collectreport(report=pytest.CollectReport(group.nodeid, "passed", None, members))
+
+    def pytest_collection_finish(self, session):
+        self.selected = [item for item in session.items if isinstance(item, CaseItem)]
+
+    def result_of(self, item) -> object:
+        """The case's result: the selected cases start together at the first
+        item that runs, as many at once as `kvprobe run` runs them."""
+        from probes.run.runner import owns_device, run_case
+
+        if self.pool is None:
+            cases = [i.case for i in self.selected]
+            self.pool = ThreadPoolExecutor(1 if owns_device(cases) else os.cpu_count() or 1,
+                                           thread_name_prefix="kvprobe-case")
+            self.running = {id(i): self.pool.submit(run_case, i.case) for i in self.selected}
+        if id(item) not in self.running:  # an item run apart from its session's selection
+            self.running[id(item)] = self.pool.submit(run_case, item.case)
+        return self.running[id(item)].result()
 
     def pytest_sessionfinish(self, session):
+        if self.pool is not None:  # a session stopped early (-x, Ctrl-C): no queued case starts
+            self.pool.shutdown(wait=False, cancel_futures=True)
         out = self.config.getoption("kvprobe_out")
         if out and self.found:
             from probes.run import command, rows
@@ -162,15 +193,16 @@ class CaseItem(pytest.Item):
     def runtest(self):
         from probes.iut.hardware import NO_TPU, tpu_visible
         from probes.run.forked import kill_live
-        from probes.run.runner import run_case
         from probes.suite.predict import prediction
 
         tpu_here = tpu_visible()
         if self.on_hardware and not tpu_here:
             pytest.skip(NO_TPU)  # one reason for every hardware case
         try:
-            result = run_case(self.case)
-        except BaseException:  # pytest-timeout or Ctrl-C: no worker outlives its item (it would hold the TPU)
+            result = self.run.result_of(self)
+        except BaseException as e:  # pytest-timeout or Ctrl-C: no worker outlives its item (it would hold the TPU)
+            if isinstance(e, KeyboardInterrupt) and self.run.pool is not None:  # and no queued case starts
+                self.run.pool.shutdown(wait=False, cancel_futures=True)
             kill_live()
             raise
         self.run.found.append(result)

@@ -290,4 +290,7 @@ def iut_env(declared) -> dict:
     else:  # a worker on the real device must see it, whatever the parent runs on
         env.pop("JAX_PLATFORMS", None)
     env.pop("KVREF_FAULTS", None)  # a case's faults travel in the case itself
+    # pytest names the running test here, a new value per item: it is no IUT's
+    # setting, and as part of a zygote's key it would start a zygote per item.
+    env.pop("PYTEST_CURRENT_TEST", None)
     return env

@@ -161,6 +161,11 @@ def pull(session: Session, index: int, step: dict) -> None:
     endpoint = endpoint[0]["endpoint"] if len(endpoint) == 1 else endpoint
     judgment = Judgment(Must.DO if expect == DONE else Must.EITHER, "a pull the producer cannot serve may be "
                         "refused at start_read, or fail")
+    if any(p.uuid == uuid and p.consumer == consumer and not p.settled for p in w.pulls.values()):
+        # Which of the two the producer serves is a race, as is whether the first settled already.
+        judgment = Judgment(Must.EITHER, "a uuid a pull in flight on this consumer may still use: refused, or "
+                                         "pulled")
+        expect = EITHER if expect == DONE else expect
     if step.get("drop") and session.iut.backend == "sim":  # slow the producer's copies, so it goes mid-pull
         for cache in w.caches[0]:
             session.iut.hold_copies(cache, 0.5)

@@ -11,9 +11,9 @@ import kvref
 from probes.report.explain import remedy_for
 from probes.report import drawn, memory_map
 from probes.report.paths import file_safe
-from probes.report.results import implementation
+from probes.report.results import agrees, implementation
 from probes.suite.registry import PROBES, Scope
-from probes.suite.verdicts import Prediction, Verdict
+from probes.suite.verdicts import Verdict
 
 VERDICT_COLOURS = {Verdict.PASS: "#4caf50", Verdict.REJECTED: "#90a4ae", Verdict.CORRUPT: "#e53935",
                    Verdict.HANG: "#8e24aa", Verdict.CRASH: "#000000", Verdict.ERROR: "#fb8c00",
@@ -32,7 +32,8 @@ def draw_heatmap(frame: pd.DataFrame, path: Path, title: str) -> None:
     marks a verdict the prediction does not admit. Drawn only when what it
     shows changed."""
     names = implementation(frame)
-    labelled = frame.assign(implementation=names, off=~pd.Series(_admitted(frame), index=frame.index, dtype=bool))
+    off = [agrees(v, p) is False for v, p in zip(frame["verdict"], frame["predicted"])]
+    labelled = frame.assign(implementation=names, off=pd.Series(off, index=frame.index, dtype=bool))
     per_shape = labelled["probe"].isin([n for n, p in PROBES.items() if p.scope == Scope.SHAPE])
     order = {p: i for i, p in enumerate(PROBES)}
     panels = []
@@ -102,11 +103,6 @@ def _draw_panels(panels, path: Path, title: str, print_: str) -> None:
     fig.suptitle(title, fontsize=10)
     drawn.save(fig, path, print_, dpi=90)
     plt.close(fig)
-
-
-def _admitted(frame: pd.DataFrame) -> list[bool]:
-    """Whether each case's verdict is one its prediction admits (a SKIP was not tested: it is)."""
-    return [v == Verdict.SKIP or Prediction.parse(p).admits(v) for v, p in zip(frame["verdict"], frame["predicted"])]
 
 
 def draw_refused_maps(frame: pd.DataFrame, gen_dir: Path) -> list[Path]:

@@ -14,7 +14,8 @@ from probes.suite.verdicts import Prediction, Verdict
 # The results table, declared once: each column, where a case's row takes it
 # from (`run`: the run's id and time; `case`, `outcome`, `result`: the
 # attribute of that name, or `attr`; `facts`: the reference's facts about
-# the case, probes.suite.predict.describe), the kind of its values, and
+# the case, probes.suite.predict.describe; `judged`: whether the verdict is
+# one the prediction admits, empty for a SKIP), the kind of its values, and
 # whether a rerun of the same cases reproduces it (the committed baseline
 # keeps those). probes.run.rows fills it.
 KINDS = {"text": str, "int": "int64", "count": "Int64", "real": "float64", "flag": "boolean"}
@@ -51,6 +52,7 @@ SCHEMA = (
     Column("case_id", "case"), Column("dtype", "facts"), Column("shape", "facts"), Column("sharding", "facts"),
     Column("layout", "facts"), Column("physical_bytes", "facts", "int"), Column("slice_bytes", "facts", "count"),
     Column("legacy_slice_bytes", "facts", "int"), Column("predicted", "facts"), Column("verdict", "outcome"),
+    Column("agrees", "judged", "flag", reproduced=False),
     Column("detail", "outcome", reproduced=False), Column("pending_at_construction", "outcome", "flag"),
     Column("host_bytes", "outcome", "count"), Column("bytes_moved", "outcome", "count"),
     Column("seconds", "outcome", "real", reproduced=False), Column("gbps", "outcome", "real", reproduced=False),
@@ -123,11 +125,16 @@ def implementation(frame: pd.DataFrame) -> pd.Series:
     return frame["iut"] + options.map(lambda o: f" [{o}]" if o else "")
 
 
+def agrees(verdict: str, predicted: str) -> bool | None:
+    """Whether a verdict is one its prediction admits; None for a SKIP, which was not tested."""
+    return None if verdict == Verdict.SKIP else Prediction.parse(predicted).admits(verdict)
+
+
 def disagreements(frame):
     """Rows of a results table whose verdict is none of the predicted ones. A
     SKIP was not tested, so it neither agrees nor disagrees."""
-    agreeing = [Prediction.parse(p).admits(v) for v, p in zip(frame["verdict"], frame["predicted"])]
-    return frame[~pd.Series(agreeing, index=frame.index, dtype=bool) & (frame["verdict"] != Verdict.SKIP)]
+    agreeing = [agrees(v, p) is not False for v, p in zip(frame["verdict"], frame["predicted"])]
+    return frame[~pd.Series(agreeing, index=frame.index, dtype=bool)]
 
 
 def skipped(frame):

@@ -7,7 +7,7 @@ import uuid
 
 import pandas as pd
 
-from probes.report.results import COLUMNS, SCHEMA, typed
+from probes.report.results import COLUMNS, SCHEMA, agrees, typed
 from probes.run.runner import CaseResult
 from probes.suite.predict import describe
 
@@ -22,6 +22,8 @@ def to_frame(results: list[CaseResult], run_id: str) -> pd.DataFrame:
            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     rows = []
     for r in results:
-        sources = {"run": run, "case": r.case, "outcome": r.outcome, "result": r, "facts": describe(r.case)}
+        facts = describe(r.case)
+        sources = {"run": run, "case": r.case, "outcome": r.outcome, "result": r, "facts": facts,
+                   "judged": {"agrees": agrees(r.outcome.verdict, facts["predicted"])}}
         rows.append([column.value(sources) for column in SCHEMA])
     return typed(pd.DataFrame(rows, columns=COLUMNS))

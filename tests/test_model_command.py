@@ -2,6 +2,8 @@
 preset or a config.json, their per-shard layouts, and the round trip on them."""
 
 import json
+import os
+import re
 
 import pytest
 
@@ -95,3 +97,16 @@ def test_a_config_file_is_read_to_a_bound(tmp_path, capsys):
     big.write_text(json.dumps({"num_hidden_layers": 2, "padding": "x" * MAX_CONFIG_BYTES}))
     assert cli.main(["model", str(big), "-g", "v5e"]) == 2
     assert f"larger than {MAX_CONFIG_BYTES:,} bytes" in capsys.readouterr().err
+
+
+def test_piped_its_table_never_wraps_a_layout_mid_token():
+    """A CI log is no 80-column terminal: each row of the table is one line."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    done = subprocess.run([sys.executable, "-m", "probes.run.cli", "model", "llama-3.1-8b", "--no-probe"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("│ tpu7x")]
+    assert len(rows) == 1 and re.search(r"bf16\[[\d,]+\]\{[^}\s]+\}", rows[0]), done.stdout  # whole, on one line

@@ -16,7 +16,7 @@ from kvref.sharding import placements_of
 from probes.iut.registry import iut as declared_iut
 from probes.run import options
 from probes.run.runner import CaseResult, run_cases
-from probes.run.subcommand import Command
+from probes.run.subcommand import Command, stdout_console
 from probes.suite.matrix import MatrixRow, build_cases
 from probes.suite.ownership import row_byte_ranges
 from probes.suite.predict import prediction
@@ -117,15 +117,13 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     """1 when a round trip earned other than its prediction."""
-    from rich.console import Console
-
     cache = model_cache(args.model, args.dtype, args.block_size, args.tp, args.dp)
     for gen in args.generation:
         declared_iut(args.iut).check_target(gen)
     facts = [shard_facts(cache, gen, args.iut) for gen in args.generation]
     results = [] if args.no_probe else probe_caches(
         cache, f"{cache.model.name}-bs{args.block_size}-tp{args.tp}-dp{args.dp}", args.generation, args.iut)
-    Console().print(render(cache, facts, results, args.host_blocks))
+    stdout_console().print(render(cache, facts, results, args.host_blocks))
     return 0 if all_agree(results) else 1
 
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from probes.run import options
-from probes.run.subcommand import Command
+from probes.run.subcommand import Command, stdout_console
 
 
 def run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +30,7 @@ def run(args) -> int:
     start = time.monotonic()
     frame = command.run(args.generation, args.iut, args.matrix, args.probe, args.jobs,
                         args.timeout, args.faults, args.out, console, args.ray)
-    Console().print(command.summary_table(frame))
+    stdout_console().print(command.summary_table(frame))
     seconds = frame.attrs.get("seconds", {})
     split = f" (runner {seconds['runner']:.1f} s, reports {seconds['reports']:.1f} s)" if seconds else ""
     print(f"{len(frame)} cases in {time.monotonic() - start:.1f} s{split}; reports: {args.out / 'README.md'}; "

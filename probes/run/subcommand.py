@@ -7,8 +7,11 @@ building the parser costs no more than the arguments do."""
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from typing import Callable
+
+PIPED_WIDTH = 240  # a log or a file is no 80-column terminal: a table is never wrapped mid-token into one
 
 
 @dataclass(frozen=True)
@@ -22,3 +25,12 @@ class Command:
         parser = subparsers.add_parser(self.name, help=self.help)
         self.arguments(parser)
         parser.set_defaults(run=self.run)
+
+
+def stdout_console():
+    """Where a command prints its tables: the terminal's width on a terminal;
+    piped, PIPED_WIDTH (or COLUMNS, where the user set it)."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal or "COLUMNS" in os.environ else Console(width=PIPED_WIDTH)

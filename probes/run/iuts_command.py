@@ -8,7 +8,6 @@ workers would get."""
 from __future__ import annotations
 
 import argparse
-
 import json
 import subprocess
 import sys
@@ -50,7 +49,9 @@ def can_run_here(declared: IUT, target: str | None = None) -> tuple[str, str]:
     return answer["version"], answer["skip_reason"] or ""
 
 
-def listing(extra: list[str]) -> str:
+def listing(extra: list[str]):
+    """Each IUT's entry, in order, as soon as its interpreter answered (the
+    IUTs are asked at once), so a piped listing shows progress."""
     found: dict[str, IUT | IUTError] = known_iuts()
     for name in extra:
         try:
@@ -59,20 +60,18 @@ def listing(extra: list[str]) -> str:
             found[name] = e
     usable = {name: d for name, d in found.items() if isinstance(d, IUT)}
     with ThreadPoolExecutor(max_workers=4) as pool:
-        answers = dict(zip(usable, pool.map(can_run_here, usable.values())))
-    lines = []
-    for name, declared in found.items():
-        if isinstance(declared, IUTError):
-            lines.append(f"{name}\n  cannot be used: {declared}")
-            continue
-        version, reason = answers[name]
-        lines.append(f"{name}  ({declared.library.distribution} {version or '?'})\n"
-                     f"  declared by  {source_of_iut(name)}\n"
-                     f"  targets      {', '.join(declared.targets)}"
-                     f"{' and any TPU type libtpu compiles for' if declared.any_tpu_type else ''}\n"
-                     f"  interpreter  {interpreter_python(declared.interpreter)[0] or declared.interpreter}\n"
-                     f"  here         {'runs' if not reason else 'cannot run: ' + reason}")
-    return "\n".join(lines)
+        asked = {name: pool.submit(can_run_here, declared) for name, declared in usable.items()}
+        for name, declared in found.items():
+            if isinstance(declared, IUTError):
+                yield f"{name}\n  cannot be used: {declared}"
+                continue
+            version, reason = asked[name].result()
+            yield (f"{name}  ({declared.library.distribution} {version or '?'})\n"
+                   f"  declared by  {source_of_iut(name)}\n"
+                   f"  targets      {', '.join(declared.targets)}"
+                   f"{' and any TPU type libtpu compiles for' if declared.any_tpu_type else ''}\n"
+                   f"  interpreter  {interpreter_python(declared.interpreter)[0] or declared.interpreter}\n"
+                   f"  here         {'runs' if not reason else 'cannot run: ' + reason}")
 
 
 def _answer(name: str, target: str) -> None:
@@ -95,7 +94,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    print(listing(args.names))
+    for entry in listing(args.names):
+        print(entry, flush=True)
     return 0
 
 

@@ -157,10 +157,20 @@ def write_index(frames: dict[str, pd.DataFrame], out: Path) -> Path:
     shapes = shapes[shapes["probe"] == "roundtrip"]
     side = shapes.pivot_table(index="shape", columns="column", values="verdict",
                               aggfunc="first").reindex(columns=list(frames)).fillna("-")
+    everything = pd.concat(list(named.values()))
+    disagree = len(disagreements(everything))
+    verdict_word = (f"**{disagree} of {len(everything)} cases disagree with their prediction**: each "
+                    "generation's summary lists them." if disagree else
+                    f"Every one of the {len(everything)} cases earned a verdict its prediction admits.")
     lines = ["# kvprobe reports", "",
-             "Per-generation results of the default probe run; each links to its summary.", "",
+             f"{verdict_word} Implementations: {', '.join(sorted(everything['implementation'].unique()))}; "
+             f"probes: {everything['probe'].nunique()}; shapes: {everything['shape'].nunique()}. "
+             "Each generation links to its summary.", "",
              links, "",
-             "## Verdict counts", "", _table(counts.reset_index(names="verdict")), "",
+             "## Verdict counts", "",
+             "REJECTED is a correct refusal (a layout no manager may move as byte ranges, or bad input), "
+             "not a failure; CORRUPT, HANG, CRASH and ERROR are failures where the prediction does not admit "
+             "them.", "", _table(counts.reset_index(names="verdict")), "",
              "## Per-block round trip, shape by shape", "",
              "REJECTED: the layout puts blocks inside tiles, so no manager may move them as "
              "byte ranges.", "", _table(side.reset_index()), ""]

@@ -19,8 +19,9 @@ def draw(shape: kvref.Shape, path, *, title: str = "", remedy: tuple[str, kvref.
          blocks: tuple[int, int] = (0, 1), width: int = 256, lines: int = 128) -> None:
     """One column per layout (the shape's, then the remedy's): above, the whole
     buffer in `lines` lines of `width` pixels, each pixel a run of elements
-    coloured by which of the two blocks own any of it; below, the same for the
-    span from the two blocks' first element to their last. Drawn only when one
+    coloured by which of the two blocks own any of it; below, the same from
+    the two blocks' first element to their last, or to as many elements as
+    the panel shows one a pixel. Drawn only when one
     of these changed (probes.report.drawn)."""
     if shape.rank == 0 or shape.logical_elements == 0:
         raise ValueError(f"{shape} has no dim-0 rows to draw")
@@ -42,9 +43,12 @@ def draw(shape: kvref.Shape, path, *, title: str = "", remedy: tuple[str, kvref.
     for column, (label, layout) in enumerate(panels):
         owners = physical_owners(layout)
         held = np.flatnonzero(np.isin(owners, blocks))
-        span = (int(held[0]), int(held[-1]) + 1)
+        # Below, from the blocks' first element, at most one element a pixel: where whole runs
+        # interleave, a coarser picture shows every pixel as "both".
+        span = (int(held[0]), min(int(held[-1]) + 1, int(held[0]) + width * (lines // 2)))
+        closer = "where they lie" if span[1] == int(held[-1]) + 1 else "from where they begin"
         for row, (part, where) in enumerate(((None, "whole buffer"),
-                                             (span, f"elements {span[0]:,} to {span[1]:,}, where they lie"))):
+                                             (span, f"elements {span[0]:,} to {span[1]:,}, {closer}"))):
             ax = axes[row][column]
             grid, step = block_grid(layout, blocks, width, lines if part is None else lines // 2, part, owners)
             ax.imshow(grid, cmap=ListedColormap(COLOURS), vmin=-0.5, vmax=len(COLOURS) - 0.5, aspect="auto",

@@ -197,3 +197,14 @@ def test_the_index_keeps_the_generations_that_ran_elsewhere(tmp_path):
     for gen in committed:
         assert f"[{gen}]({gen}/summary.md)" in index
     assert "cpu tpu-sync-jax" in index  # one column per implementation of the CPU peers' run
+
+
+def test_a_memory_map_an_earlier_run_left_is_removed_with_its_link(tmp_path, capsys):
+    out = tmp_path / "reports"
+    assert cli.main(["run", "-g", "v5e", "--matrix", "seed", "--probe", "roundtrip", "--out", str(out)]) == 0
+    stray = out / "v5e" / "memory-map-of-an-earlier-run.png"
+    stray.write_bytes(b"")
+    assert cli.main(["report", "--out", str(out)]) == 0
+    summary = (out / "v5e" / "summary.md").read_text()
+    maps = sorted(p.name for p in (out / "v5e").glob("memory-map-*.png"))
+    assert maps and not stray.exists() and all(name in summary for name in maps)

@@ -125,6 +125,8 @@ def draw_refused_maps(frame: pd.DataFrame, gen_dir: Path) -> list[Path]:
         paths.append(path)
         if len(paths) == MAX_MEMORY_MAPS:
             break
+    for old in set(gen_dir.glob("memory-map-*.png")) - set(paths):  # an earlier run's: the report links none
+        old.unlink()
     return paths
 
 

@@ -208,3 +208,12 @@ def test_a_memory_map_an_earlier_run_left_is_removed_with_its_link(tmp_path, cap
     summary = (out / "v5e" / "summary.md").read_text()
     maps = sorted(p.name for p in (out / "v5e").glob("memory-map-*.png"))
     assert maps and not stray.exists() and all(name in summary for name in maps)
+
+
+def test_a_table_cell_with_a_traceback_stays_one_row():
+    from probes.report.summary import _table
+
+    frame = pd.DataFrame({"detail": pd.Series(["ERROR\nTraceback (most recent call last):\n  File 'x' | y"],
+                                              dtype="string"), "cases": [1]})
+    lines = _table(frame).splitlines()
+    assert len(lines) == 3 and "Traceback (most recent call last): File 'x' / y" in lines[2], lines

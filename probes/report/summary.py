@@ -194,8 +194,8 @@ def _counts(frame: pd.DataFrame, by: str) -> str:
 def _table(frame: pd.DataFrame) -> str:
     clean = frame.copy()
     for col in clean.columns:
-        if clean[col].dtype == object:
-            clean[col] = clean[col].map(lambda v: str(v).replace("\n", " ").replace("|", "/")[:300])
+        if clean[col].dtype == object or pd.api.types.is_string_dtype(clean[col]):  # a cell is one line
+            clean[col] = clean[col].map(lambda v: " ".join(str(v).split()).replace("|", "/")[:300])
     return clean.to_markdown(index=False)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kvref.settings import check_timeout
+
 
 class TransferFuture:
     """Completes when every chunk of a transfer has finished; carries the first
@@ -23,8 +25,8 @@ class TransferFuture:
         """Wait, then return None or raise the transfer's first error
         (kvref.DeviceError for a failed DMA). TimeoutError if it runs longer
         than `timeout` (default: the manager's timeout_s, else no limit)."""
-        timeout = self._default_timeout if timeout is None else timeout
-        if not self._core.wait(-1.0 if timeout is None else float(timeout)):
+        timeout = self._default_timeout if timeout is None else check_timeout(timeout, "timeout")
+        if not self._core.wait(-1.0 if timeout is None else timeout):
             raise TimeoutError(f"transfer still running after {timeout}s")
         self._core.rethrow()
 

@@ -29,17 +29,19 @@ def check_parallelism(value) -> int | None:
 MAX_TIMEOUT_S = 1e7  # a wait's limit converts to the steady clock's int64 nanoseconds: far below their 292 years
 
 
-def check_timeout(value) -> float | None:
-    """None (no limit) or a positive, finite number of seconds."""
+def check_timeout(value, name: str = "timeout_s") -> float | None:
+    """None (no limit) or a positive, finite number of seconds (a manager's
+    timeout_s, a future's result(timeout): every wait's limit)."""
     if value is None:
         return None
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"timeout_s must be a number of seconds, got {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"timeout_s must be positive and finite, got {value!r}")
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+    if not (value > 0 and (value > MAX_TIMEOUT_S or math.isfinite(value))):
+        raise ValueError(f"{name} must be positive and finite, got {value!r}")
     if value > MAX_TIMEOUT_S:
-        raise ValueError(f"timeout_s must be at most {MAX_TIMEOUT_S:.0f} s (about 116 days: past what the "
-                         f"waits' clocks hold, every wait would fail at once), got {value!r}")
+        raise ValueError(f"{name} must be at most {MAX_TIMEOUT_S:.0f} s (about 116 days: past what the "
+                         f"waits' clocks hold, every wait would fail at once; None waits without a limit), "
+                         f"got {value!r}")
     return float(value)
 
 

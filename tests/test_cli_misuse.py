@@ -24,6 +24,19 @@ def refused(capsys, *argv) -> str:
     return last
 
 
+@pytest.mark.parametrize("value", ["2200000", "1e8", "1e10", "1" + "0" * 400])
+def test_a_timeout_past_a_week_is_one_line_naming_the_bound(capsys, value):
+    """An OverflowError traceback, before: every wait's clock would overflow."""
+    assert "argument --timeout: expected a positive number of at most 604800" in refused(capsys, "--timeout", value)
+
+
+def test_a_count_of_any_length_is_one_line_naming_the_bound(capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["explain", "bf16[64,8,128]", "--layers", "1" + "0" * 400])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and "at most 2,147,483,648" in err[0], err
+
+
 def test_a_timeout_that_is_not_finite(capsys):
     assert "argument --timeout: expected a positive number, not infinite or NaN, got 'inf'" in \
         refused(capsys, "--timeout", "inf")

@@ -129,3 +129,15 @@ def test_a_timeout_past_what_the_waits_hold_is_refused_naming_the_bound():
         kvref.KVCacheManager([cache], 8, timeout_s=1e300)
     manager = kvref.KVCacheManager([cache], 8, timeout_s=1e7)
     manager.d2h([1], [1]).result()  # the largest is honoured
+
+
+@pytest.mark.parametrize("timeout", [1e10, float("inf"), float("nan"), -1.0, "10"])
+def test_a_futures_wait_limit_goes_through_the_same_check(setup, timeout):
+    """result(1e10) or result(inf) on a transfer still running raised TimeoutError at once."""
+    dev, cache, m = setup
+    dev.set_dma_faults(delay_us=200_000)
+    future = m.d2h(np.arange(4), np.arange(4))
+    with pytest.raises(TypeError if isinstance(timeout, str) else ValueError, match=r"timeout must be"):
+        future.result(timeout=timeout)
+    future.result(timeout=30)  # still running then, and it lands
+    assert future.done()

@@ -266,7 +266,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sequences", type=options.positive, default=None,
                         help="workers (contract; default 2) or sequences (blocks; default 40) per way the manager "
                              "is built")
-    parser.add_argument("--seconds", type=options.positive_number(float), default=60.0,
+    parser.add_argument("--seconds", type=options.seconds, default=60.0,
                         help="contract: seconds each worker draws sequences for")
     parser.add_argument("--long", type=options.positive, default=0, metavar="STEPS",
                         help="contract: one long run of STEPS save/load/unlock/store/rebuild steps per worker, then "
@@ -275,7 +275,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replay", type=Path, default=None,
                         help="contract: replay the sequence of a finding (or a bare sequence) from this JSON file")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=options.positive_number(float), default=60.0,
+    parser.add_argument("--timeout", type=options.seconds, default=60.0,
                         help="blocks: seconds per sequence")
     options.add(parser, "faults", "jobs", "out")
 

@@ -21,7 +21,11 @@ from probes.suite.matrix import DEFAULT_MATRIX, names_a_case_kind
 from probes.suite.registry import DEFAULT_PROBES, PROBES
 
 
-def positive_number(cast):
+MOST_COUNT = 2**31  # a count (layers, blocks, workers) beyond which nothing kvprobe does makes sense
+MOST_SECONDS = 7 * 86400.0  # a time limit: a week, where a clock, a timer or a sleep still takes it
+
+
+def positive_number(cast, most: float):
     def parse(value: str):
         try:
             number = cast(value)
@@ -29,13 +33,18 @@ def positive_number(cast):
             number = 0
         if not number > 0:
             raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
-        if not math.isfinite(number):
+        if isinstance(number, float) and not math.isfinite(number):
             raise argparse.ArgumentTypeError(f"expected a positive number, not infinite or NaN, got {value!r}")
+        if number > most:  # (an int of any length compares; converting it to a float may overflow)
+            shown = value if len(value) <= 24 else f"{value[:12]}... ({len(value)} characters)"
+            bound = f"{most:,}" if isinstance(most, int) else f"{most:g}"
+            raise argparse.ArgumentTypeError(f"expected a positive number of at most {bound}, got {shown!r}")
         return number
     return parse
 
 
-positive = positive_number(int)
+positive = positive_number(int, MOST_COUNT)
+seconds = positive_number(float, MOST_SECONDS)
 
 
 def generations(value: str) -> list[str]:
@@ -117,7 +126,7 @@ OPTIONS = {o.name: o for o in (
     Option("probe", probes, None, f"comma-separated probes, or 'all' (default: {', '.join(DEFAULT_PROBES)}; "
            f"'all' adds {', '.join(p for p in PROBES if p not in DEFAULT_PROBES)})"),
     Option("jobs", positive, None, "parallel workers (default: cores)", "-j"),
-    Option("timeout", positive_number(float), PROBE_SECONDS, "seconds per case (a probe, to its worker's exit)"),
+    Option("timeout", seconds, PROBE_SECONDS, "seconds per case (a probe, to its worker's exit)"),
     Option("faults", faults, kvref.Faults(), "comma-separated kvref fault models to switch on (kvref IUTs)"),
     Option("out", Path, Path("reports"), "report directory", unset="the run's CSVs and reports are not written"),
 )}

@@ -31,12 +31,12 @@ def positive_number(cast, most: float):
             number = cast(value)
         except ValueError:
             number = 0
+        shown = value if len(value) <= 24 else f"{value[:12]}... ({len(value)} characters)"
         if not number > 0:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {shown!r}")
         if isinstance(number, float) and not math.isfinite(number):
-            raise argparse.ArgumentTypeError(f"expected a positive number, not infinite or NaN, got {value!r}")
+            raise argparse.ArgumentTypeError(f"expected a positive number, not infinite or NaN, got {shown!r}")
         if number > most:  # (an int of any length compares; converting it to a float may overflow)
-            shown = value if len(value) <= 24 else f"{value[:12]}... ({len(value)} characters)"
             bound = f"{most:,}" if isinstance(most, int) else f"{most:g}"
             raise argparse.ArgumentTypeError(f"expected a positive number of at most {bound}, got {shown!r}")
         return number

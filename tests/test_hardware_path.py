@@ -539,3 +539,28 @@ def test_a_metadata_server_that_did_not_answer_is_not_asked_again(monkeypatch, t
     finally:
         hardware._runtime_environment.cache_clear()
     assert len(asked) == 1
+
+
+def test_doctor_asks_the_iuts_that_own_a_device_one_at_a_time(monkeypatch):
+    """Two device-owning IUTs asked at once race for the TPU runtime's lock."""
+    import threading
+
+    from probes.run import doctor
+
+    lock, running, most = threading.Lock(), [0], [0]
+
+    def asked(declared, target=None):
+        if declared.owns_device:
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            time.sleep(0.05)
+            with lock:
+                running[0] -= 1
+        return "1.0", ""
+
+    monkeypatch.setattr(doctor, "can_run_here", asked)
+    found = doctor.diagnose()
+    owners = [n for n, i in doctor.usable_iuts().items() if i.owns_device]
+    assert len(owners) >= 2 and most[0] == 1, (owners, most)
+    assert all(any(line.startswith(f"  {name} ") for line in found.lines) for name in owners)

@@ -36,24 +36,28 @@ ASK_SECONDS = 60.0
 class Diagnosis:
     lines: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # what would fail `make tpu-test`
+    echo: bool = False  # each line printed as it is found (a piped doctor shows progress)
 
     def say(self, text: str) -> None:
         self.lines.append(text)
+        if self.echo:
+            print(text, flush=True)
 
     def problem(self, text: str) -> None:
         self.problems.append(text)
-        self.lines.append(f"  PROBLEM: {text}")
+        self.say(f"  PROBLEM: {text}")
 
 
-def diagnose(names: list[str] | None = None) -> Diagnosis:
+def diagnose(names: list[str] | None = None, echo: bool = False) -> Diagnosis:
     """Everything, or only the IUTs `names` (each resolved, so a wrong name is an IUTError)."""
-    d = Diagnosis()
+    d = Diagnosis(echo=echo)
     generation = _tpu(d)
     _environments(d)
     _iuts(d, generation, names)
     if d.problems:
         d.say(f"`make tpu-test` would fail for the harness's reasons ({len(d.problems)}):")
-        d.lines += [f"  - {p}" for p in d.problems]
+        for p in list(d.problems):
+            d.say(f"  - {p}")
     else:
         d.say("`make tpu-test` would " + ("run the hardware cases" if generation
                                          else f"skip every hardware case: {hardware.NO_TPU}"))
@@ -106,11 +110,13 @@ def _iuts(d: Diagnosis, generation: str | None, names: list[str] | None) -> None
     # The IUTs that would probe this TPU are asked about it; the others about their first target.
     on_this_tpu = {name: generation is not None and i.owns_device and i.runs_on(generation)
                    for name, i in declared.items()}
-    targets = [generation if on_this_tpu[name] else None for name in declared]
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        answers = dict(zip(declared, pool.map(can_run_here, declared.values(), targets)))
+    # Those that own a device are asked one at a time, after the others: two at once
+    # race for the TPU runtime's lock, and the loser says it cannot start.
+    with ThreadPoolExecutor(max_workers=4) as pool, ThreadPoolExecutor(max_workers=1) as owners:
+        answers = {name: (owners if i.owns_device else pool).submit(
+            can_run_here, i, generation if on_this_tpu[name] else None) for name, i in declared.items()}
     for name, iut in declared.items():
-        version, reason = answers[name]
+        version, reason = answers[name].result()
         applies = [p for p, probe in PROBES.items() if probe.scope != Scope.FUZZ and matrix.applies(iut, p)]
         d.say(f"  {name} ({iut.library.distribution} {version or '?'}): "
               + ("can start here" if not reason else f"cannot start here: {reason}"))
@@ -130,8 +136,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     """1 when `make tpu-test` would fail for the harness's reasons."""
-    found = diagnose([n for n in args.iut.split(",") if n] if args.iut else None)
-    print("\n".join(found.lines))
+    found = diagnose([n for n in args.iut.split(",") if n] if args.iut else None, echo=True)
     return 1 if found.problems else 0
 
 

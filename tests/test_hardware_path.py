@@ -57,6 +57,11 @@ GVNIC = ("0x1ae0", "0x0042")  # a plain GCE VM's network card: Google's vendor i
     ({"0000:00:05.0": ("0x8086", "0x0063")}, ("accel0",), []),  # another vendor's accelerator
     ({"0000:00:05.0": ("0x1ae0", "0x0099")}, ("accel0",), ["0x0099"]),  # a chip the table does not know
     ({"0000:00:05.0": ("0x1ae0", "0x0099")}, (), []),
+    # Beside the NIC, the unknown chip alone is counted: the NIC was counted as a chip too.
+    ({"0000:00:04.0": GVNIC, "0000:00:05.0": ("0x1ae0", "0x0099")}, ("accel0",), ["0x0099"]),
+    # TPUs jax 0.12 counts by their PCI id, which the table ships no layouts for.
+    ({"0000:00:04.0": GVNIC, "0000:00:05.0": ("0x1ae0", "0x0083")}, (), ["0x0083"]),
+    ({"0000:00:05.0": ("0x1ae0", "0x007c"), "0000:00:06.0": ("0x1ae0", "0x007c")}, (), ["0x007c", "0x007c"]),
 ])
 def test_a_tpu_is_a_google_pci_device_with_a_tpu_id(monkeypatch, tmp_path, devices, nodes, chips):
     fake_bus(monkeypatch, tmp_path, devices, nodes)
@@ -564,3 +569,17 @@ def test_doctor_asks_the_iuts_that_own_a_device_one_at_a_time(monkeypatch):
     owners = [n for n, i in doctor.usable_iuts().items() if i.owns_device]
     assert len(owners) >= 2 and most[0] == 1, (owners, most)
     assert all(any(line.startswith(f"  {name} ") for line in found.lines) for name in owners)
+
+
+@pytest.mark.parametrize("limit, warned", [(8 * 1024 * 1024, True), (-1, False)])
+def test_doctor_says_the_locked_memory_a_namespaced_worker_gets(monkeypatch, limit, warned):
+    import resource
+
+    from probes.run import doctor
+
+    limit = resource.RLIM_INFINITY if limit == -1 else limit
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, limit))
+    found = doctor.Diagnosis()
+    doctor._memory_lock(found, "v5e")
+    assert f"effective uid {os.geteuid()}; locked memory (ulimit -l)" in found.lines[0]
+    assert any(line.startswith("  WARNING: in a loopback-only namespace") for line in found.lines) == warned

@@ -38,8 +38,8 @@ import sys
 import urllib.error
 from pathlib import Path
 
-from kvref.generations import (DEVICES_PER_CHIP, GENERATIONS, GOOGLE_PCI_VENDOR, chip_of_device_kind,
-                               chip_of_pci_device)
+from kvref.generations import (DEVICES_PER_CHIP, GENERATIONS, GOOGLE_PCI_VENDOR, NOT_TPU_PCI_IDS,
+                               UNSHIPPED_TPU_PCI_IDS, chip_of_device_kind, chip_of_pci_device)
 from kvref.oracle import generation_of_device_kind
 from probes.iut import standin_vm
 from probes.iut.started_with import started_with
@@ -105,8 +105,11 @@ def tpu_chips() -> list[str]:
     known = [chip for chip in map(chip_of_pci_device, chips.values()) if chip]
     if known:
         return known
-    if chips and any(glob.glob(str(_machine_path(pattern))) for pattern in DEVICE_NODES):
-        return list(chips.values())  # a chip the table does not know yet, beside its device nodes
+    unknown = [device for device in chips.values() if device not in NOT_TPU_PCI_IDS]  # never the NIC
+    if any(device in UNSHIPPED_TPU_PCI_IDS for device in unknown):  # a TPU JAX knows and the table does not
+        return [device for device in unknown if device in UNSHIPPED_TPU_PCI_IDS]
+    if unknown and any(glob.glob(str(_machine_path(pattern))) for pattern in DEVICE_NODES):
+        return unknown  # a chip no one knows yet, beside its device nodes
     return []
 
 

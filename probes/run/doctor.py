@@ -52,6 +52,7 @@ def diagnose(names: list[str] | None = None, echo: bool = False) -> Diagnosis:
     """Everything, or only the IUTs `names` (each resolved, so a wrong name is an IUTError)."""
     d = Diagnosis(echo=echo)
     generation = _tpu(d)
+    _memory_lock(d, generation)
     _environments(d)
     _iuts(d, generation, names)
     if d.problems:
@@ -83,6 +84,23 @@ def _tpu(d: Diagnosis) -> str | None:
         d.problem(f"the PCI bus was counted as {counted} devices ({len(chips)} chips), and the runtime "
                   f"opened {opened}: kvprobe would make caches over devices this TPU does not have")
     return generation
+
+
+def _memory_lock(d: Diagnosis, generation: str | None) -> None:
+    """Who runs, and how much memory it may lock: inside the loopback-only
+    namespace a production worker runs in (`unshare -rn`) a process has no
+    host capability, so the TPU runtime's pinned DMA buffers count against
+    RLIMIT_MEMLOCK, even for root."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    shown = lambda limit: "unlimited" if limit == resource.RLIM_INFINITY else f"{limit // 1024} KiB"  # noqa: E731
+    d.say(f"  effective uid {os.geteuid()}; locked memory (ulimit -l) {shown(soft)} (hard {shown(hard)})")
+    if generation and soft != resource.RLIM_INFINITY:
+        d.say(f"  WARNING: in a loopback-only namespace the TPU runtime's pinned buffers count against "
+              f"{shown(soft)} of locked memory: if its workers fail to pin, raise it (ulimit -l unlimited, "
+              "or memlock in /etc/security/limits.conf)")
 
 
 def _environments(d: Diagnosis) -> None:

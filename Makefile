@@ -15,8 +15,9 @@ PEER_STAMP := .venv-peer/.kvref-installed
 XLA_STAMP := .venv-xla/.kvref-installed
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-# libibverbs1: the tpu-sync nightlies' native module links it.
-SYSTEM_PACKAGES := libprotobuf-dev protobuf-compiler libibverbs1 iproute2
+# libibverbs1: the tpu-sync nightlies' native module links it. cmake and g++: the C++ core
+# builds with them (a stock TPU VM image has neither).
+SYSTEM_PACKAGES := libprotobuf-dev protobuf-compiler libibverbs1 iproute2 cmake g++
 
 .PHONY: python-check peer-python-check probe peer-probe connectors peer-env peer-env-torch xla-env xla-probe tpu-test test bench fuzz baseline refresh-layouts clean system-deps
 
@@ -33,7 +34,7 @@ peer-python-check:
 # C++ protobuf for the plan binding comes from Debian.
 system-deps: python-check
 	@command -v protoc >/dev/null && command -v ip >/dev/null && test -f /usr/include/google/protobuf/message.h && \
-	  ldconfig -p | grep -q libibverbs.so.1 || \
+	  ldconfig -p | grep -q libibverbs.so.1 && command -v cmake >/dev/null && command -v g++ >/dev/null || \
 	  { $(SUDO) apt-get install -y -q $(SYSTEM_PACKAGES) || \
 	    { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q $(SYSTEM_PACKAGES); }; }
 

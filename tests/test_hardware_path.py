@@ -583,3 +583,18 @@ def test_doctor_says_the_locked_memory_a_namespaced_worker_gets(monkeypatch, lim
     doctor._memory_lock(found, "v5e")
     assert f"effective uid {os.geteuid()}; locked memory (ulimit -l)" in found.lines[0]
     assert any(line.startswith("  WARNING: in a loopback-only namespace") for line in found.lines) == warned
+
+
+def test_a_kernel_that_keeps_users_out_of_namespaces_is_said_once_with_its_fix(monkeypatch, tmp_path):
+    from probes.run import command, netns
+
+    setting = tmp_path / "apparmor_restrict_unprivileged_userns"
+    setting.write_text("1\n")
+    monkeypatch.setattr(netns, "RESTRICTIONS", {str(setting): ("1", "0")})
+    fix = netns._restriction()
+    assert f"({setting} is 1)" in fix and "`sudo sysctl -w " in fix and "=0`" in fix
+    monkeypatch.setattr(netns, "unavailable", lambda: f"{netns.NONE_HERE}: `unshare -rn` refused (x){fix}")
+    said = []
+    command.prepare(["cpu"], ["kvref-jax", "tpu-sync-jax"], "cpu", ["roundtrip"], 30.0, [], None, said.append)
+    (line,) = [s for s in said if "unshare" in s]
+    assert line.startswith("[yellow]tpu-sync-jax: ") and fix in line and line.endswith("its cases SKIP[/yellow]")

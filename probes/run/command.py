@@ -17,7 +17,7 @@ from probes.iut import builds
 from probes.iut.registry import iut, usable_iuts
 from probes.report import qualification, results, summary
 from probes.report.results import BASELINE, disagreements
-from probes.run import rows
+from probes.run import netns, rows
 from probes.run.ray_runner import run_cases_on_ray
 from probes.run.runner import Interrupted, run_cases
 from probes.suite.matrix import build_cases, load_matrix
@@ -99,6 +99,9 @@ def prepare(generations, iuts, matrix, probes, timeout, faults, out: Path | None
                 builds.ensure(declared.library.distribution, declared.build)
             except builds.BuildUnavailable as e:
                 say(f"[yellow]{name}: {e}; its cases SKIP[/yellow]")
+    namespaced = [name for name in iuts if iut(name).loopback_only]
+    if namespaced and (reason := netns.unavailable()):  # said once here, not only in each case's SKIP
+        say(f"[yellow]{', '.join(namespaced)}: {reason}; its cases SKIP[/yellow]")
     for gen in generations:
         if gen != "cpu" and not is_shipped(gen):
             reason = compiler.accepts(gen)

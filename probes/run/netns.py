@@ -153,8 +153,26 @@ def unavailable() -> str | None:
         return f"{NONE_HERE}: `unshare -rn` failed: {e}"
     if done.returncode:
         said = " ".join((done.stderr or done.stdout).split())[-300:]
-        return f"{NONE_HERE}: `unshare -rn` refused ({said})"
+        return f"{NONE_HERE}: `unshare -rn` refused ({said}){_restriction()}"
     return None
+
+
+# Where a kernel keeps unprivileged users out of new user namespaces, and the setting that lets them in.
+RESTRICTIONS = {"/proc/sys/kernel/apparmor_restrict_unprivileged_userns": ("1", "0"),  # Ubuntu 24.04's AppArmor
+                "/proc/sys/kernel/unprivileged_userns_clone": ("0", "1")}  # Debian's older kernels
+
+
+def _restriction() -> str:
+    """Why `unshare -rn` is refused, where a kernel setting says so, with the fix."""
+    for path, (restricted, allowed) in RESTRICTIONS.items():
+        try:
+            with open(path) as f:
+                if f.read(8).strip() == restricted:
+                    return (f"; this kernel keeps unprivileged users out of user namespaces ({path} is "
+                            f"{restricted}): `sudo sysctl -w {path[len('/proc/sys/'):].replace('/', '.')}={allowed}`")
+        except OSError:
+            continue
+    return ""
 
 
 def python_command(python: str, module: str, *args: str) -> list[str]:

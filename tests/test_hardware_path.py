@@ -598,3 +598,18 @@ def test_a_kernel_that_keeps_users_out_of_namespaces_is_said_once_with_its_fix(m
     command.prepare(["cpu"], ["kvref-jax", "tpu-sync-jax"], "cpu", ["roundtrip"], 30.0, [], None, said.append)
     (line,) = [s for s in said if "unshare" in s]
     assert line.startswith("[yellow]tpu-sync-jax: ") and fix in line and line.endswith("its cases SKIP[/yellow]")
+
+
+def test_only_the_metadata_fields_libtpu_reads_become_variables_and_never_over_the_users(monkeypatch):
+    from probes.iut import standin_vm
+
+    fields = {"ACCELERATOR_TYPE": "v5litepod-4", "WORKER_ID": "0", "CHIPS_PER_HOST_BOUNDS": "2,2,1",
+              "HOST_BOUNDS": "1,1,1", "WRAP": "false,false,false", "ALT": "false", "LIBRARY_PATH": "/tmp/evil.so",
+              "ZONE": "us-central1-a"}
+    monkeypatch.setattr(hardware, "tpu_visible", lambda: True)
+    monkeypatch.setattr(hardware, "read_tpu_env", lambda: fields)
+    monkeypatch.setattr(hardware, "started_with", lambda: {"TPU_WORKER_ID": "3"})
+    env = dict(hardware._runtime_environment.__wrapped__()[0])
+    assert env == {"TPU_ACCELERATOR_TYPE": "v5litepod-4", "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1",
+                   "TPU_HOST_BOUNDS": "1,1,1", "TPU_TOPOLOGY_WRAP": "false,false,false", "TPU_TOPOLOGY_ALT": "false",
+                   "TPU_WORKER_HOSTNAMES": "localhost", standin_vm.SKIP_METADATA: "1"}

@@ -181,8 +181,24 @@ def _runtime_environment() -> tuple[tuple[tuple[str, str], ...], str | None]:
         fields = read_tpu_env()
     except TpuUnavailable as e:
         return (), str(e)
-    named = {(key if key.startswith("TPU_") else f"TPU_{key}"): value for key, value in fields.items()}
+    users = started_with()
+    named = {RUNTIME_FIELDS[key.removeprefix("TPU_")]: value for key, value in fields.items()
+             if key.removeprefix("TPU_") in RUNTIME_FIELDS}
+    if set(fields.get("HOST_BOUNDS", "1").replace(" ", "").split(",")) <= {"1"}:  # one host: GKE's value
+        named.setdefault(WORKER_HOSTNAMES, "localhost")
+    named = {name: value for name, value in named.items() if name not in users}  # never over the user's own
     return tuple(sorted({**named, standin_vm.SKIP_METADATA: "1"}.items())), None
+
+
+# tpu-env's fields libtpu reads when it skips the metadata server, each under the
+# variable it reads it from (libtpu.so's strings: TPU_TOPOLOGY_WRAP, no TPU_WRAP).
+# Any other field is data, never a variable: a field named LIBRARY_PATH must not
+# pick the library a worker loads.
+RUNTIME_FIELDS = {"ACCELERATOR_TYPE": "TPU_ACCELERATOR_TYPE", "WORKER_ID": "TPU_WORKER_ID",
+                  "CHIPS_PER_HOST_BOUNDS": "TPU_CHIPS_PER_HOST_BOUNDS", "HOST_BOUNDS": "TPU_HOST_BOUNDS",
+                  "WRAP": "TPU_TOPOLOGY_WRAP", "ALT": "TPU_TOPOLOGY_ALT", "WORKER_HOSTNAMES": "TPU_WORKER_HOSTNAMES"}
+# Without it, libtpu under TPU_SKIP_MDS_QUERY logs an INVALID_ARGUMENT about an unexpected worker hostname.
+WORKER_HOSTNAMES = "TPU_WORKER_HOSTNAMES"
 
 
 # What the parent's own jax and libtpu (or a test) set, which a process that

@@ -100,7 +100,9 @@ except Exception as e:
     raise
 print({VETTED_MARK!r}, os.getpid(), flush=True)
 declared = getattr(module, sys.argv[2], None)
-if os.getpid() == first and isinstance(getattr(declared, "library", None), type):
+# (An IUT that runs in an interpreter of its own is asked there, by its workers and `kvprobe iuts`.)
+if os.getpid() == first and isinstance(getattr(declared, "library", None), type) \\
+        and getattr(declared, "interpreter", "main") == "main":
     import kvref
     asked = declared.library.__qualname__ + "(faults,options)"
     try:

@@ -30,10 +30,11 @@ NO_TORCH_MESH = tuple((probe, "these torch arrays make every cache on one device
                       for probe in ("sharded_roundtrip", "block_sharded", "uneven_shards"))
 # kvref cannot order a raw copy against a framework's computations, so on
 # framework arrays it returns from each transfer once it has landed.
-LANDS_BEFORE_RETURN = ("unawaited_transfers",
-                       "kvref returns from each transfer on these arrays once it has landed (it cannot order "
-                       "a raw copy against their framework's computations otherwise): nothing is ever in flight "
-                       "to overlap")
+LANDS_BEFORE_RETURN = tuple((probe, "kvref returns from each transfer on these arrays once it has landed (it cannot "
+                                     "order a raw copy against their framework's computations otherwise): nothing is "
+                                     "ever in flight to overlap, drop or leave to the exit")
+                            for probe in ("unawaited_transfers", "release_order/save_in_flight",
+                                          "release_order/exit_in_flight"))
 # torch_xla writes an in-place step's output to a new buffer: no step of it aliases a cache's storage.
 NO_XLA_ALIASING = tuple((probe, "torch_xla gives an in-place step's output a buffer of its own, so no step "
                                 "donates a cache in place") for probe in ("donation_in_place", "pull_across_donation"))
@@ -58,17 +59,17 @@ KVREF_SIM = IUT("kvref-sim", SimArrays, KvrefLibrary, targets=kvref.GENERATIONS,
                 not_applicable=(NO_SIM_VIEWS, NO_WORKER))
 KVREF_JAX = IUT("kvref-jax", JaxCpuArrays, KvrefLibrary, targets=("cpu",), preload=("jax",),
                 environment=(JAX_CPU_MESH,),
-                not_applicable=(NO_JAX_VIEWS, LANDS_BEFORE_RETURN, *NO_FORKED_CACHES, NO_WORKER))
+                not_applicable=(NO_JAX_VIEWS, *LANDS_BEFORE_RETURN, *NO_FORKED_CACHES, NO_WORKER))
 TPU_SYNC_JAX = IUT("tpu-sync-jax", JaxCpuArrays, TpuSyncJaxLibrary, targets=("cpu",), interpreter="jax",
                    preload=("jax",), environment=(JAX_CPU_MESH, PULL_RECORDS), loopback_only=True,
                    not_applicable=(NO_JAX_VIEWS, NO_JAX_PLANS, *NO_FORKED_CACHES))
 # kvref's drop-in facade on the arrays tpu-sync-jax runs on, through the wrapper's API.
 KVREF_COMPAT = IUT("kvref-compat", JaxCpuArrays, CompatLibrary, targets=("cpu",), preload=("jax",),
                    environment=(JAX_CPU_MESH,),
-                   not_applicable=(NO_JAX_VIEWS, NO_WRAPPER_PLANS, LANDS_BEFORE_RETURN, *NO_FORKED_CACHES))
+                   not_applicable=(NO_JAX_VIEWS, NO_WRAPPER_PLANS, *LANDS_BEFORE_RETURN, *NO_FORKED_CACHES))
 KVREF_TORCH_XLA = IUT("kvref-torch-xla", TorchXlaArrays, KvrefLibrary, targets=("cpu",), interpreter="xla",
                       preload=("torch_xla",), environment=(("PJRT_DEVICE", "CPU"),),
-                      not_applicable=(*NO_TORCH_MESH, LANDS_BEFORE_RETURN, *NO_XLA_ALIASING, *NO_FORKED_CACHES,
+                      not_applicable=(*NO_TORCH_MESH, *LANDS_BEFORE_RETURN, *NO_XLA_ALIASING, *NO_FORKED_CACHES,
                                       NO_WORKER))
 TPU_SYNC_JAX_TPU = IUT("tpu-sync-jax-tpu", JaxTpuArrays, TpuSyncJaxLibrary, targets=kvref.GENERATIONS,
                        interpreter="jax", jax_platforms=None, owns_device=True, startup_seconds=300.0,

@@ -62,3 +62,11 @@ def test_only_lines_with_the_token_are_heard():
                         '{"token": "u", "kind": "result", "payload": {}}\n', "t")
     assert heard.payloads("result") == [{"verdict": "PASS"}] and heard.forged == 2
     assert "2 line(s) without this case's token" in heard.tampered()
+
+
+def test_a_line_the_json_reader_cannot_take_is_a_forged_line_not_the_runs_end():
+    """Nesting deeper than the reader recurses ended the whole run, every case's verdict lost."""
+    deep = "[" * 100_000 + "]" * 100_000
+    heard = Heard.parse('{"token": "t", "kind": "result", "payload": {"verdict": "PASS"}}\n' + deep + "\n", "t")
+    assert heard.payloads("result") == [{"verdict": "PASS"}] and heard.forged == 1
+    assert "1 line(s) without this case's token" in heard.tampered()

@@ -71,7 +71,7 @@ class Heard:
         for line in text.splitlines():
             try:
                 message = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # any line a worker can write: never the run's end
                 message = None
             if isinstance(message, dict) and message.get("token") == token:
                 heard.messages.append(message)

@@ -238,7 +238,7 @@ def findings_in(detail: str, verdict: str, output: str = "") -> list[tuple[str, 
             try:
                 found = json.loads(line[len(FOUND) + 1:])
                 said.append((found["verdict"], found["detail"], found["sequence"]))
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):  # a line an IUT wrote, not the worker
                 continue
     return said + _findings_in(detail, verdict)
 
@@ -259,7 +259,10 @@ def sequence_in(detail: str) -> dict | None:
     the last one the worker began (from its output), or None."""
     found = re.search(r"^sequence \(.*?\): (\{.*\})$", detail, re.M)
     if found:
-        return json.loads(found.group(1))
+        try:
+            return json.loads(found.group(1))
+        except (ValueError, RecursionError):
+            return None
     began = [m.start() for m in re.finditer(r"^sequence \{", detail, re.M)]
     if not began:
         return None
@@ -269,7 +272,7 @@ def sequence_in(detail: str) -> dict | None:
         for line in lines[1:]:
             if line.startswith("step "):
                 sequence["steps"].append(json.loads(line.split(" ", 2)[2]))
-    except (ValueError, IndexError):
+    except (ValueError, IndexError, RecursionError):
         return None
     return sequence
 

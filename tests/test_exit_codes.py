@@ -36,14 +36,17 @@ def test_a_run_exits_1_when_a_case_disagrees_with_its_prediction(tmp_path, fault
 
 
 def test_a_diff_of_a_file_that_is_not_a_run_is_one_line_and_exit_2(tmp_path):
-    bad, empty = tmp_path / "bad.csv", tmp_path / "empty.csv"
+    bad, empty, header = tmp_path / "bad.csv", tmp_path / "empty.csv", tmp_path / "header.csv"
     bad.write_text("case_id\nx\n")
     empty.write_text("")
-    for a, b in ((bad, bad), (empty, bad)):
+    from probes.report.results import COLUMNS
+
+    header.write_text(",".join(COLUMNS) + "\n")
+    for a, b in ((bad, bad), (empty, bad), (header, header)):
         done = kvprobe("diff", str(a), str(b))
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1, done.stderr
-        assert lines[0].startswith(f"kvprobe: error: {a} is not a") and "run CSV" in lines[0], lines
+        assert lines[0].startswith(f"kvprobe: error: {a} ") and ("run CSV" in lines[0] or "no cases" in lines[0]), lines
 
 
 def test_a_mistyped_command_is_one_line_with_what_was_meant():

@@ -36,6 +36,8 @@ def _read(results, path: Path):
         frame = results.read_run(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not a run CSV: {first_line(e)}") from None
+    if frame.empty:
+        raise ValueError(f"{path} holds no cases (a header alone): nothing to compare")
     return frame
 
 

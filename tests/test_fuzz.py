@@ -47,7 +47,7 @@ def test_the_imports_category_finds_a_resolution_that_does_not_vet_the_module(mo
 
     category = OutsideImports()
     assert category.run({"behaviours": ["prints"], "code": 0}) == "refused"
-    monkeypatch.setattr(registry, "vet_import", lambda module, spec: None)
+    monkeypatch.setattr(registry, "vet_import", lambda module, spec, attr="": None)
     with pytest.raises(Mismatch, match=r"does \['prints'\] at import resolved to"):
         category.run({"behaviours": ["prints"], "code": 0})
 

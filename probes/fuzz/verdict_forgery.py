@@ -138,9 +138,12 @@ class VerdictForgery:
     @staticmethod
     def _judge(case: dict, done: subprocess.CompletedProcess, out: Path) -> str:
         rows = [row for path in out.glob(f"{GENERATION}/runs/*.csv") for row in csv.DictReader(path.open())]
-        if done.returncode != 0 or len(rows) != 1:
+        # kvprobe run exits 1 exactly when the case disagrees with its prediction, 0 otherwise.
+        expected = 1 if rows and rows[0].get("agrees") == "False" else 0
+        if done.returncode != expected or len(rows) != 1:
             raise Mismatch(f"`kvprobe run` of an IUT that does {case['behaviours']} exited {done.returncode} "
-                           f"with {len(rows)} result rows (expected 1): {done.stderr.strip()[-600:]}")
+                           f"with {len(rows)} result rows (expected exit {expected} and 1 row): "
+                           f"{done.stderr.strip()[-600:]}")
         verdict, detail = rows[0]["verdict"], rows[0]["detail"]
         honest_only = all(b in OUTPUT_ONLY for b in case["behaviours"])
         if verdict == "PASS" or (honest_only and verdict != HONEST):

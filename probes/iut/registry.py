@@ -101,14 +101,19 @@ except Exception as e:
 print({VETTED_MARK!r}, os.getpid(), flush=True)
 declared = getattr(module, sys.argv[2], None)
 # (An IUT that runs in an interpreter of its own is asked there, by its workers and `kvprobe iuts`.)
+from probes.iut.protocol import Library, missing_members
+# (One that lacks members of the protocol kvprobe refuses naming them, in its own process.)
 if os.getpid() == first and isinstance(getattr(declared, "library", None), type) \\
-        and getattr(declared, "interpreter", "main") == "main":
+        and getattr(declared, "interpreter", "main") == "main" and not missing_members(declared.library, Library):
     import kvref
     asked = declared.library.__qualname__ + "(faults,options)"
     try:
         library = declared.library(kvref.Faults(), None)
-        for asked in ("version", "skip_reason()", "distribution", "supports_faults", "OPTION_SETS"):
-            eval("library." + asked)
+        for asked in ("version", "skip_reason", "distribution", "supports_faults", "OPTION_SETS"):
+            value = getattr(library, asked)
+            if asked == "skip_reason":
+                asked = "skip_reason()"
+                value()
     except Exception as e:
         told = " ".join(f"{{type(e).__name__}}: {{e}}".split())
         print({ASKED_MARK!r}, first, asked, told, flush=True)

@@ -91,9 +91,10 @@ def host_move(session: Session, index: int, step: dict) -> None:
     chunks, pending = answer
     chunks = check_handed_out(what, chunks, len(blocks), receiver)
     done = landed(pending, judgment, what)
-    receiver.received(index, chunks, [[layer[b] if 0 <= b < HOST_BLOCKS else None for b in blocks]
-                                      for layer in w.models[source].blocks.host])
-    if not done:  # a read that failed: its chunks locked, their bytes unknown, loads from them refused
+    if done or step["read"]:  # a write that failed leaves the chunks the peer took free
+        receiver.received(index, chunks, [[layer[b] if 0 <= b < HOST_BLOCKS else None for b in blocks]
+                                          for layer in w.models[source].blocks.host])
+    if not done and step["read"]:  # its chunks locked, their bytes unknown, loads from them refused
         receiver.save_failed(index)
 
 
@@ -133,9 +134,9 @@ def host_check(session: Session, index: int, step: dict) -> None:
     targets = step["targets"][:len(chunks)]
     if chunks:
         ones = [1] * len(chunks)
-        judged(session, model.judge_transfer(False, chunks, targets, ones), f"side {side}: h2d {chunks} -> {targets}",
-               lambda: w.lib.host_copy(w.managers[side], False, chunks, targets, ones))
-        model.blocks.apply(False, chunks, targets, ones)
+        if judged(session, model.judge_transfer(False, chunks, targets, ones), f"side {side}: h2d {chunks} -> "
+                  f"{targets}", lambda: w.lib.host_copy(w.managers[side], False, chunks, targets, ones)) is not REFUSED:
+            model.blocks.apply(False, chunks, targets, ones)
     for layer, cache in enumerate(w.caches[side]):
         device = session.blocks_of(session.key, cache)
         wrong = [b for b, (got, want) in enumerate(zip(device, model.blocks.device[layer])) if got != want]

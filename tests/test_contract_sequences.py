@@ -238,3 +238,24 @@ def test_a_replay_file_that_is_no_sequence_is_refused_by_name(tmp_path):
     path.write_text('{"spec": {}}')
     with pytest.raises(ValueError, match="expected a finding or a sequence with spec, seed and steps"):
         fuzz_command.replay(path, None, None, kvref.Faults(), 10)
+
+
+def test_each_finding_of_a_crashed_worker_keeps_its_own_sequence(tmp_path):
+    """A worker that said an ERROR on its output and then crashed: the crash's
+    finding carries the sequence its replays shrank, the ERROR's its own (both
+    were written with the crash's)."""
+    import json
+
+    from probes.run.runner import CaseResult
+    from probes.suite.contract_sequences import FOUND
+    from probes.suite.verdicts import Outcome
+
+    spec = {"shape": "bf16[32,8,128]", "layers": 1, "host_blocks": 8, "mode": "put", "store": 0}
+    crashed = {"spec": spec, "seed": 1, "steps": [{"rule": "check"}]}
+    said = {"spec": spec, "seed": 2, "steps": [{"rule": "save", "blocks": [1], "sizes": None, "wait": True}]}
+    case = fuzz_command.contract_case("kvref-sim", "tpu7x", kvref.Faults(), 10.0, 0, calls=crashed)
+    output = f"{FOUND} {json.dumps({'verdict': 'ERROR', 'detail': 'step 0 ...: a save refused', 'sequence': said})}\n"
+    written = fuzz_command.write_findings([CaseResult(case, Outcome("CRASH", "killed by SIGSEGV"), 1.0, output)],
+                                          tmp_path)
+    findings = {json.loads(p.read_text())["verdict"]: json.loads(p.read_text())["sequence"] for p in written}
+    assert findings == {"ERROR": said, "CRASH": crashed}

@@ -163,18 +163,27 @@ def fuzz_contract(name: str, generation: str, cases: int, seed: int = 0, faults:
                 for options in declared.library.OPTION_SETS for i in range(cases)]
         batch, rounds = len(made), rounds + 1
         results += run_cases(made, jobs)
+    return results, write_findings(results, Path(out) / generation / "findings")
+
+
+def write_findings(results: list[CaseResult], directory: Path) -> list[Path]:
+    """Every kind of failure the results hold, written once as a JSON finding
+    (a crash or a hang shrunk first, by replays)."""
     kinds: dict[tuple, Path] = {}
-    directory = Path(out) / generation / "findings"
     for result in results:
         if result.outcome.verdict == PASS:
             continue
         result = finished(result)
+        # A crash's or a hang's sequence is the one its replays shrank; each other finding carries its own.
+        shrunk = result.case.calls if result.case.calls and "spec" in result.case.calls else None
         for verdict, headline, sequence in findings_in(result.outcome.detail, result.outcome.verdict, result.stderr):
             key = (verdict, result.case.options_text, _reason(headline))
+            if verdict in (CRASH, HANG) and shrunk is not None:
+                sequence = shrunk
             if key not in kinds:
                 kinds[key] = write_finding(result.case, verdict, headline, sequence or sequence_in(result.stderr),
                                            directory, len(kinds) + 1)
-    return results, list(kinds.values())
+    return list(kinds.values())
 
 
 def contract_case(name: str, generation: str, faults: kvref.Faults, seconds: float, seed: int,
@@ -210,8 +219,6 @@ def finished(result: CaseResult) -> CaseResult:
 def write_finding(case: Case, verdict: str, headline: str, sequence: dict | None, directory: Path,
                   number: int) -> Path:
     """A finding as data: what ran, what it earned, and the sequence to replay."""
-    if case.calls and "spec" in case.calls:
-        sequence = case.calls
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"contract-{case.iut}-{verdict.lower()}-{number}.json"
     path.write_text(json.dumps({"iut": case.iut, "generation": case.generation, "faults": list(case.faults.names),

@@ -39,7 +39,6 @@ import itertools
 import queue
 import threading
 import time
-import queue
 from dataclasses import dataclass, field
 
 from kvref.endpoints import Route, routes
@@ -236,18 +235,18 @@ class PullService:
 
         for n, span in enumerate(spans):
             threading.Thread(target=stream, args=(span,), name=f"kvref-pull-{pull.req_id}-{n}", daemon=True).start()
-        received, end, cancelled = {}, pull.deadline + CANCEL_GRACE_S, False
+        received, end = {}, pull.deadline + CANCEL_GRACE_S
         for _ in spans:
             while True:
                 try:
                     part, error = ended.get(timeout=max(0.0, end - time.monotonic()))
                     break
                 except queue.Empty:
-                    if cancelled:
+                    if pull.cancelled:
                         raise TimeoutError(f"no complete answer within timeout_s={self.timeout_s}s, and a stream "
                                            "cancelled then did not end") from None
                     self._cancel(pull)
-                    cancelled, end = True, time.monotonic() + CANCEL_GRACE_S
+                    end = time.monotonic() + CANCEL_GRACE_S
             if error is not None:
                 self._cancel(pull)
                 raise error

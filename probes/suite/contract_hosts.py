@@ -138,8 +138,7 @@ def host_check(session: Session, index: int, step: dict) -> None:
                   f"{targets}", lambda: w.lib.host_copy(w.managers[side], False, chunks, targets, ones)) is not REFUSED:
             model.blocks.apply(False, chunks, targets, ones)
     for layer, cache in enumerate(w.caches[side]):
-        device = session.blocks_of(session.key, cache)
-        wrong = [b for b, (got, want) in enumerate(zip(device, model.blocks.device[layer])) if got != want]
+        wrong = session.wrong_blocks(session.key, cache, model.blocks.device[layer])
         if wrong:
             raise Broken(CORRUPT, f"side {side} layer {layer}: device blocks {wrong[:8]} differ from the model "
                                   f"after host blocks {chunks} were loaded into {targets}")

@@ -24,12 +24,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
 import kvref
 from probes.iut.protocol import PullLibrary
 from probes.suite.contract_rules import REFUSED, Broken, Session, judged
 from probes.suite.contract import Judgment, Must
+from probes.suite.pull_sides import pull_bytes
 from probes.suite.pull_telemetry import record_problem, records_in
 from probes.suite.verdicts import CORRUPT, ERROR
 
@@ -237,8 +236,7 @@ def settle(session: Session, index: int, step: dict) -> None:
         raise Broken(ERROR, f"pulls {open_[:4]} never settled within {SETTLE_S} s (timeout_s {TIMEOUT_S})")
     for consumer in (0, 1):
         for layer, cache in enumerate(w.caches[1 + consumer]):
-            got = session.blocks_of(w.keys[1 + consumer], cache)
-            wrong = [b for b, (have, want) in enumerate(zip(got, w.blocks[1 + consumer][layer])) if have != want]
+            wrong = session.wrong_blocks(w.keys[1 + consumer], cache, w.blocks[1 + consumer][layer])
             if wrong:
                 raise Broken(CORRUPT, f"consumer {consumer} layer {layer}: blocks {wrong[:8]} differ from the model "
                                       f"after its pulls settled")
@@ -255,8 +253,7 @@ def _check_telemetry(w: PullWorld, consumer: int) -> None:
     records = records_in(dump())
     if isinstance(records, str):
         raise Broken(ERROR, f"consumer {consumer}: {records}")
-    key = w.keys[1 + consumer]
-    block_bytes = len(w.caches[1 + consumer]) * int(np.prod(key.dims[1:])) * kvref.element_type(key.dtype).numpy.itemsize
+    layer_keys = [w.keys[1 + consumer]] * len(w.caches[1 + consumer])
     pulls: dict[tuple[str, int], list[Pull]] = {}
     for req, p in w.started:
         if p.consumer == consumer:
@@ -268,8 +265,8 @@ def _check_telemetry(w: PullWorld, consumer: int) -> None:
             raise Broken(ERROR, f"consumer {consumer}'s telemetry holds {len(mine)} records of request {req!r} "
                                 f"(uuid {uuid}); it started {len(alike)} pulls of it, {len(landed)} landed")
         if len(mine) == len(landed) == 1:
-            problem = record_problem(mine[0], req, (len(landed[0].remote), len(landed[0].remote) * block_bytes),
-                                     stages=True)
+            blocks = len(landed[0].remote)
+            problem = record_problem(mine[0], req, (blocks, pull_bytes(layer_keys, blocks)), stages=True)
             if problem:
                 raise Broken(ERROR, f"consumer {consumer}'s record of {req!r} (uuid {uuid}): {problem}")
 

@@ -92,18 +92,18 @@ class Session:
         return manager
 
     def physical(self, logical: np.ndarray, layer: int) -> list[bytes]:
-        packed, block = kvref.pack(logical, self.layouts[layer]), self.sizes[layer]
-        return [packed[i:i + block].tobytes() for i in range(0, packed.size, block)]
+        return _blocks(kvref.pack(logical, self.layouts[layer]), self.sizes[layer])
 
     def own_caches(self, key: kvref.ShapeKey, seed: int, layers: int = 2) -> tuple[list, list[list[bytes]]]:
         """Caches of `key` for a manager beside the session's, and their blocks per layer."""
         pairs = self.iut.make_caches(key, [seed + i for i in range(layers)], "put", finite=True)
         layout = self.iut.layout(key)
-        return [c for c, _ in pairs], [_blocks(kvref.pack(host, layout), key.dims[0]) for _, host in pairs]
+        return [c for c, _ in pairs], [_rows(kvref.pack(host, layout), key.dims[0]) for _, host in pairs]
 
-    def blocks_of(self, key: kvref.ShapeKey, cache) -> list[bytes]:
-        """A cache of `key`'s blocks as its next reader sees them."""
-        return _blocks(kvref.pack(self.iut.fetch(cache), self.iut.layout(key)), key.dims[0])
+    def wrong_blocks(self, key: kvref.ShapeKey, cache, expected: list[bytes]) -> list[int]:
+        """The blocks of a cache of `key` (as its next reader sees them) that differ from `expected`."""
+        got = _rows(kvref.pack(self.iut.fetch(cache), self.iut.layout(key)), key.dims[0])
+        return [b for b, (have, want) in enumerate(zip(got, expected)) if have != want]
 
     def close(self) -> None:
         for pending in list(self.pending.values()):
@@ -117,9 +117,12 @@ class Session:
         self.closers.clear()
 
 
-def _blocks(packed: np.ndarray, rows: int) -> list[bytes]:
-    size = packed.size // rows
+def _blocks(packed: np.ndarray, size: int) -> list[bytes]:
     return [packed[i:i + size].tobytes() for i in range(0, packed.size, size)]
+
+
+def _rows(packed: np.ndarray, rows: int) -> list[bytes]:
+    return _blocks(packed, packed.size // rows)
 
 
 # --- judging a call ------------------------------------------------------
@@ -327,8 +330,8 @@ def fail_copies(session: Session, index: int, step: dict) -> None:
 
 def _doubtful_host(session: Session) -> set[int]:
     """The host blocks copies in flight that may fail still write."""
-    return set().union(set(), *(session.model.in_flight.get(k, set()) for k, (judgment, *_) in session.judgments.items()
-                                if judgment.must == Must.MAY_FAIL))
+    return set().union(*(session.model.in_flight.get(k, set()) for k, (judgment, *_) in session.judgments.items()
+                         if judgment.must == Must.MAY_FAIL))
 
 
 def check(session: Session, index: int, step: dict) -> None:

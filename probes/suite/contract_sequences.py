@@ -37,8 +37,8 @@ SEQUENCES = 120  # sequences a case draws, unless its time runs out first
 BUDGET_SECONDS = 60.0  # drawing, at most, per case (and 0.4 of the case's timeout)
 CASE_SECONDS = 150.0  # a case's timeout: its budget, shrinking, and its worker's start and exit
 MAX_REPLAYS = 120  # shrinking: replays of shorter sequences
-FOUND = "kvprobe-contract-finding"
-RULES = rules.RULES | contract_pulls.RULES | contract_hosts.RULES  # the worker's output line of each finding of a `kvprobe fuzz` case
+FOUND = "kvprobe-contract-finding"  # the worker's output line of each finding of a `kvprobe fuzz` case
+RULES = rules.RULES | contract_pulls.RULES | contract_hosts.RULES
 
 
 def contract_sequences(case: Case, iut: Adapter) -> Outcome:

@@ -55,6 +55,11 @@ def uuid_of(case: Case, n: int = 0) -> int:
     return (case.seed * 7919 + n * 104729 + 12345) % 2**50
 
 
+def pull_bytes(layer_keys, blocks: int) -> int:
+    """The bytes a pull of `blocks` blocks moves over layers of `layer_keys`, every part."""
+    return blocks * sum(int(np.prod(k.dims[1:])) * kvref.element_type(k.dtype).numpy.itemsize for k in layer_keys)
+
+
 @dataclass
 class Side:
     """One worker of a pull probe: its rendezvous, library, caches and manager."""
@@ -130,9 +135,7 @@ class Side:
         return self.caches
 
     def pull_bytes(self, blocks: int) -> int:
-        """The bytes a pull of `blocks` blocks moves, every layer and part."""
-        return blocks * sum(int(np.prod(k.dims[1:])) * kvref.element_type(k.dtype).numpy.itemsize
-                            for k in self.layer_keys)
+        return pull_bytes(self.layer_keys, blocks)
 
     def contents(self, layer: int) -> np.ndarray:
         """A layer's cache as it is now (of a sharded one, assembled from every device's part)."""

@@ -128,7 +128,7 @@ def _iuts(d: Diagnosis, generation: str | None, names: list[str] | None) -> None
     # The IUTs that would probe this TPU are asked about it; the others about their first target.
     on_this_tpu = {name: generation is not None and i.owns_device and i.runs_on(generation)
                    for name, i in declared.items()}
-    # Those that own a device are asked one at a time, after the others: two at once
+    # Those that own a device are asked one at a time, beside the others: two at once
     # race for the TPU runtime's lock, and the loser says it cannot start.
     with ThreadPoolExecutor(max_workers=4) as pool, ThreadPoolExecutor(max_workers=1) as owners:
         answers = {name: (owners if i.owns_device else pool).submit(

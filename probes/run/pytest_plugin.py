@@ -8,7 +8,8 @@ Every case is one test item, `kvprobe/<iut>/<how its manager is built>::<case id
 (the case id of the CSVs), collected and counted as pytest counts any item,
 and run in a watched worker exactly as `kvprobe run` runs it: the selected
 cases start together, as many at once as `kvprobe run` runs (one at a time
-on a real TPU), and each item reports its own. It passes only when the verdict is one the reference predicts; its
+on a real TPU), and each item reports its own. It passes only when the
+verdict is one the reference predicts; its
 verdict, prediction and detail are the item's properties (so `--junitxml`
 carries them). A SKIP is a pytest skip with the worker's reason, except for a
 case of an IUT that owns a real TPU (those items are marked `tpu`) on a
@@ -19,8 +20,6 @@ does nothing."""
 from __future__ import annotations
 
 import argparse
-import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -59,7 +58,7 @@ class KvprobeRun:
         self.found = []  # CaseResult, in the order the items ran
         self.not_run: list[tuple[str, str]] = []  # (IUT, why) for an IUT this TPU is no target of
         self.selected: list = []  # the CaseItems left after -k and -m, in the order they run
-        self.pool: ThreadPoolExecutor | None = None
+        self.pools = None  # probes.run.runner.CasePools, made when the first item runs
         self.running: dict = {}  # id(CaseItem) -> the future of its case's result
 
     def cases(self) -> list:
@@ -127,20 +126,18 @@ class KvprobeRun:
     def result_of(self, item) -> object:
         """The case's result: the selected cases start together at the first
         item that runs, as many at once as `kvprobe run` runs them."""
-        from probes.run.runner import owns_device, run_case
+        from probes.run.runner import CasePools
 
-        if self.pool is None:
-            cases = [i.case for i in self.selected]
-            self.pool = ThreadPoolExecutor(1 if owns_device(cases) else os.cpu_count() or 1,
-                                           thread_name_prefix="kvprobe-case")
-            self.running = {id(i): self.pool.submit(run_case, i.case) for i in self.selected}
+        if self.pools is None:
+            self.pools = CasePools([i.case for i in self.selected] or [item.case])
+            self.running = {id(i): self.pools.start(i.case) for i in self.selected}
         if id(item) not in self.running:  # an item run apart from its session's selection
-            self.running[id(item)] = self.pool.submit(run_case, item.case)
+            self.running[id(item)] = self.pools.start(item.case)
         return self.running[id(item)].result()
 
     def pytest_sessionfinish(self, session):
-        if self.pool is not None:  # a session stopped early (-x, Ctrl-C): no queued case starts
-            self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.pools is not None:  # a session stopped early (-x, Ctrl-C): no queued case starts
+            self.pools.shutdown(stop=True)
         out = self.config.getoption("kvprobe_out")
         if out and self.found:
             from probes.run import command, rows
@@ -201,8 +198,8 @@ class CaseItem(pytest.Item):
         try:
             result = self.run.result_of(self)
         except BaseException as e:  # pytest-timeout or Ctrl-C: no worker outlives its item (it would hold the TPU)
-            if isinstance(e, KeyboardInterrupt) and self.run.pool is not None:  # and no queued case starts
-                self.run.pool.shutdown(wait=False, cancel_futures=True)
+            if isinstance(e, KeyboardInterrupt) and self.run.pools is not None:  # and no queued case starts
+                self.run.pools.shutdown(stop=True)
             kill_live()
             raise
         self.run.found.append(result)

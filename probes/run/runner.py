@@ -219,19 +219,35 @@ def _finding(reported: Outcome | None, verdict: str, detail: str, **fields) -> O
     return dataclasses.replace(reported, verdict=verdict, detail=detail, **fields)
 
 
+class CasePools:
+    """Where the cases of a run start: `jobs` at a time (default: the core
+    count; one where a case owns the device: one device, one worker). Cases
+    whose probe mostly waits on the device (Probe.waits) run `jobs` at a time
+    beside the others, not in their place."""
+
+    def __init__(self, cases: list[Case], jobs: int | None = None, python: str | None = None):
+        jobs = 1 if owns_device(cases) else jobs or os.cpu_count() or 1
+        self.python = python
+        self.working = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="working")
+        self.waiting = self.working if jobs == 1 else ThreadPoolExecutor(max_workers=jobs,
+                                                                          thread_name_prefix="waiting")
+
+    def start(self, case: Case):
+        """The future of the case's result."""
+        return (self.waiting if probe(case.probe).waits else self.working).submit(run_case, case, self.python)
+
+    def shutdown(self, stop: bool = False) -> None:
+        """Wait for every case; with `stop`, start no queued one and wait for none."""
+        for pool in {self.working, self.waiting}:
+            pool.shutdown(wait=not stop, cancel_futures=stop)
+
+
 def run_cases(cases: list[Case], jobs: int | None = None, python: str | None = None,
               progress=None) -> list[CaseResult]:
-    """All cases, `jobs` at a time (default: the core count), in input order.
-    Cases whose probe mostly waits on the device (Probe.waits) run `jobs` at
-    a time beside the others, not in their place. `progress(result)` is
-    called as each finishes, in input order."""
-    jobs = 1 if owns_device(cases) else jobs or os.cpu_count() or 1
-    working = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="working")
-    # One device, one worker: a device-owning run never runs two at once.
-    waiting = working if jobs == 1 else ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="waiting")
-    pools = {working, waiting}
-    futures = [(waiting if probe(case.probe).waits else working).submit(run_case, case, python)
-               for case in cases]
+    """All cases, as CasePools starts them, in input order. `progress(result)`
+    is called as each finishes, in input order."""
+    pools = CasePools(cases, jobs, python)
+    futures = [pools.start(case) for case in cases]
     results = []
     try:
         for future in futures:
@@ -243,12 +259,10 @@ def run_cases(cases: list[Case], jobs: int | None = None, python: str | None = N
         # Ctrl-C (or SIGTERM, SIGHUP): no queued case starts, every running worker
         # ends now, and what had finished is kept (a case killed here earned no verdict).
         finished = [f.result() for f in futures if f.done() and not f.cancelled() and not f.exception()]
-        for pool in pools:
-            pool.shutdown(wait=False, cancel_futures=True)
+        pools.shutdown(stop=True)
         kill_live()
         raise Interrupted(finished, getattr(stop, "signum", signal.SIGINT)) from None
-    for pool in pools:
-        pool.shutdown()
+    pools.shutdown()
     return results
 
 

@@ -20,11 +20,20 @@ when a live array on the same device holds that storage with the same shape
 and layout: the step's output, which the view then follows (waiting for the
 step to end). Where none does, the storage was given up and the view is
 refused, before any byte is moved.
+
+Freed storage is handed out again: an array made after a step that did not
+alias (another manager's cache, another layer's step output) may sit at the
+donated address with the same shape. Every jax.Array a view holds is noted
+with its cache's lineage (the array a manager was built over, and each
+output followed from it), and a view never follows into an array another
+lineage holds. An array nobody holds yet cannot be told apart by its address.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 from kvref import _core, xla_tensors
@@ -42,6 +51,7 @@ class DeviceBufferView:
     device: object  # identity of the device holding it
     keepalive: object  # the caller's array, kept alive while in use
     address: int = 0  # where raw storage (not a simulated buffer) was found
+    lineage: object = None  # a jax.Array's cache: the array built over and the outputs followed from it
 
 
 def unpack_buffer(array, faults: Faults = Faults()) -> DeviceBufferView:
@@ -118,7 +128,7 @@ def _donation_output(view: DeviceBufferView, faults: Faults) -> DeviceBufferView
         output = _aliased_output(view)
         if output is not None:
             try:
-                return unpack_buffer(output, faults)
+                return _unpack_jax(output, view.lineage) if view.lineage else unpack_buffer(output, faults)
             except Exception:  # donated in turn while it was awaited: follow that step's output
                 if not output.is_deleted():
                     raise
@@ -129,7 +139,8 @@ def _donation_output(view: DeviceBufferView, faults: Faults) -> DeviceBufferView
         time.sleep(0.001)
     raise ValueError(f"the {view.shape} {kind} the manager addresses was deleted (donated to a step "
                      "whose output does not alias its storage, or deleted) and no live array on "
-                     f"{view.device} holds that storage now: it is no longer the cache's, so nothing "
+                     f"{view.device} holds that storage now (or only another cache's array): it is no longer "
+                     "the cache's, so nothing "
                      "was moved; build the manager over the live arrays")
 
 
@@ -150,7 +161,7 @@ def _aliased_output(view: DeviceBufferView):
             if candidate.is_deleted():
                 continue
             raise
-        if part is not None:
+        if part is not None and not _held_by_another(part, view):
             return part
     return None
 
@@ -198,7 +209,8 @@ def _jax_shape(array) -> Shape:
     return Shape(element_type(array.dtype).name, tuple(array.shape), Layout.from_jax(array.format.layout))
 
 
-def _unpack_jax(array) -> DeviceBufferView:
+def _unpack_jax(array, lineage: object = None) -> DeviceBufferView:
+    """The view of a one-device jax.Array; `lineage`: the cache whose donated array it follows."""
     devices = array.devices()
     if len(devices) != 1:
         raise ValueError(f"a jax.Array on {len(devices)} devices; pass each shard as its own array")
@@ -208,4 +220,33 @@ def _unpack_jax(array) -> DeviceBufferView:
     # JAX's asynchronous dispatch always runs the computation: waiting suffices.
     array.block_until_ready()
     shape = _jax_shape(array)
-    return DeviceBufferView(region_of(array, shape), shape, device, array, array.unsafe_buffer_pointer())
+    address = array.unsafe_buffer_pointer()
+    if lineage is None:  # built over: two managers over one cache share its lineage
+        holder = _HOLDERS.get((device, address))
+        lineage = holder[0] if holder is not None and holder[1]() is array else object()
+    return _held(DeviceBufferView(region_of(array, shape), shape, device, array, address, lineage))
+
+
+# (device, address) -> (lineage, weak reference to the jax.Array holding it)
+_HOLDERS: dict[tuple, tuple[object, weakref.ref]] = {}
+_HOLDERS_LOCK = threading.Lock()
+
+
+def _held(view: DeviceBufferView) -> DeviceBufferView:
+    """The view, its array noted as its lineage's (the entry goes with the array)."""
+    key = (view.device, view.address)
+
+    def forget(ref, key=key):
+        with _HOLDERS_LOCK:
+            if _HOLDERS.get(key, (None, None))[1] is ref:
+                del _HOLDERS[key]
+
+    with _HOLDERS_LOCK:
+        _HOLDERS[key] = (view.lineage, weakref.ref(view.keepalive, forget))
+    return view
+
+
+def _held_by_another(part, view: DeviceBufferView) -> bool:
+    """Whether a live array another cache's view holds is `part` (so it is not this cache's step output)."""
+    lineage, ref = _HOLDERS.get((view.device, view.address), (None, None))
+    return ref is not None and lineage is not view.lineage and ref() is part and not part.is_deleted()

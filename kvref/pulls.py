@@ -66,6 +66,7 @@ MAX_REASONS = 4096  # failure reasons kept, the oldest dropped first
 # waits, doubling, until the pull's deadline. A connector starts pulls for
 # many requests at once, each with several streams.
 BUSY_FIRST_WAIT_S, BUSY_LONGEST_WAIT_S = 0.01, 0.2
+CONFIRM_WRITES = 3  # writes of a landed pull whose blocks read back otherwise, before it fails
 
 
 @dataclass
@@ -83,6 +84,7 @@ class Pull:
     streams: int = 1  # the pull's parallelism: streams per route, each a contiguous run of its blocks
     record: PullRecord | None = None  # what telemetry keeps of it
     cancelled: bool = False  # its streams were ended by its own deadline or a failed stream
+    landed: tuple | None = None  # (local blocks, the bytes written): see _confirm
 
 
 class PullService:
@@ -104,6 +106,7 @@ class PullService:
         self.records = PullRecords(faults)
         self._pulls: dict[str, Pull] = {}
         self._done_recving: list[str] = []
+        self._landed: dict[str, tuple] = {}  # landed pulls not yet reported: what _confirm needs
         self._failed_recving: list[str] = []
         self.failures: dict[str, str] = {}
         self._closed = False
@@ -208,6 +211,7 @@ class PullService:
             local = sorted(pull.local) if self._faults.pull_pairs_sorted else pull.local
             pull.record.stamp("writing")
             self._staging.write(local, received, None, pull.deadline)
+            pull.landed = (local, received)
             pull.record.stamp("written")
         except grpc.RpcError as e:
             if self._faults.lost_pull_unsettled and e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -352,12 +356,17 @@ class PullService:
             if self._pulls.get(pull.req_id) is pull:
                 del self._pulls[pull.req_id]
             if not done:
-                self.failures.pop(pull.req_id, None)
-                self.failures[pull.req_id] = reason
-                if len(self.failures) > MAX_REASONS:
-                    del self.failures[next(iter(self.failures))]
+                self._note_failure(pull.req_id, reason)
+            elif pull.landed is not None:
+                self._landed[pull.req_id] = pull.landed
             if not self._faults.pull_never_reports:
                 (self._done_recving if done else self._failed_recving).append(pull.req_id)
+
+    def _note_failure(self, req_id: str, reason: str) -> None:
+        self.failures.pop(req_id, None)
+        self.failures[req_id] = reason
+        if len(self.failures) > MAX_REASONS:
+            del self.failures[next(iter(self.failures))]
 
     # -- both --------------------------------------------------------------
 
@@ -366,11 +375,50 @@ class PullService:
         each request once."""
         sent = self.registrations.done_sending()
         with self._lock:
-            stats = (sent, list(self._done_recving), list(self._failed_recving))
+            done, failed = list(self._done_recving), list(self._failed_recving)
+            landed = {req_id: self._landed.pop(req_id) for req_id in done if req_id in self._landed}
             if not self._faults.duplicate_reports:
                 for reported in (self._done_recving, self._failed_recving):
                     reported.clear()
-        return stats
+        for req_id, landing in landed.items():
+            problem = self._confirm(*landing)
+            if problem:
+                done.remove(req_id)
+                failed.append(req_id)
+                with self._lock:
+                    self._note_failure(req_id, problem)
+        return sent, done, failed
+
+    def _confirm(self, local: list[int], received: dict) -> str:
+        """A landed pull's blocks read back, and written again where they
+        differ from what the pull wrote; the problem, or "".
+
+        A JAX CPU step copies the whole cache through itself, and XLA may
+        keep its temporaries in the cache's memory meanwhile; run inline on
+        the serving thread, its donated input reads as deleted only once it
+        has run. So a pull written during a step can be undone, and the
+        pull's own check after writing can come before the step ends.
+        poll_stats runs on the serving thread between its steps: what it
+        reads has settled, and the blocks are the pull's until reported."""
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            for _ in range(CONFIRM_WRITES):
+                if self._holds(local, received, deadline):
+                    return ""
+                self._staging.write(local, received, None, deadline)
+        except Exception as e:  # noqa: BLE001 (said as the pull's failure)
+            return f"the pull landed, and reading its blocks back or writing them again failed: {e}"
+        return (f"the pull landed, and its blocks held other bytes after each of {CONFIRM_WRITES} writes "
+                "(something else writes them)")
+
+    def _holds(self, local: list[int], received: dict, deadline: float) -> bool:
+        """Whether device blocks `local` hold what the pull received, every layer and part."""
+        for (layer, part, start), run in self._staging.read(local, None, deadline):
+            size = self.layer_block_bytes[layer]
+            if any(run[j * size:(j + 1) * size] != received[layer, part, start + j]
+                   for j in range(len(run) // size)):
+                return False
+        return True
 
     def close(self) -> None:
         """Fail every pull in flight and wait for the pulls' threads (the
@@ -379,6 +427,7 @@ class PullService:
             if self._closed:
                 return
             self._closed = True
+            self._landed.clear()
             pulls = list(self._pulls.values())
             for call in itertools.chain.from_iterable(p.calls for p in pulls):
                 call.cancel()

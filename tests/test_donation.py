@@ -115,6 +115,31 @@ def test_the_manager_follows_jax_arrays_through_in_place_donations_and_refuses_d
     assert len(copies) == 2
 
 
+def test_storage_given_up_and_handed_to_another_managers_cache_is_refused_not_followed():
+    # Found by contract sequences: after a step that did not alias, the freed address went to
+    # the cache of a manager built later, with the same shape; a d2h read that cache's bytes.
+    import jax
+
+    cache = jax.jit(lambda x: x.copy())(jax.device_put(contents(0)))
+    manager = kvref.KVCacheManager([cache], DIMS[0])
+    freed = cache.unsafe_buffer_pointer()
+    cache.delete()  # donated to a step whose output has a buffer of its own
+    others = []
+    for seed in range(1, 17):  # bounded: the allocator hands freed memory out again soon
+        others.append(jax.jit(lambda x: x.copy())(jax.device_put(contents(seed))))
+        if others[-1].unsafe_buffer_pointer() == freed:
+            break
+    else:
+        pytest.skip("no later array was given the freed address, so it cannot be mistaken for the output")
+    taken = others[-1]
+    other_manager = kvref.KVCacheManager([taken], DIMS[0])
+    with pytest.raises(ValueError, match="no live array on cpu:0 holds that storage now .or only another cache"):
+        manager.d2h_auto_allocate([1])
+    chunks, future = other_manager.d2h_auto_allocate([1])  # the other manager's cache is still its own
+    future.result()
+    assert other_manager.read_block_bytes(0, chunks[0]) == np.asarray(taken)[1].tobytes()
+
+
 def test_an_array_donated_by_another_thread_while_outputs_are_searched_is_passed_over():
     # Found by the real connectors: a serving thread's next step donated a listed live array
     # between the search's is_deleted() and its buffer pointer or layout; the pull failed with JAX's error.

@@ -507,3 +507,25 @@ def test_a_pulls_write_undone_by_a_step_that_took_the_caches_meanwhile_is_writte
     staging._bring_up_to_date = lambda: next(moves)  # a step took them during every write
     with pytest.raises(TimeoutError, match="written again after each of the steps"):
         staging.write(blocks, received, None, time.monotonic() + 0.2)
+
+
+def test_a_landed_pull_undone_before_it_is_reported_is_written_again_by_poll_stats(device):
+    # A JAX CPU step run inline on the serving thread can undo a pull's write and show as a move
+    # only once it has run, after the pull's own check. poll_stats, between the serving thread's
+    # steps, reads the blocks back and writes them again before it reports the pull done.
+    (producer, _, theirs), (consumer, arrays, ours) = pair(device)
+    remote, local = [4, 6], [1, 8]
+    assert producer.register_read("r", 3, remote)
+    consumer.start_read("r", 3, producer.get_local_endpoints()[0]["endpoint"], remote, local)
+    deadline = time.monotonic() + BOUND
+    while "r" not in consumer._pulls._landed and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert "r" in consumer._pulls._landed, "the pull did not land"
+    for array, before in zip(arrays, ours):
+        array.write_(before)  # what the step wrote back
+    assert np.array_equal(rows(device.fetch(arrays[0])), rows(ours[0]))
+    assert settle(consumer, ["r"])[1] == ["r"]
+    for layer, array in enumerate(arrays):
+        want = rows(ours[layer]).copy()
+        want[local] = rows(theirs[layer])[remote]
+        assert np.array_equal(rows(device.fetch(array)), want), layer

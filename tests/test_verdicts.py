@@ -70,3 +70,30 @@ def test_two_sides_earn_the_worse_verdict():
     worst = both_sides({"producer": Outcome("PASS", "sent"), "consumer": Outcome("CORRUPT", "wrong bytes")})
     assert worst.verdict is Verdict.CORRUPT
     assert worst.detail == "producer: PASS sent; consumer: CORRUPT wrong bytes"
+
+
+def test_a_run_whose_folder_fills_up_mid_csv_leaves_no_torn_csv(tmp_path, monkeypatch):
+    import errno
+
+    case = next(c for c in build_cases(["v5e"], [], probes=("serving_step",)))
+    frame = rows.to_frame([CaseResult(case, Outcome("PASS", "moved"), 0.1)], "run")
+    [path] = results.write_runs(frame, tmp_path)
+    whole = path.read_text()
+    real = pd.DataFrame.to_csv
+
+    def disk_fills_halfway(self, target, **kwargs):
+        text = real(self, None, **kwargs)
+        target_file = open(target, "w") if isinstance(target, (str, type(path))) else target
+        target_file.write(text[:len(text) // 2])
+        target_file.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", disk_fills_halfway)
+    with pytest.raises(OSError, match="No space left"):
+        results.write_runs(frame.assign(detail="moved again"), tmp_path)
+    assert path.read_text() == whole  # the run written before, whole
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # and nothing beside it
+    path.unlink()
+    with pytest.raises(OSError, match="No space left"):
+        results.write_runs(frame, tmp_path)
+    assert list(path.parent.iterdir()) == []  # no run at all, rather than a torn one

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from probes.report.atomic import write_text_whole
 from probes.report.diff import case_key
 from probes.report.results import disagreements
 from probes.suite.verdicts import Verdict
@@ -58,8 +59,7 @@ def write(new: pd.DataFrame, old: pd.DataFrame, new_name: str, old_name: str, pa
     for title, table in compare(new, old).items():
         lines += [f"## {title} ({len(table)})", ""]
         lines += [_markdown(table) if len(table) else "None.", ""]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines))
+    write_text_whole(path, "\n".join(lines))
     return path
 
 

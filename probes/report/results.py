@@ -9,6 +9,7 @@ import pandas as pd
 
 from kvref.generations import report_name
 
+from probes.report.atomic import write_whole
 from probes.suite.verdicts import Prediction, Verdict
 
 # The results table, declared once: each column, where a case's row takes it
@@ -69,8 +70,7 @@ def write_runs(frame: pd.DataFrame, out: Path) -> list[Path]:
     paths = []
     for gen, part in frame.groupby("generation", sort=False):
         path = Path(out) / generation_dir(gen) / "runs" / f"{part['run_id'].iloc[0]}.csv"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        part.to_csv(path, index=False)
+        write_whole(path, lambda f, part=part: part.to_csv(f, index=False))
         paths.append(path)
     return paths
 

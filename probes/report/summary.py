@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 import kvref
+from probes.report.atomic import write_text_whole
 from probes.report.explain import remedy_for, remedy_text
 from probes.report.pictures import draw_heatmap, draw_refused_maps, layout_reason
 from probes.report.results import disagreements, implementation, skipped
@@ -81,7 +82,7 @@ def write_generation_report(frame: pd.DataFrame, gen_dir: Path) -> Path:
     lines += not_applicable(frame["iut"].unique())
     lines += findings(gen_dir)
     path = gen_dir / "summary.md"
-    path.write_text("\n".join(lines))
+    write_text_whole(path, "\n".join(lines))
     return path
 
 
@@ -140,7 +141,7 @@ def write_run_json(frame: pd.DataFrame, files: list[Path], out: Path) -> Path:
         "files": [str(p) for p in files],
     }
     path = Path(out) / "summary.json"
-    path.write_text(json.dumps(summary, indent=1) + "\n")
+    write_text_whole(path, json.dumps(summary, indent=1) + "\n")
     return path
 
 
@@ -182,7 +183,7 @@ def write_index(frames: dict[str, pd.DataFrame], out: Path) -> Path:
         lines += ["## Layouts that differ between generations", "",
                   _table(differing.reset_index()), ""]
     path = out / "README.md"
-    path.write_text("\n".join(lines))
+    write_text_whole(path, "\n".join(lines))
     return path
 
 

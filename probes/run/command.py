@@ -16,6 +16,7 @@ from kvref.oracle import compiler
 from probes.iut import builds
 from probes.iut.registry import iut, usable_iuts
 from probes.report import qualification, results, summary
+from probes.report.atomic import write_whole
 from probes.report.results import BASELINE, disagreements
 from probes.run import netns, rows
 from probes.run.ray_runner import run_cases_on_ray
@@ -227,7 +228,7 @@ def update_baselines(out: Path, frames: dict[str, pd.DataFrame]) -> list[Path]:
     for gen, frame in frames.items():
         path = Path(out) / gen / BASELINE
         # In the run's order, so an index drawn from it (latest_frames) is the run's own.
-        frame[results.DETERMINISTIC].to_csv(path, index=False)
+        write_whole(path, lambda f, frame=frame: frame[results.DETERMINISTIC].to_csv(f, index=False))
         paths.append(path)
     return paths
 

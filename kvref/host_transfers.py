@@ -190,7 +190,15 @@ class HostTransfers:
                                   name="kvref-h2h-read", daemon=True)
         with self._lock:
             self._reads[thread] = []
-        thread.start()
+        try:
+            thread.start()
+        except RuntimeError as e:  # no thread to be had now (a pids limit, no address space): undo the claim
+            with self._lock:
+                del self._reads[thread]
+            claimed = np.asarray(chunks, np.int64)
+            mover.settle_claim(claimed, False)
+            mover.unlock(claimed)
+            raise RuntimeError(f"h2h_read could not start its thread ({e}); nothing was claimed or started") from e
         return list(chunks), TransferFuture(completion, self.timeout_s)
 
     def _fetch(self, peer: str, ids: list[int], mover, chunks: list[int], completion: _Completion) -> None:

@@ -140,10 +140,15 @@ class PullService:
             self._pulls[pull.req_id] = pull
         pull.record = PullRecord(pull.uuid, pull.req_id, len(pull.remote), self._pull_bytes(len(pull.remote)),
                                  time.monotonic())
-        self.records.add(pull.record)
         pull.thread = threading.Thread(target=self._run, args=(pull,), name=f"kvref-pull-{pull.req_id}",
                                        daemon=True)
-        pull.thread.start()
+        try:
+            pull.thread.start()
+        except RuntimeError as e:  # no thread to be had now (a pids limit, no address space): as if never asked
+            with self._lock:
+                del self._pulls[pull.req_id]
+            raise RuntimeError(f"start_read could not start the pull's thread ({e}); nothing was started") from e
+        self.records.add(pull.record)
 
     def _pull_bytes(self, blocks: int) -> int:
         """What a pull of `blocks` blocks moves: every layer's every part."""
@@ -238,7 +243,12 @@ class PullService:
                 ended.put((None, e))
 
         for n, span in enumerate(spans):
-            threading.Thread(target=stream, args=(span,), name=f"kvref-pull-{pull.req_id}-{n}", daemon=True).start()
+            try:
+                threading.Thread(target=stream, args=(span,), name=f"kvref-pull-{pull.req_id}-{n}",
+                                 daemon=True).start()
+            except RuntimeError:  # the pull fails with it; the streams started end now
+                self._cancel(pull)
+                raise
         received, end = {}, pull.deadline + CANCEL_GRACE_S
         for _ in spans:
             while True:

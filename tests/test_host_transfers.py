@@ -13,6 +13,7 @@ import pytest
 import kvref
 from kvref.compat import tpu_sync
 from kvref.proto.pull_pb2 import BlockBytes, HostWriteHeader, HostWritePart
+from tests.no_threads import no_thread_for
 
 SHAPE = (32, 8, 128)  # f32: 4 KiB blocks
 HOST_BLOCKS = 16
@@ -244,3 +245,16 @@ def test_the_facade_moves_host_blocks_as_the_native_manager_does():
     finally:
         local.reference.close()
         listening.reference.close()
+
+
+def test_a_read_whose_thread_cannot_start_claims_nothing_and_its_manager_still_closes(peers):
+    server, client, peer = peers
+    free = client.chunks_available
+    with no_thread_for("kvref-h2h"), pytest.raises(RuntimeError, match="h2h_read could not start its thread "
+                                                                      ".*nothing was claimed"):
+        client.h2h_read(peer, [1, 2])
+    assert client.chunks_available == free
+    ids, future = client.h2h_read(peer, [1, 2])
+    future.result()
+    assert same_blocks(client, ids, server, [1, 2])
+    client.close()

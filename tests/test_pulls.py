@@ -19,6 +19,7 @@ from kvref.compat import tpu_sync
 from kvref.oracle import lookup
 from kvref.sim_mesh import SimMesh
 from probes.iut.sockets import listeners
+from tests.no_threads import no_thread_for
 
 KEY = kvref.ShapeKey("bf16", (64, 8, 256))
 HALF = kvref.ShapeKey("bf16", (64, 4, 256))
@@ -529,3 +530,16 @@ def test_a_landed_pull_undone_before_it_is_reported_is_written_again_by_poll_sta
         want = rows(ours[layer]).copy()
         want[local] = rows(theirs[layer])[remote]
         assert np.array_equal(rows(device.fetch(array)), want), layer
+
+
+def test_a_pull_whose_thread_cannot_start_is_refused_and_leaves_nothing_registered(device):
+    (producer, _, _), (consumer, _, _) = pair(device)
+    endpoint = producer.get_local_endpoints()[0]["endpoint"]
+    assert producer.register_read("r", 3, [4])
+    with no_thread_for("kvref-pull"), pytest.raises(RuntimeError, match="could not start the pull's thread "
+                                                                       ".*nothing was started"):
+        consumer.start_read("r", 3, endpoint, [4], [1])
+    assert consumer.poll_stats() == ([], [], [])
+    consumer.start_read("r", 3, endpoint, [4], [1])  # its request, uuid and block are free again
+    assert settle(consumer, ["r"])[1] == ["r"]
+    consumer.close()

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import os
 
+from kvref.bounded_reads import read_file
+
 MULTI_NUMA_VARIABLE = "ENABLE_MULTI_NUMA"
 DATA_NICS_VARIABLE = "TPU_RAIDEN_DATA_NICS"
 SYSFS_VARIABLE = "TPU_RAIDEN_SYSFS_ROOT"
@@ -61,9 +63,11 @@ def data_nics(environ=os.environ) -> list[str]:
     return [n for n in names if os.path.exists(os.path.join(net, n, "device")) and _mtu(net, n) > JUMBO_MTU]
 
 
+MTU_FILE_BYTES = 32  # an MTU's digits and a newline, with room to spare
+
+
 def _mtu(net: str, name: str) -> int:
-    try:
-        with open(os.path.join(net, name, "mtu")) as f:
-            return int(f.read().strip())
+    try:  # bounded: a file planted there may be a FIFO, /dev/zero or gigabytes
+        return int(read_file(os.path.join(net, name, "mtu"), MTU_FILE_BYTES, "an interface's MTU").strip())
     except (OSError, ValueError):  # an interface without a readable MTU is no data-plane NIC
         return 0

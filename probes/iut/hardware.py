@@ -148,7 +148,7 @@ def read_tpu_env() -> dict[str, str]:
     host = os.environ.get(standin_vm.METADATA_HOST_VARIABLE) or "metadata.google.internal"
     try:
         text = standin_vm.fetch_tpu_env(host, METADATA_SECONDS)
-    except (urllib.error.URLError, OSError, UnicodeDecodeError) as e:
+    except (urllib.error.URLError, OSError, ValueError) as e:  # ValueError: too long, or not text
         raise TpuUnavailable(f"a TPU is here, but its runtime's environment (tpu-env) could not be read from "
                              f"the metadata server at {host}: {e}; set {standin_vm.SKIP_METADATA}=1 and "
                              f"{', '.join(standin_vm.RUNTIME_VARIABLES)} yourself to start without it") from None

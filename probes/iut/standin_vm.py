@@ -39,12 +39,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvref.bounded_reads import read_stream
 from kvref.generations import CHIPS, GOOGLE_PCI_VENDOR, RAY_ACCELERATOR_TYPES
 from probes.iut.started_with import started_with
 
 VM_VARIABLE = "KVPROBE_TPU_VM"
 METADATA_HOST_VARIABLE = "GCE_METADATA_HOST"  # libtpu's own override of the metadata server's host
 METADATA_PATH = "/computeMetadata/v1/instance/attributes/tpu-env"
+TPU_ENV_BYTES = 64 * 1024  # a few dozen KEY: value lines; an answer beyond it is cut off and refused
 SKIP_METADATA = "TPU_SKIP_MDS_QUERY"
 # What libtpu needs of the environment when it skips the metadata server.
 RUNTIME_VARIABLES = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
@@ -199,7 +201,7 @@ def fetch_tpu_env_error() -> str | None:
         return f"no stand-in metadata server ({METADATA_HOST_VARIABLE}={host or 'unset'})"
     try:
         fetch_tpu_env(host, 2.0)
-    except (urllib.error.URLError, OSError, UnicodeDecodeError) as e:
+    except (urllib.error.URLError, OSError, ValueError) as e:  # ValueError: too long, or not text
         return str(e)
     return None
 
@@ -209,7 +211,7 @@ def fetch_tpu_env(host: str, timeout_s: float) -> str:
     libtpu asks (the header the real server requires)."""
     request = urllib.request.Request(f"http://{host}{METADATA_PATH}", headers={"Metadata-Flavor": "Google"})
     with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-        return answer.read().decode()
+        return read_stream(answer, TPU_ENV_BYTES, f"the tpu-env answer of {host}", timeout_s).decode()
 
 
 class MetadataServer:

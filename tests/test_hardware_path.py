@@ -20,7 +20,7 @@ import pytest
 import kvref
 from kvref import generations
 from kvref.oracle import table
-from probes.iut import hardware, registry
+from probes.iut import hardware, registry, standin_vm
 from probes.run import runner
 from probes.suite.cases import Case
 from probes.suite.matrix import build_cases, load_matrix
@@ -421,7 +421,6 @@ def test_a_device_worker_gets_the_users_variables_not_the_harness_ones():
 def test_the_runtimes_environment_is_read_once_in_the_parent_and_handed_to_the_worker(monkeypatch, tmp_path):
     """tpu-env, read from the metadata server, becomes the variables libtpu
     takes when it skips the server: the worker's namespace cannot reach it."""
-    from probes.iut import standin_vm
 
     vm = standin_vm.build(tmp_path / "vm", "v5e", 1)
     monkeypatch.setenv(standin_vm.VM_VARIABLE, str(vm.root))
@@ -445,7 +444,6 @@ def test_a_runtime_in_a_loopback_only_namespace_cannot_reach_its_metadata(monkey
     """Why the variables are handed in: the stand-in runtime, as libtpu,
     reads its metadata from a server that a worker under `unshare -rn` cannot
     reach; given the variables, it starts there."""
-    from probes.iut import standin_vm
     from probes.run import netns
 
     if netns.unavailable():
@@ -523,7 +521,6 @@ def test_make_stops_at_once_without_a_python_it_can_use(tmp_path):
 def test_a_metadata_server_that_did_not_answer_is_not_asked_again(monkeypatch, tmp_path):
     """Every case asks for the runtime's environment; one unanswered read
     (up to METADATA_SECONDS) must not be paid again by each of them."""
-    from probes.iut import standin_vm
 
     vm = standin_vm.build(tmp_path / "vm", "v5e", 1)
     monkeypatch.setenv(standin_vm.VM_VARIABLE, str(vm.root))
@@ -601,7 +598,6 @@ def test_a_kernel_that_keeps_users_out_of_namespaces_is_said_once_with_its_fix(m
 
 
 def test_only_the_metadata_fields_libtpu_reads_become_variables_and_never_over_the_users(monkeypatch):
-    from probes.iut import standin_vm
 
     fields = {"ACCELERATOR_TYPE": "v5litepod-4", "WORKER_ID": "0", "CHIPS_PER_HOST_BOUNDS": "2,2,1",
               "HOST_BOUNDS": "1,1,1", "WRAP": "false,false,false", "ALT": "false", "LIBRARY_PATH": "/tmp/evil.so",
@@ -613,3 +609,16 @@ def test_only_the_metadata_fields_libtpu_reads_become_variables_and_never_over_t
     assert env == {"TPU_ACCELERATOR_TYPE": "v5litepod-4", "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1",
                    "TPU_HOST_BOUNDS": "1,1,1", "TPU_TOPOLOGY_WRAP": "false,false,false", "TPU_TOPOLOGY_ALT": "false",
                    "TPU_WORKER_HOSTNAMES": "localhost", standin_vm.SKIP_METADATA: "1"}
+
+
+@pytest.mark.parametrize("chip, blind", [("v4", True), ("v3", True), ("v5e", False), ("tpu7x", False)])
+def test_torch_tpu_is_not_run_where_its_wheel_finds_no_chip(monkeypatch, tmp_path, chip, blind):
+    # torch-tpu 0.2.0 counts a chip only through /dev/vfio/<group>; v4 and older are /dev/accel*.
+    vm = standin_vm.build(tmp_path / "vm", chip, 2)
+    monkeypatch.setenv(standin_vm.VM_VARIABLE, str(vm.root))
+    assert hardware.tpu_visible()
+    reason = hardware.torch_tpu_blind()
+    if blind:
+        assert reason and "accel0, accel1 (/dev/accel*)" in reason and "TorchTPU does not run here" in reason
+    else:
+        assert reason is None

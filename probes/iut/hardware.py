@@ -49,7 +49,7 @@ ASK_RUNTIME = ("import json; from probes.iut import hardware; devices = hardware
 ASK_SECONDS = 300  # a cold TPU runtime can take minutes to come up
 NO_TPU = "no TPU here: no Google PCI device with a TPU's device id, and no accelerator device node"
 PCI_DEVICES = Path("/sys/bus/pci/devices")
-DEVICE_NODES = ("/dev/accel*", "/dev/vfio/[0-9]*")
+DEVICE_NODES = ("/dev/accel*", "/dev/vfio/[0-9]*")  # a TPU chip's, on any generation
 
 
 # Tests set this to "cpu": the hardware adapters then run every step of their
@@ -115,6 +115,21 @@ def tpu_chips() -> list[str]:
 
 def tpu_visible() -> bool:
     return bool(tpu_chips())
+
+
+VFIO_NODES = "/dev/vfio/[0-9]*"  # where TorchTPU looks for chips (torch_tpu/_internal/utils/hardware.py)
+
+
+def torch_tpu_blind() -> str | None:
+    """Why TorchTPU finds no chip on this TPU, or None: torch-tpu 0.2.0 counts
+    a chip only where its iommu group has a /dev/vfio/<group> node, and v4
+    and older chips are /dev/accel* nodes (tpu-info's chip_path)."""
+    if glob.glob(str(_machine_path(VFIO_NODES))):
+        return None
+    accel = sorted(glob.glob(str(_machine_path("/dev/accel*"))))
+    return (f"TorchTPU finds chips only through /dev/vfio/<group> nodes, and this TPU's chips are "
+            f"{', '.join(Path(a).name for a in accel) or 'no such node'} (/dev/accel*), as v4 and older are: "
+            "TorchTPU does not run here")
 
 
 def tpu_devices() -> int | None:

@@ -108,8 +108,9 @@ def build(root: Path, chip: str, chips: int = 1, *, known: bool = True, cold_sta
             (address / "vendor").write_text(GOOGLE_PCI_VENDOR + "\n")
             (address / "device").write_text(vm.pci_id + "\n")
             (address / "iommu_group").symlink_to(f"../../../../kernel/iommu_groups/{group}")
-            (vm.root / "dev" / "vfio").mkdir(parents=True, exist_ok=True)
-            (vm.root / "dev" / "vfio" / str(group)).write_text("")
+            node = vm.root / "dev" / (f"accel{group}" if declared.accel_nodes else f"vfio/{group}")
+            node.parent.mkdir(parents=True, exist_ok=True)
+            node.write_text("")
             group += 1
     (vm.root / "tmp").mkdir(exist_ok=True)
     fields = dataclasses.asdict(vm)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import kvref
 from kvref.generations import TORCH_TPU_NAMES
-from probes.iut.hardware import NO_TPU, TpuUnavailable, tpu_visible
+from probes.iut.hardware import NO_TPU, TpuUnavailable, torch_tpu_blind, tpu_visible
 from probes.iut.host_data import random_host
 from probes.iut.reference import tpu_layout_of
 from probes.iut.protocol import CacheMode, NoViews
@@ -42,6 +42,9 @@ class TorchTpuArrays:
                    "on a TPU VM"
         if not tpu_visible():
             return NO_TPU
+        blind = torch_tpu_blind()
+        if blind:
+            return blind
         if not torch.accelerator.is_available():
             raise TpuUnavailable("a TPU is here, but torch.accelerator.is_available() is False")
         found = TORCH_TPU_NAMES.get(self.device_kind)

@@ -5,6 +5,7 @@ they would in a fresh interpreter."""
 import json
 import os
 import sys
+import threading
 import time
 
 import pytest
@@ -175,3 +176,24 @@ def _zombie(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return False
+
+
+def test_an_interrupt_while_a_zygote_starts_ends_it_and_any_worker_started_after(tmp_path):
+    # Ctrl-C in the first seconds of a run: the zygote still importing was not a live worker, so
+    # the interrupted run waited READY_SECONDS for it, and then started a fresh worker in its place.
+    slow = tmp_path / "python"
+    slow.write_text("#!/bin/sh\nexec sleep 3600\n")  # an interpreter that never says it is ready
+    slow.chmod(0o755)
+    interrupt = threading.Timer(1.0, forked.kill_live)
+    interrupt.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(forked.ZygoteUnavailable):
+            forked.Zygote(str(slow), "kvref-sim", (), dict(os.environ))
+        assert time.monotonic() - started < forked.READY_SECONDS / 4
+        late = forked.run_watched([str(slow)], "", 600)  # what the runner starts in the zygote's place
+        assert late.killed or late.returncode != 0
+        assert time.monotonic() - started < forked.READY_SECONDS / 4
+    finally:
+        interrupt.cancel()
+        forked.resume()

@@ -59,7 +59,9 @@ class Zygote:
         self.proc = subprocess.Popen(command,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                      env=env, start_new_session=True)
-        if not _read_line(self.proc.stdout, READY_SECONDS).startswith(READY):
+        with live(self.proc.pid):  # an interrupt while it starts ends it (and the wait)
+            ready = _read_line(self.proc.stdout, READY_SECONDS).startswith(READY)
+        if not ready:
             self.close(wait=0)  # no new cases; then its log is read, and it goes
             said = tail(self.log.name, 8000).decode(errors="replace")[-2000:]
             self.close()
@@ -162,8 +164,11 @@ def _keep_end(chunks: list[bytes], data: bytes, most: int | None) -> None:
             held -= len(chunks.pop(0))
 
 
-_LIVE: set[int] = set()  # process groups of the workers running now, fresh or forked
+_LIVE: set[int] = set()  # process groups of the workers (and zygotes starting) running now
 _LIVE_LOCK = threading.Lock()
+# Set by kill_live (a run interrupted): a worker a case's thread starts after it
+# (a fresh interpreter in place of a zygote that was killed starting) dies at once.
+_STOPPED = threading.Event()
 
 
 @contextlib.contextmanager
@@ -171,6 +176,9 @@ def live(pid: int):
     """While the worker whose process group `pid` leads is running."""
     with _LIVE_LOCK:
         _LIVE.add(pid)
+        stopped = _STOPPED.is_set()
+    if stopped:
+        kill_group(pid)
     try:
         yield
     except BaseException:  # its watcher was interrupted (Ctrl-C, a test's timeout): it dies too
@@ -182,12 +190,19 @@ def live(pid: int):
 
 
 def kill_live() -> int:
-    """Kill every worker running now (a run that was interrupted): how many."""
+    """Kill every worker running now, and each one started later until
+    resume() (a run that was interrupted): how many were running."""
     with _LIVE_LOCK:
+        _STOPPED.set()
         pids = list(_LIVE)
     for pid in pids:
         kill_group(pid)
     return len(pids)
+
+
+def resume() -> None:
+    """Workers live again (a new run in a process whose earlier run was interrupted)."""
+    _STOPPED.clear()
 
 
 @dataclasses.dataclass

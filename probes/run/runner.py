@@ -23,7 +23,7 @@ from probes.iut.registry import iut
 from probes.run import netns
 from probes.run.hosts import this_host
 from probes.run.channel import DESCRIBED, RESULT
-from probes.run.forked import Ran, ZygoteLost, ZygoteUnavailable, kill_live, run_watched, zygote_for
+from probes.run.forked import Ran, ZygoteLost, ZygoteUnavailable, kill_live, resume, run_watched, zygote_for
 from probes.run.pair import PAIR_PREFIX, ran_of
 from probes.suite.cases import Case
 from probes.suite.registry import probe
@@ -226,6 +226,7 @@ class CasePools:
     beside the others, not in their place."""
 
     def __init__(self, cases: list[Case], jobs: int | None = None, python: str | None = None):
+        resume()  # a run interrupted before this one in the process stopped its workers, not these
         jobs = 1 if owns_device(cases) else jobs or os.cpu_count() or 1
         self.python = python
         self.working = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="working")

@@ -6,6 +6,7 @@ JSON on any IUT."""
 
 import json
 import re
+import time
 
 import numpy as np
 import pytest
@@ -259,3 +260,27 @@ def test_each_finding_of_a_crashed_worker_keeps_its_own_sequence(tmp_path):
                                           tmp_path)
     findings = {json.loads(p.read_text())["verdict"]: json.loads(p.read_text())["sequence"] for p in written}
     assert findings == {"ERROR": said, "CRASH": crashed}
+
+
+def test_crashes_of_one_kind_are_shrunk_once_and_all_shrinking_within_its_budget(tmp_path, monkeypatch):
+    """Every worker of a campaign on tpu-sync-jax may end in the same SIGSEGV: a
+    `--seconds 300` run spent over 20 minutes shrinking each of them."""
+    from probes.run.runner import CaseResult
+    from probes.suite.verdicts import Outcome
+
+    spec = {"shape": "bf16[32,8,128]", "layers": 1, "host_blocks": 8, "mode": "put", "store": 0}
+    shrunk = []
+
+    def finished(result, until):
+        shrunk.append(until)
+        return result
+
+    monkeypatch.setattr(fuzz_command, "finished", finished)
+    results = [CaseResult(fuzz_command.contract_case("kvref-sim", "tpu7x", kvref.Faults(), 10.0, seed,
+                                                     calls={"spec": spec, "seed": seed, "steps": []}),
+                          Outcome("CRASH", detail), 1.0, "")
+               for seed, detail in enumerate(["killed by SIGSEGV"] * 3 + ["killed by SIGABRT"])]
+    started = time.monotonic()
+    fuzz_command.write_findings(results, tmp_path, shrink_seconds=30.0)
+    assert len(shrunk) == 2  # one SIGSEGV and the SIGABRT
+    assert all(started + 30.0 <= until <= time.monotonic() + 30.0 for until in shrunk)

@@ -141,7 +141,8 @@ def summary(results: list[CaseResult], findings: list[Finding]) -> str:
 
 CONTRACT = "contract_sequences"
 MAX_SEQUENCES = 10**6  # a fuzz worker draws sequences until its time is up
-SHRINK_SECONDS = 600.0  # shrinking a crash or a hang across workers, at most
+SHRINK_SECONDS = 600.0  # shrinking the crashes and hangs of a campaign across workers, at most
+MIN_SHRINK_SECONDS = 60.0  # and at least, where the campaign drew for less
 
 
 def fuzz_contract(name: str, generation: str, cases: int, seed: int = 0, faults: kvref.Faults = kvref.Faults(),
@@ -163,17 +164,26 @@ def fuzz_contract(name: str, generation: str, cases: int, seed: int = 0, faults:
                 for options in declared.library.OPTION_SETS for i in range(cases)]
         batch, rounds = len(made), rounds + 1
         results += run_cases(made, jobs)
-    return results, write_findings(results, Path(out) / generation / "findings")
+    shrinking = min(SHRINK_SECONDS, max(MIN_SHRINK_SECONDS, seconds))
+    return results, write_findings(results, Path(out) / generation / "findings", shrinking)
 
 
-def write_findings(results: list[CaseResult], directory: Path) -> list[Path]:
+def write_findings(results: list[CaseResult], directory: Path, shrink_seconds: float = SHRINK_SECONDS) -> list[Path]:
     """Every kind of failure the results hold, written once as a JSON finding
-    (a crash or a hang shrunk first, by replays)."""
+    (a crash or a hang shrunk first, by replays: the first of each kind, all
+    of them within `shrink_seconds`)."""
     kinds: dict[tuple, Path] = {}
+    shrunk_kinds: set[tuple] = set()
+    until = time.monotonic() + shrink_seconds
     for result in results:
         if result.outcome.verdict == PASS:
             continue
-        result = finished(result)
+        if result.outcome.verdict in (CRASH, HANG):  # another worker's crash of the same kind adds nothing
+            kind = (result.outcome.verdict, result.case.options_text, _reason(result.outcome.detail))
+            if kind in shrunk_kinds:
+                continue
+            shrunk_kinds.add(kind)
+        result = finished(result, until)
         # A crash's or a hang's sequence is the one its replays shrank; each other finding carries its own.
         shrunk = result.case.calls if result.case.calls and "spec" in result.case.calls else None
         for verdict, headline, sequence in findings_in(result.outcome.detail, result.outcome.verdict, result.stderr):
@@ -194,9 +204,10 @@ def contract_case(name: str, generation: str, faults: kvref.Faults, seconds: flo
                 calls=calls or {"sequences": MAX_SEQUENCES})
 
 
-def finished(result: CaseResult) -> CaseResult:
+def finished(result: CaseResult, until: float) -> CaseResult:
     """A crash or a hang, which ended its worker before it could shrink, shrunk
-    here by replaying shorter sequences each in a worker of its own."""
+    here by replaying shorter sequences each in a worker of its own, until
+    the clock reads `until` (time.monotonic())."""
     if result.outcome.verdict not in (CRASH, HANG):
         return result
     sequence = sequence_in(result.stderr)
@@ -212,7 +223,7 @@ def finished(result: CaseResult) -> CaseResult:
         best = tried
         return candidate
 
-    shrunk = shorter(sequence, fails_alike, time.monotonic() + SHRINK_SECONDS, max_replays=MAX_SHRINK_RUNS)
+    shrunk = shorter(sequence, fails_alike, until, max_replays=MAX_SHRINK_RUNS)
     return best if "spec" in best.case.calls else replace(result, case=replace(result.case, calls=shrunk))
 
 

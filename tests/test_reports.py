@@ -217,3 +217,14 @@ def test_a_table_cell_with_a_traceback_stays_one_row():
                                               dtype="string"), "cases": [1]})
     lines = _table(frame).splitlines()
     assert len(lines) == 3 and "Traceback (most recent call last): File 'x' / y" in lines[2], lines
+
+
+def test_a_sharded_cases_layout_is_said_to_be_one_devices_shard():
+    from probes.report.summary import shard_layouts
+
+    frame = pd.DataFrame({"shape": ["bf16[512,8,128]", "bf16[512,8,128]"], "sharding": ["", "mesh(model=4) "
+                                                                                         "spec(None,model)"],
+                          "layout": ["bf16[512,8,128]{2,1,0}", "bf16[512,2,128]{2,1,0}"]})
+    assert shard_layouts(frame) == ["bf16[512,8,128]{2,1,0}", "one device's shard under mesh(model=4) "
+                                    "spec(None,model): bf16[512,2,128]{2,1,0}"]
+    assert shard_layouts(frame.drop(columns="sharding")) == list(frame["layout"])

@@ -59,7 +59,8 @@ def write_generation_report(frame: pd.DataFrame, gen_dir: Path) -> Path:
     tested = len(frame) - len(skips)
     lines += ["## Disagreements with the reference's prediction", ""]
     if len(disagree):
-        lines += [_table(disagree[["case_id", "layout", "predicted", "verdict", "detail"]]), ""]
+        lines += [_table(disagree.assign(layout=shard_layouts(disagree))[["case_id", "layout", "predicted",
+                                                                          "verdict", "detail"]]), ""]
     else:
         lines += [f"None: each of the {tested} cases that ran earned the verdict the reference "
                   "predicts." if tested else "None ran: every case was skipped.", ""]
@@ -76,7 +77,7 @@ def write_generation_report(frame: pd.DataFrame, gen_dir: Path) -> Path:
         layouts = refused.drop_duplicates("layout")
         reasons = layouts.assign(reason=[layout_reason(t) for t in layouts["layout"]],
                                  remedy=[remedy_cell(t, gen) for t in layouts["layout"]])
-        lines += [_table(reasons[["shape", "layout", "reason", "remedy"]]), ""]
+        lines += [_table(reasons.assign(layout=shard_layouts(reasons))[["shape", "layout", "reason", "remedy"]]), ""]
     lines += [f"![memory map]({p.name})" for p in maps] + [""]
     lines += pulls_between_managers(frame)
     lines += not_applicable(frame["iut"].unique())
@@ -190,6 +191,14 @@ def write_index(frames: dict[str, pd.DataFrame], out: Path) -> Path:
 def _counts(frame: pd.DataFrame, by: str) -> str:
     table = pd.crosstab(frame[by], frame["verdict"])
     return _table(table.reindex(columns=[v for v in Verdict if v in table.columns]).reset_index())
+
+
+def shard_layouts(frame: pd.DataFrame) -> list[str]:
+    """Each row's layout, said to be one device's where the cache is sharded
+    (its layout is the shard's, beside the cache's global shape)."""
+    shardings = frame["sharding"] if "sharding" in frame else [""] * len(frame)
+    return [f"one device's shard under {sharding}: {layout}" if isinstance(sharding, str) and sharding.strip()
+            else layout for layout, sharding in zip(frame["layout"], shardings)]
 
 
 def _table(frame: pd.DataFrame) -> str:

@@ -1,0 +1,26 @@
+"""Stand-ins the engine needs on JAX's CPU backend (issue 50), one module
+each, each saying why the CPU needs it; every other module is the real one.
+
+`install()` applies them in the engine's processes, before tpu-inference's
+modules that read them are imported; `APPLIED` lists what was done, which
+the driver writes into its summary."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+APPLIED: list[str] = []
+
+
+def install() -> list[str]:
+    if APPLIED:
+        return APPLIED
+    # libtpu: a package on sys.path (vLLM's platform choice imports it).
+    sys.path.insert(0, str(HERE))
+    APPLIED.append("libtpu (import only)")
+    from tests.engine.standins import attention, compiler_options, hbm, mesh, torchvision_ops
+    for module in (hbm, mesh, compiler_options, attention, torchvision_ops):
+        APPLIED.append(module.install())
+    return APPLIED

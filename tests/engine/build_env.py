@@ -21,8 +21,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,7 +33,7 @@ ENV = PeerEnv("engine", REPO / ".venv-engine", {
     "qwix": "0.1.2", "tokamax": "0.0.12", "transformers": "5.19.0"},
     python_version="3.11", report=("triton", "numpy"))
 # What building vllm-tpu's sdist without isolation needs (its pyproject's build-system).
-BUILD = {"cmake": "3.31.6", "ninja": "1.11.1.4", "setuptools": "80.9.0", "setuptools-scm": "8.3.1",
+BUILD = {"cmake": "3.31.6", "ninja": "1.11.1.4", "setuptools": "80.9.0", "setuptools-scm": "8.3.1", "setuptools-rust": "1.11.1",
          "wheel": "0.45.1", "packaging": "25.0", "jinja2": "3.1.6",
          "scikit-build-core": "0.11.5", "nanobind": "2.9.2"}
 # Installed first, alone: pinned before anything can ask for another torch.
@@ -57,18 +55,17 @@ def pins(names) -> list[str]:
 
 
 def build_vllm(python: str, out: Path) -> Path:
-    """vllm-tpu's wheel, built from its sdist for the TPU target."""
-    work = Path(tempfile.mkdtemp(prefix="vllm-tpu-"))
-    run([python, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", work,
-         f"vllm-tpu=={ENV.pins['vllm-tpu']}"])
-    sdist = next(work.glob("vllm*tpu*.tar.gz"))
-    with tarfile.open(sdist) as tar:
-        tar.extractall(work, filter="data")
-    source = next(p for p in work.iterdir() if p.is_dir())
+    """vllm-tpu's wheel, built from its sdist for the TPU target, in one pip
+    call: without build isolation (an isolated build would fetch its build
+    requirements again, and with --no-binary from source) and --no-binary for
+    vllm-tpu alone."""
+    # VLLM_VERSION_OVERRIDE: its setup.py otherwise versions the build
+    # 0.32.0+<target>, which pip discards as inconsistent with vllm-tpu==0.32.0.
     env = {**os.environ, "VLLM_TARGET_DEVICE": "tpu", "MAX_JOBS": "1",
+           "VLLM_VERSION_OVERRIDE": ENV.pins["vllm-tpu"],
            "PATH": f"{Path(python).parent}:{os.environ['PATH']}"}
-    run([python, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", out, "."],
-        cwd=source, env=env)
+    run([python, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-binary", "vllm-tpu",
+         "-w", out, f"vllm-tpu=={ENV.pins['vllm-tpu']}"], env=env)
     return next(out.glob("vllm*.whl"))
 
 

@@ -1,0 +1,158 @@
+"""vLLM's engine as the facade's client (issue 50): `LLM` with its scheduler
+and EngineCore in process, tpu-inference's worker, TPUModelRunner and KV
+cache, on JAX's CPU backend, with the stand-ins of tests/engine/standins.
+
+    .venv-engine/bin/python -m tests.engine.driver --out reports/cpu/engine.json
+
+makes a tiny Llama-like model with seeded random weights (model.py), then
+runs each mode in an interpreter of its own inside a loopback-only network
+namespace (`unshare -rn ... -m probes.run.netns`):
+
+- baseline: no KV connector;
+- offload: tpu-inference's RaidenOffloadConnector (kv_both) over
+  kvref.compat.tpu_sync installed as `tpu_raiden`.
+
+Both run the same rounds of prompts (prompts that repeat and share prefixes,
+greedy, local prefix caching off so that repeats can only hit the
+connector's store), and the summary holds each run's tokens, whether they are
+identical, the external hits the scheduler got from the connector
+(get_num_new_matched_tokens), and the facade's calls by method."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MODES = ("baseline", "offload")
+BLOCK = 16
+ENVIRONMENT = {
+    "JAX_PLATFORMS": "cpu",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # EngineCore in this process: the facade's tally is here
+    "VLLM_HOST_IP": "127.0.0.1",
+    # tpu-inference asks the GCE metadata server for these unless they are set.
+    "TPU_ACCELERATOR_TYPE": "v6e-1", "TPU_NAME": "kvprobe-cpu", "TPU_WORKER_ID": "0",
+    "CLOUD_TPU_TASK_ID": "0", "TPU_OFFLOAD_DECODE_SAVE": "0", "TPU_OFFLOAD_NUM_CPU_CHUNKS": "64",
+    "RAIDEN_NUM_SLOTS": "4", "RAIDEN_TRANSPORT_PARALLELISM": "1",
+    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+}
+
+
+def prompts(vocab: int, seed: int = 7) -> list[list[list[int]]]:
+    """Rounds of token prompts: two shared prefixes of 4 blocks, prompts
+    extending them, and the first round's prompts again in the second."""
+    import random
+    rng = random.Random(seed)
+    words = lambda n: [rng.randrange(3, vocab) for _ in range(n)]  # noqa: E731
+    a, b = words(4 * BLOCK), words(4 * BLOCK)
+    first = [a + words(BLOCK + 5), b + words(2 * BLOCK + 1), words(3 * BLOCK + 3)]
+    second = [first[0], a + words(7), first[2], b + words(BLOCK)]
+    third = [first[1], second[1]]
+    return [first, second, third]
+
+
+class Tally:
+    """Calls to the facade's classes, by Class.method, in this process."""
+
+    def __init__(self):
+        self.calls = collections.Counter()
+
+    def wrap(self, cls) -> None:
+        for name, value in list(vars(cls).items()):
+            if callable(value) and (not name.startswith("_") or name == "__init__"):
+                setattr(cls, name, self._counted(f"{cls.__name__}.{name}", value))
+
+    def _counted(self, key, fn):
+        def counted(*args, **kwargs):
+            self.calls[key] += 1
+            return fn(*args, **kwargs)
+        counted.__wrapped__ = fn
+        return counted
+
+
+def run_one(mode: str, model: Path) -> dict:
+    """One engine run in this process (already inside the namespace)."""
+    started = time.monotonic()
+    for key, value in ENVIRONMENT.items():
+        os.environ.setdefault(key, value)
+    from tests.engine import standins
+    tally, hits = Tally(), []
+    if mode == "offload":
+        from kvref.compat import tpu_sync
+        tpu_sync.install("tpu_raiden")
+        for cls in (tpu_sync.KVCacheManager, tpu_sync.KVCacheStore, tpu_sync.TransferFuture):
+            tally.wrap(cls)
+    applied = standins.install()
+    from vllm import LLM, SamplingParams
+    kwargs = {}
+    if mode == "offload":
+        from vllm.config import KVTransferConfig
+        from tpu_inference.offload import raiden_offload_connector as roc
+        real = roc.RaidenOffloadConnector.get_num_new_matched_tokens
+
+        def matched(self, request, num_computed_tokens):
+            found = real(self, request, num_computed_tokens)
+            hits.append({"request": str(request.request_id), "computed": num_computed_tokens,
+                         "external": found[0] if isinstance(found, tuple) else found})
+            return found
+        roc.RaidenOffloadConnector.get_num_new_matched_tokens = matched
+        kwargs["kv_transfer_config"] = KVTransferConfig(kv_connector="RaidenOffloadConnector", kv_role="kv_both")
+    llm = LLM(model=str(model), skip_tokenizer_init=True, dtype="float32", block_size=BLOCK, max_model_len=256,
+              max_num_seqs=4, max_num_batched_tokens=256, enable_prefix_caching=False, async_scheduling=False,
+              enforce_eager=True, seed=0, load_format="safetensors", **kwargs)
+    up = time.monotonic() - started
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, detokenize=False)
+    rounds = []
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    for batch in prompts(vocab):
+        outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+        rounds.append([{"tokens": list(o.outputs[0].token_ids), "num_cached_tokens": o.num_cached_tokens}
+                       for o in outs])
+    return {"mode": mode, "startup_s": round(up, 1), "run_s": round(time.monotonic() - started, 1),
+            "standins": applied, "rounds": rounds, "external_hits": hits, "facade_calls": dict(tally.calls)}
+
+
+def in_namespace(python: str, mode: str, model: Path, out: Path) -> dict:
+    cmd = ["unshare", "-rn", python, "-m", "probes.run.netns", "tests.engine.driver",
+           "--one", mode, "--model", str(model), "--out", str(out)]
+    started = time.monotonic()
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    wall = round(time.monotonic() - started, 1)
+    if done.returncode or not out.exists():
+        return {"mode": mode, "error": done.stderr[-3000:], "returncode": done.returncode, "wall_s": wall}
+    return {**json.loads(out.read_text()), "wall_s": wall}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=REPO / "reports/cpu/engine.json")
+    parser.add_argument("--one", choices=MODES)
+    parser.add_argument("--model", type=Path, default=REPO / "build/engine-model")
+    parser.add_argument("--modes", default=",".join(MODES))
+    args = parser.parse_args(argv)
+    if args.one:
+        args.out.write_text(json.dumps(run_one(args.one, args.model), indent=1))
+        return 0
+    from tests.engine import model
+    model.write(args.model)
+    runs = {m: in_namespace(sys.executable, m, args.model, args.out.with_suffix(f".{m}.json"))
+            for m in args.modes.split(",")}
+    tokens = {m: [[o["tokens"] for o in r] for r in run.get("rounds", [])] for m, run in runs.items()}
+    summary = {"identical": len(set(json.dumps(t) for t in tokens.values())) == 1 and all(tokens.values()),
+               "tokens": tokens, "runs": runs}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=1))
+    print(json.dumps({"identical": summary["identical"],
+                      **{m: {k: r.get(k) for k in ("startup_s", "run_s", "wall_s", "facade_calls", "error")}
+                         for m, r in runs.items()}}, indent=1)[:4000])
+    return 0 if summary["identical"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

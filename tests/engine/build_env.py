@@ -41,6 +41,34 @@ FIRST = ("torch",)
 # Installed --no-deps after the rest (their requirements name TPU-only packages).
 NO_DEPS = ("tpu-inference",)
 BUILT = ("vllm-tpu",)
+# vllm-tpu's own requirements it is installed without (it goes in --no-deps,
+# then its other requirements, read from the wheel, beside the pins):
+# tpu-inference (installed --no-deps above: its requirements pin libtpu and
+# the TPU jax), ray and nixl (multi-host executors and NIXL transfers, not
+# used by one in-process engine), xgrammar (structured output, not used; it
+# requires triton, about 1 GB).
+WITHOUT = {"tpu-inference", "ray", "nixl", "xgrammar"}
+
+
+def wheel_requirements(wheel: Path) -> list[str]:
+    """The wheel's unconditional requirements and those whose markers hold
+    here, less WITHOUT (names normalized)."""
+    import zipfile
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+    from probes.iut.peer_env import normal_name
+    with zipfile.ZipFile(wheel) as z:
+        meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    here = default_environment() | {"python_version": ENV.python_version, "extra": ""}
+    out = []
+    for line in meta.splitlines():
+        if not line.startswith("Requires-Dist: "):
+            continue
+        req = Requirement(line.split(": ", 1)[1])
+        if normal_name(req.name) in WITHOUT or (req.marker and not req.marker.evaluate(here)):
+            continue
+        out.append(str(req).split(";")[0].strip())
+    return out
 
 
 def run(cmd, **kw) -> None:
@@ -76,6 +104,7 @@ def du(path: Path) -> int:
 def create() -> dict:
     times = {}
     start = time.monotonic()
+    built = sorted((ENV.venv / "wheels").glob("vllm*.whl"))
     if not (ENV.venv / "bin" / "python").exists():
         run([*base_python(ENV.python_version), "-m", "venv", ENV.venv])
     python = str(ENV.venv / "bin" / "python")
@@ -85,11 +114,12 @@ def create() -> dict:
     run([*pip, *(f"{k}=={v}" for k, v in BUILD.items()), f"torch=={ENV.pins['torch']}"])
     times["base_s"] = round(time.monotonic() - start, 1)
     t = time.monotonic()
-    wheel = build_vllm(python, ENV.venv / "wheels")
+    wheel = built[0] if built else build_vllm(python, ENV.venv / "wheels")
     times["vllm_build_s"] = round(time.monotonic() - t, 1)
     t = time.monotonic()
     rest = [n for n in ENV.pins if n not in FIRST + NO_DEPS + BUILT]
-    run([*pip, str(wheel), *pins(rest), f"torch=={ENV.pins['torch']}"])
+    run([*pip, "--no-deps", str(wheel)])
+    run([*pip, *wheel_requirements(wheel), *pins(rest), f"torch=={ENV.pins['torch']}"])
     run([*pip, "--no-deps", *pins(NO_DEPS)])
     run([*pip, "--no-build-isolation", "-e", REPO, "--config-settings=build-dir=build/engine-{wheel_tag}"])
     times["install_s"] = round(time.monotonic() - t, 1)

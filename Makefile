@@ -19,7 +19,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # builds with them (a stock TPU VM image has neither).
 SYSTEM_PACKAGES := libprotobuf-dev protobuf-compiler libibverbs1 iproute2 cmake g++
 
-.PHONY: python-check peer-python-check probe peer-probe connectors peer-env peer-env-torch xla-env xla-probe tpu-test test bench fuzz baseline refresh-layouts clean system-deps
+.PHONY: python-check peer-python-check probe peer-probe connectors peer-env peer-env-torch xla-env xla-probe tpu-test test bench fuzz baseline refresh-layouts docs clean system-deps
 
 python-check:
 	@test -n "$(PYTHON)" || { echo "kvref needs Python >= 3.11 and found none on PATH (python3 is" \
@@ -110,6 +110,10 @@ baseline: $(STAMP)
 
 refresh-layouts: $(STAMP)
 	$(BIN)/python -m kvref.oracle.refresh
+
+# Rewrite the lists in docs/ (probes, fault models, options, TPU chips) from their declarations.
+docs: $(STAMP)
+	$(BIN)/python -m probes.run.docs_lists --write
 
 clean:
 	rm -rf $(VENV) .venv-peer .venv-peer-torch .venv-peer-builds .venv-xla build

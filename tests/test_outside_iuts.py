@@ -254,7 +254,7 @@ def test_a_module_that_hangs_at_import_is_refused_in_bounded_time(tmp_path, monk
 
 
 def test_a_copy_of_the_example_runs_from_its_folder_without_installing_anything(tmp_path):
-    """As the README's outside-team path says: the example's package copied
+    """As docs/iuts.md's outside-team path says: the example's package copied
     into a folder, `--iut package.module:ATTR` from that folder, nothing
     installed and no PYTHONPATH (the module is found from where kvprobe was
     started, as uvicorn and gunicorn find an app)."""

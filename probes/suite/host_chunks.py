@@ -118,7 +118,8 @@ class Pool:
 
 
 def host_chunks(case: Case, iut: Adapter) -> Outcome:
-    """One way of using the pool (case.kind); see the module docstring."""
+    """One way of using the pool as the offload connector does (case.kind): saved into with
+    d2h_auto_allocate, unlocked, loaded from; the module docstring says what must hold."""
     try:
         pool = Pool(case, iut)
         detail = KINDS[case.kind](pool)

@@ -30,7 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
 ENV = PeerEnv("engine", REPO / ".venv-engine", {
     "vllm-tpu": "0.32.0", "tpu-inference": "0.32.0", "torch": "2.13.0",
     "jax": "0.10.2", "jaxlib": "0.10.2", "flax": "0.12.8", "torchax": "0.0.14.dev20261026",
-    "qwix": "0.1.2", "tokamax": "0.0.12", "transformers": "5.19.0"},
+    "qwix": "0.1.2", "tokamax": "0.0.12", "transformers": "5.19.0",
+    "xgrammar": "0.2.8", "apache-tvm-ffi": "0.1.15.post2", "numba": "0.68.1", "torchvision": "0.28.0"},
     python_version="3.11", report=("triton", "numpy"))
 # What building vllm-tpu's sdist without isolation needs (its pyproject's build-system).
 BUILD = {"cmake": "3.31.6", "ninja": "1.11.1.4", "setuptools": "80.9.0", "setuptools-scm": "8.3.1", "setuptools-rust": "1.11.1",
@@ -38,15 +39,20 @@ BUILD = {"cmake": "3.31.6", "ninja": "1.11.1.4", "setuptools": "80.9.0", "setupt
          "scikit-build-core": "0.11.5", "nanobind": "2.9.2"}
 # Installed first, alone: pinned before anything can ask for another torch.
 FIRST = ("torch",)
-# Installed --no-deps after the rest (their requirements name TPU-only packages).
-NO_DEPS = ("tpu-inference",)
+# Installed --no-deps after the rest: tpu-inference (its requirements name
+# TPU-only packages); xgrammar (vLLM imports it at start-up; its requirement
+# of triton, about 1 GB, is for GPU kernels never run here); torchvision (the
+# only build for torch 2.13.0 is CUDA's, whose extension does not load on the
+# CPU torch: standins/torchvision_ops.py).
+NO_DEPS = ("tpu-inference", "xgrammar", "torchvision")
 BUILT = ("vllm-tpu",)
 # vllm-tpu's own requirements it is installed without (it goes in --no-deps,
 # then its other requirements, read from the wheel, beside the pins):
 # tpu-inference (installed --no-deps above: its requirements pin libtpu and
 # the TPU jax), ray and nixl (multi-host executors and NIXL transfers, not
-# used by one in-process engine), xgrammar (structured output, not used; it
-# requires triton, about 1 GB).
+# used by one in-process engine), xgrammar (installed --no-deps above).
+# numba is not among them, but vLLM's n-gram proposer, which tpu-inference's
+# runner imports, needs it.
 WITHOUT = {"tpu-inference", "ray", "nixl", "xgrammar"}
 
 

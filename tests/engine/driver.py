@@ -102,7 +102,9 @@ def run_one(mode: str, model: Path) -> dict:
                          "external": found[0] if isinstance(found, tuple) else found})
             return found
         roc.RaidenOffloadConnector.get_num_new_matched_tokens = matched
-        kwargs["kv_transfer_config"] = KVTransferConfig(kv_connector="RaidenOffloadConnector", kv_role="kv_both")
+        kwargs["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="RaidenOffloadConnector", kv_role="kv_both",
+            kv_connector_module_path="tpu_inference.offload.raiden_offload_connector")
     llm = LLM(model=str(model), skip_tokenizer_init=True, dtype="float32", block_size=BLOCK, max_model_len=256,
               max_num_seqs=4, max_num_batched_tokens=256, enable_prefix_caching=False, async_scheduling=False,
               enforce_eager=True, seed=0, load_format="safetensors", **kwargs)

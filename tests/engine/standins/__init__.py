@@ -20,7 +20,8 @@ def install() -> list[str]:
     # libtpu: a package on sys.path (vLLM's platform choice imports it).
     sys.path.insert(0, str(HERE))
     APPLIED.append("libtpu (import only)")
-    from tests.engine.standins import attention, compiler_options, hbm, mesh, torchvision_ops
-    for module in (hbm, mesh, compiler_options, attention, torchvision_ops):
+    from tests.engine.standins import attention, compiler_options, hbm, mesh, moe_kernel, torchvision_ops
+    # torchvision first: importing tpu_inference imports transformers, which imports torchvision.
+    for module in (torchvision_ops, moe_kernel, hbm, mesh, compiler_options, attention):
         APPLIED.append(module.install())
     return APPLIED

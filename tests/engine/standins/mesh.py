@@ -1,28 +1,34 @@
-"""Stand-in for jax.experimental.mesh_utils.create_device_mesh on CPU devices.
+"""Stand-in for tpu_inference.utils.make_optimized_mesh on CPU devices.
 
-tpu-inference's runner builds its device mesh with create_device_mesh, which
-orders devices by their physical TPU topology (device.coords,
-core_on_chip): attributes a CPU device does not have, so it fails with an
-AttributeError the runner does not catch (it falls back to a logical reshape
-only on AssertionError/ValueError/RuntimeError). For CPU devices this is
-that same logical reshape; TPU devices still go to the real function."""
+tpu-inference's runner builds its device mesh with make_optimized_mesh, which
+first sorts the devices by their physical TPU position (`device.coords`): an
+attribute a CPU device does not have, so it fails with an AttributeError.
+For CPU devices this is the logical mesh its own fallback builds (devices in
+order, reshaped); TPU devices still go to the real function."""
+
+import sys
 
 import numpy as np
 
 
 def install() -> str:
-    from jax.experimental import mesh_utils
-    real = mesh_utils.create_device_mesh
+    from tpu_inference import utils
+    real = utils.make_optimized_mesh
     if getattr(real, "kvprobe_standin", False):
         return "mesh: already installed"
 
-    def create_device_mesh(mesh_shape, devices=None, *args, **kwargs):
+    def make_optimized_mesh(axis_shapes, axis_names, *, devices=None):
         import jax
         devices = list(jax.devices() if devices is None else devices)
         if devices and all(d.platform == "cpu" for d in devices):
-            return np.array(devices).reshape(tuple(mesh_shape))
-        return real(mesh_shape, devices, *args, **kwargs)
+            count = int(np.prod(axis_shapes))
+            return jax.sharding.Mesh(np.array(devices[:count]).reshape(tuple(axis_shapes)), tuple(axis_names),
+                                     axis_types=(jax.sharding.AxisType.Auto,) * len(axis_shapes))
+        return real(axis_shapes, axis_names, devices=devices)
 
-    create_device_mesh.kvprobe_standin = True
-    mesh_utils.create_device_mesh = create_device_mesh
-    return "mesh: create_device_mesh -> logical reshape for CPU devices"
+    make_optimized_mesh.kvprobe_standin = True
+    utils.make_optimized_mesh = make_optimized_mesh
+    runner = sys.modules.get("tpu_inference.runner.tpu_runner")  # took the name at import, if imported already
+    if runner is not None:
+        runner.make_optimized_mesh = make_optimized_mesh
+    return "mesh: make_optimized_mesh -> logical mesh for CPU devices"

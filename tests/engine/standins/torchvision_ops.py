@@ -1,25 +1,41 @@
-"""Stand-in for torchvision's operator registration.
+"""Stand-in for torchvision's operator schemas.
 
-transformers and vLLM import torchvision when it is installed; its C
-extension registers `torchvision::nms` against torch's dispatcher, and a
-torchvision wheel built for another torch than the CPU 2.13.0 on this disk
-fails with "operator torchvision::nms does not exist". The engine runs a
-text-only model and no vision operator, so torchvision is made unimportable
-for the engine's processes (transformers then takes its no-vision paths).
-If torchvision imports cleanly, nothing is done."""
+transformers imports torchvision.transforms for image processors that
+tpu-inference's model registry imports (every architecture's module is
+imported when the model class is looked up). The only torchvision built for
+torch 2.13.0 on the package index (0.28.0) is the CUDA build: its C
+extension does not load against the CPU torch on this disk, so its operators
+are never defined, and `import torchvision` fails registering fake kernels
+for two of them ("operator torchvision::nms does not exist"). The engine
+runs a text-only model and no vision operator: the two schemas are defined
+with no kernel (calling them fails, naming the operator), so the Python
+part of torchvision, the only part used, imports. With a torchvision whose
+extension loads, nothing is done."""
 
 import importlib.util
-import sys
+from pathlib import Path
+
+# Defined by torchvision's C extension; torchvision/_meta_registrations.py
+# registers fake kernels for these two whether or not the extension loaded.
+SCHEMAS = ("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+           "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+_LIBRARY = []  # the torch.library.Library that holds the schemas must stay alive
 
 
 def install() -> str:
     if importlib.util.find_spec("torchvision") is None:
         return "torchvision: not installed, nothing to stand in"
+    import torch
+    extension = next(Path(importlib.util.find_spec("torchvision").origin).parent.glob("_C*.so"), None)
     try:
-        import torchvision  # noqa: F401
-        return "torchvision: imports cleanly, left as is"
-    except Exception as error:  # the operator schema error, when torch and torchvision disagree
-        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
-            del sys.modules[name]
-        sys.modules["torchvision"] = None  # import torchvision -> ImportError
-        return f"torchvision: made unimportable ({type(error).__name__}: {str(error)[:80]})"
+        if extension is not None:
+            torch.ops.load_library(str(extension))
+            return "torchvision: its C extension loads, left as is"
+    except OSError:
+        pass
+    library = torch.library.Library("torchvision", "DEF")
+    for schema in SCHEMAS:
+        library.define(schema)
+    _LIBRARY.append(library)
+    import torchvision  # noqa: F401 (now imports)
+    return "torchvision: nms and qnms schemas defined without kernels (its CUDA extension does not load)"

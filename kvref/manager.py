@@ -120,7 +120,7 @@ class KVCacheManager:
         self._listener = None if listen is None else Listener(listen, settings.sub_managers, plan.host_slots[0],
                                                                       self.faults)
         self._pulls = PullService(staging, tuple(plan.slice_bytes), self.device_blocks, peer_timeout,
-                                  self._listener, self.faults)
+                                  self._listener, self.faults, confirm_landed=self._lands_before_return)
         self._host_transfers = HostTransfers(_weak(self._current_mover), tuple(plan.slice_bytes),
                                              tuple(plan.host_slots), self.host_blocks, peer_timeout, self.faults)
         if self._listener is not None:

@@ -216,6 +216,8 @@ class PullService:
                 received.update(self._gather(pull, route))
             pull.record.stamp("last_byte")
             local = sorted(pull.local) if self._faults.pull_pairs_sorted else pull.local
+            if self._faults.pull_written_one_block_off:
+                local = [(block + 1) % self.device_blocks for block in local]
             pull.record.stamp("writing")
             self._staging.write(local, received, None, pull.deadline)
             if self._confirm_landed:

@@ -140,8 +140,7 @@ def _donation_output(view: DeviceBufferView, faults: Faults) -> DeviceBufferView
     raise ValueError(f"the {view.shape} {kind} the manager addresses was deleted (donated to a step "
                      "whose output does not alias its storage, or deleted) and no live array on "
                      f"{view.device} holds that storage now (or only another cache's array): it is no longer "
-                     "the cache's, so nothing "
-                     "was moved; build the manager over the live arrays")
+                     "the cache's, so nothing was moved; build the manager over the live arrays")
 
 
 def _aliased_output(view: DeviceBufferView):

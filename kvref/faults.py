@@ -47,6 +47,12 @@ class Faults:
         "d2h is still copying)")
     runs_as_single_blocks: bool = _fault(
         "copy_sizes are ignored: each run moves its first block only")
+    loads_neighbouring_chunk: bool = _fault(
+        "h2d reads each host block from the one after it in the pool: a load brings back the "
+        "neighbouring chunk's bytes")
+    saves_neighbouring_block: bool = _fault(
+        "d2h and d2h_auto_allocate copy each device block's next neighbour: a save stores the "
+        "bytes of the block beside the one asked for")
     unchecked_settings: bool = _fault(
         "parallelism and timeout_s are taken unchecked: 0, negative or NaN is used as given")
     leaked_pool: bool = _fault(
@@ -101,6 +107,8 @@ class Faults:
         "a manager built without a listen address opens a listening socket anyway")
     pull_pairs_sorted: bool = _fault(
         "a pull pairs the remote blocks with the local block ids sorted, not in the order given")
+    pull_written_one_block_off: bool = _fault(
+        "a pull writes each block it received into the local block after the one asked for")
     partial_pull_written: bool = _fault(
         "a pull writes each run of blocks into the consumer's cache as it arrives: one that "
         "fails part-way leaves some blocks overwritten")

@@ -120,7 +120,7 @@ class KVCacheManager:
         self._listener = None if listen is None else Listener(listen, settings.sub_managers, plan.host_slots[0],
                                                                       self.faults)
         self._pulls = PullService(staging, tuple(plan.slice_bytes), self.device_blocks, peer_timeout,
-                                  self._listener, self.faults)
+                                  self._listener, self.faults, confirm_landed=self._lands_before_return)
         self._host_transfers = HostTransfers(_weak(self._current_mover), tuple(plan.slice_bytes),
                                              tuple(plan.host_slots), self.host_blocks, peer_timeout, self.faults)
         if self._listener is not None:
@@ -162,6 +162,8 @@ class KVCacheManager:
         src = block_list(src_blocks, "src_blocks")
         sizes = np.ones_like(src) if copy_sizes is None or self.faults.runs_as_single_blocks \
             else block_list(copy_sizes, "copy_sizes")
+        if self.faults.saves_neighbouring_block:
+            src = _neighbours(src, sizes, self.device_blocks)
         self._bring_up_to_date()
         ids, core = self._mover.save(src, sizes)
         return ids, self._future(core)
@@ -304,6 +306,10 @@ class KVCacheManager:
         src, dst, sizes = transfer_lists(src, dst, sizes)
         if self.faults.runs_as_single_blocks:
             sizes = np.ones_like(sizes)
+        if self.faults.saves_neighbouring_block and direction == _core.Direction.DEVICE_TO_HOST:
+            src = _neighbours(src, sizes, self.device_blocks)
+        if self.faults.loads_neighbouring_chunk and direction == _core.Direction.HOST_TO_DEVICE:
+            src = _neighbours(src, sizes, self.host_blocks)
         self._bring_up_to_date()
         return self._future(self._mover.copy(direction, src, dst, sizes))
 
@@ -433,3 +439,11 @@ def _is_bytes(obj) -> bool:
 def _sizes(sizes: tuple[int, ...]) -> str:
     unique = sorted(set(sizes))
     return str(unique[0]) if len(unique) == 1 else "/".join(map(str, unique))
+
+
+def _neighbours(starts: np.ndarray, sizes: np.ndarray, count: int) -> np.ndarray:
+    """The fault models' wrong runs: each run of `count` blocks moved one block
+    on (or back, at the end); a run that does not fit stays as it is, to be
+    refused as it would be without the fault."""
+    fits = (starts >= 0) & (starts + sizes <= count)
+    return np.where(fits & (starts + sizes < count), starts + 1, np.where(fits & (starts > 0), starts - 1, starts))

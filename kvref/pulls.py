@@ -93,10 +93,12 @@ class PullService:
     pulls it starts."""
 
     def __init__(self, staging: Staging, layer_block_bytes: tuple[int, ...], device_blocks: int,
-                 timeout_s: float, listener: Listener | None, faults: Faults):
+                 timeout_s: float, listener: Listener | None, faults: Faults, confirm_landed: bool = True):
         """`listener`: where the producer's side is served (None: this
-        manager does not listen, so it only pulls)."""
-        self._staging, self._faults = staging, faults
+        manager does not listen, so it only pulls). `confirm_landed`: read
+        each landed pull back before reporting it (see _confirm); needed
+        only where a step can write the cache's raw storage behind a pull."""
+        self._staging, self._faults, self._confirm_landed = staging, faults, confirm_landed
         self.layer_block_bytes, self.layer_parts = layer_block_bytes, staging.layer_parts
         self.device_blocks, self.timeout_s = device_blocks, timeout_s
         self.registrations = Registrations(staging, layer_block_bytes, device_blocks, timeout_s,
@@ -214,9 +216,12 @@ class PullService:
                 received.update(self._gather(pull, route))
             pull.record.stamp("last_byte")
             local = sorted(pull.local) if self._faults.pull_pairs_sorted else pull.local
+            if self._faults.pull_written_one_block_off:
+                local = [(block + 1) % self.device_blocks for block in local]
             pull.record.stamp("writing")
             self._staging.write(local, received, None, pull.deadline)
-            pull.landed = (local, received)
+            if self._confirm_landed:
+                pull.landed = (local, received)
             pull.record.stamp("written")
         except grpc.RpcError as e:
             if self._faults.lost_pull_unsettled and e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -97,12 +97,12 @@ def test_a_peer_answering_more_than_the_call_can_carry_fails_the_call_before_it_
 
 
 def test_a_workers_output_is_kept_to_its_end_within_the_bound():
-    chunks = []
+    tail = forked.KeptEnd(10_000)
     for n in range(100):
-        forked._keep_end(chunks, bytes([n]) * 1000, 10_000)
-    kept = b"".join(chunks)
-    assert 10_000 <= len(kept) < 11_000 and kept.endswith(bytes([99]) * 1000)
-    everything = []
+        tail.add(bytes([n]) * 1000)
+    kept = tail.bytes()
+    assert 10_000 <= len(kept) < 11_000 and kept.endswith(bytes([99]) * 1000) and tail.held == len(kept)
+    everything = forked.KeptEnd(None)
     for n in range(100):
-        forked._keep_end(everything, b"y" * 1000, None)
-    assert len(b"".join(everything)) == 100_000
+        everything.add(b"y" * 1000)
+    assert len(everything.bytes()) == 100_000

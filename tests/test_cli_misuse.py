@@ -9,6 +9,8 @@ import pytest
 from probes.run import cli
 from probes.suite.matrix import DEFAULT_MATRIX, build_cases, load_matrix
 from probes.suite.registry import PROBES
+from tests.processes import cmdline, descendants
+from tests.terminal_signals import terminal_signals
 
 
 def refused(capsys, *argv) -> str:
@@ -85,8 +87,11 @@ def test_ctrl_c_stops_the_run_at_once_and_keeps_what_finished(tmp_path, signum):
     # Every probe: cases that wait out timeouts of their own, so the run is
     # still going when the signal comes, however fast the machine.
     command = [sys.executable, "-m", "probes.run.cli", "run", "-g", "v5e", "--probe", "all", "--out", str(tmp_path)]
-    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(8)  # past start-up: cases are running
+    with terminal_signals():
+        run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120  # past start-up, however loaded the machine: a case's worker runs
+    while time.monotonic() < deadline and not any("probes.run" in cmdline(p) for p in descendants(run.pid)):
+        time.sleep(0.2)
     run.send_signal(signum)
     _, err = run.communicate(timeout=120)
     assert run.returncode == 128 + signum, err[-2000:]

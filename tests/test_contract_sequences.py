@@ -31,7 +31,9 @@ CONTRACT = "contract_sequences"
 # Every fault model a sequence reaches, with the verdicts it may earn.
 FOUND_BY_SEQUENCES = {
     "leaky_refused_allocation": "ERROR", "unchecked_unlock": "ERROR", "unordered_transfers": "CORRUPT|ERROR",
-    "unfenced_copies": "CORRUPT|ERROR", "runs_as_single_blocks": "CORRUPT|ERROR", "buffer_resolved_once": "ERROR",
+    "unfenced_copies": "CORRUPT|ERROR", "runs_as_single_blocks": "CORRUPT|ERROR",
+    "loads_neighbouring_chunk": "CORRUPT|ERROR", "saves_neighbouring_block": "CORRUPT|ERROR",
+    "pull_written_one_block_off": "CORRUPT|ERROR", "buffer_resolved_once": "ERROR",
     "stale_storage_address": "CORRUPT|ERROR", "refuses_donated_storage": "ERROR",
     "no_await_before_transfer": "ERROR|CORRUPT", "no_materialize_before_await": "HANG",
     "store_lookup_skips_misses": "ERROR", "store_evicts_pinned": "ERROR", "store_partial_insert": "ERROR",

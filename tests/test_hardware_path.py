@@ -25,6 +25,8 @@ from probes.run import runner
 from probes.suite.cases import Case
 from probes.suite.matrix import build_cases, load_matrix
 from probes.suite.registry import PROBES
+from tests.processes import alive, cmdline, descendants
+from tests.terminal_signals import terminal_signals
 
 
 def fake_bus(monkeypatch, tmp_path, devices: dict[str, tuple[str, str]], nodes: tuple[str, ...] = ()):
@@ -173,55 +175,22 @@ def test_no_worker_outlives_an_interrupted_plugin_item(tmp_path):
     holding a TPU for the next case."""
     (tmp_path / "hanging_iuts.py").write_text(textwrap.dedent(HANGS))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
-    pytest_run = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                                   "--kvprobe-iut", "hanging_iuts:HANGING", "--kvprobe-generation", "v6e",
-                                   "--kvprobe-probe", "roundtrip", "--kvprobe-timeout", "600"],
-                                  cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    with terminal_signals():
+        pytest_run = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                                       "--kvprobe-iut", "hanging_iuts:HANGING", "--kvprobe-generation", "v6e",
+                                       "--kvprobe-probe", "roundtrip", "--kvprobe-timeout", "600"],
+                                      cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline, workers = time.monotonic() + 120, []
     while time.monotonic() < deadline and not workers:
         time.sleep(0.5)
-        workers = [pid for pid in _descendants(pytest_run.pid) if "probes.run" in _cmdline(pid)]
+        workers = [pid for pid in descendants(pytest_run.pid) if "probes.run" in cmdline(pid)]
     assert workers, "no worker started"
     time.sleep(1.0)  # inside the hanging manager
     pytest_run.send_signal(signal.SIGINT)
     pytest_run.communicate(timeout=120)
     time.sleep(0.5)
-    survivors = [pid for pid in workers if _alive(pid)]
-    assert not survivors, [_cmdline(pid) for pid in survivors]
-
-
-def _parents() -> dict[int, int]:
-    found = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            found[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
-
-
-def _descendants(root: int) -> list[int]:
-    parents, found, frontier = _parents(), [], [root]
-    while frontier:
-        children = [pid for pid, parent in parents.items() if parent in frontier]
-        found += children
-        frontier = children
-    return found
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    survivors = [pid for pid in workers if alive(pid)]
+    assert not survivors, [cmdline(pid) for pid in survivors]
 
 
 def test_bad_input_is_rejected_only_when_the_library_calls_it_a_refusal():

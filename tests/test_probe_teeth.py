@@ -16,6 +16,8 @@ TEETH = [
     # probe, dtype, dims, fault models, verdict under them
     ("roundtrip", "bf16", (512, 6144), ["legacy_slice_formula"], "CORRUPT"),
     ("roundtrip", "s8", (512, 12288), ["legacy_slice_formula"], "CORRUPT"),
+    ("roundtrip", "bf16", (512, 16, 128), ["loads_neighbouring_chunk"], "CORRUPT"),
+    ("roundtrip", "bf16", (512, 16, 128), ["saves_neighbouring_block"], "CORRUPT"),
     ("deferred_construction", "bf16", (512, 16, 2048), ["no_materialize_before_await"], "HANG"),
     ("host_transferred_construction", "bf16", (512, 16, 2048), ["no_await_before_transfer"], "ERROR"),
     ("mixed_slices", "", (), ["allow_mixed_slices"], "CORRUPT"),
@@ -60,6 +62,7 @@ TEETH = [
     ("fork_forms/inherited_call", "", (), ["pool_kept_across_fork"], "HANG"),
     # Pulls between two managers, each case a producer and a consumer worker.
     ("pull_blocks/permuted", "", (), ["pull_pairs_sorted"], "CORRUPT"),
+    ("pull_blocks/permuted", "", (), ["pull_written_one_block_off"], "CORRUPT"),
     ("pull_blocks/subset", "", (), ["pull_never_reports"], "ERROR"),
     ("pull_blocks/mixed_block_sizes", "", (), ["duplicate_reports"], "ERROR"),
     ("pull_reuse", "", (), ["settled_uuid_served_stale"], "CORRUPT|ERROR"),

@@ -25,7 +25,7 @@ from pathlib import Path
 from probes.fuzz.kvref_api import CATEGORIES
 from probes.suite.verdicts import WATCHDOG_FIRED
 
-INPUT_SECONDS = 30.0  # one input's watchdog in the worker
+INPUT_SECONDS = 30.0  # one input's watchdog in the worker, where its category declares no input_seconds
 
 
 @dataclass
@@ -41,12 +41,14 @@ def run_category(spec: str, count: int, seed: int, log_dir: Path) -> Tally:
     """`count` inputs of the category `spec` ("module:Class"), in as many
     worker processes as crashes and hangs need."""
     module, name = spec.split(":")
-    tally = Tally(getattr(importlib.import_module(module), name).name)
+    category = getattr(importlib.import_module(module), name)
+    tally = Tally(category.name)
+    watchdog = getattr(category, "input_seconds", INPUT_SECONDS)
     start = 0
     while start < count:
         log = log_dir / f"{tally.category}-{start}.log"
         done = subprocess.run([sys.executable, "-m", "probes.fuzz.input_runner", spec, str(start), str(count),
-                               str(seed), str(log), str(INPUT_SECONDS)],
+                               str(seed), str(log), str(watchdog)],
                               capture_output=True, text=True)
         started, next_start = None, count
         for line in log.read_text().splitlines() if log.exists() else []:

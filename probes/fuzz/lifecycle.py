@@ -175,6 +175,9 @@ def _exit_holding_gil(futures) -> None:
 
 def child(case: dict) -> None:
     event = case["event"]
+    # Ctrl-C raises KeyboardInterrupt here even where this child was started ignoring SIGINT
+    # (a shell's background job), which Python would otherwise leave ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if event == "thread":  # transfers issued on a thread that ends before the process does
         worker = threading.Thread(target=lambda: _start(case))
         worker.start()

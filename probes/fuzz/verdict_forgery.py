@@ -24,7 +24,7 @@ from pathlib import Path
 import kvref
 from probes.fuzz.mismatch import Mismatch
 
-RUN_SECONDS = 25.0  # a whole `kvprobe run` of one case, inside the input's watchdog
+RUN_SECONDS = 90.0  # a whole `kvprobe run` of one case (start-up, a case of CASE_SECONDS, the report), however loaded the machine
 CASE_SECONDS = 10.0  # the case's own bound (--timeout)
 SHAPE = "bf16[512,6144]"  # the old slice formula corrupts its round trip (tests/test_probe_teeth.py)
 GENERATION = "tpu7x"
@@ -102,6 +102,7 @@ def forging_module(behaviours: list[str], name: str) -> str:
 
 class VerdictForgery:
     name = "verdicts"
+    input_seconds = RUN_SECONDS + 15  # the input's watchdog: past the run's own bound, so that one speaks first
 
     def __init__(self):
         self._folder = Path(tempfile.mkdtemp(prefix="kvprobe-forgers-"))

@@ -10,6 +10,7 @@ path in the file system, which reaches across network namespaces."""
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import dataclasses
 import json
@@ -114,7 +115,7 @@ class Zygote:
 def _watch(pid: int, out_r: int, err_r: int, said_r: int, conn: socket.socket, timeout: float, token: str) -> Ran:
     """Read the worker's pipes to the end and its status from the zygote; at the
     deadline, kill its process group and drain."""
-    chunks = {out_r: [], err_r: [], said_r: []}
+    chunks = {out_r: KeptEnd(KEPT_OUTPUT_BYTES), err_r: KeptEnd(KEPT_OUTPUT_BYTES), said_r: KeptEnd(None)}
     returncode, killed = None, False
     deadline = time.monotonic() + timeout
     with selectors.DefaultSelector() as selector:
@@ -142,7 +143,7 @@ def _watch(pid: int, out_r: int, err_r: int, said_r: int, conn: socket.socket, t
                 else:
                     data = os.read(key.fd, 65536)
                     if data:
-                        _keep_end(chunks[key.fd], data, None if key.fd == said_r else KEPT_OUTPUT_BYTES)
+                        chunks[key.fd].add(data)
                     else:
                         selector.unregister(key.fd)
     end_group(pid)  # nothing the worker started may outlive it
@@ -151,17 +152,25 @@ def _watch(pid: int, out_r: int, err_r: int, said_r: int, conn: socket.socket, t
     conn.close()
     if returncode is None:
         raise ZygoteLost(f"the zygote that forked worker {pid} gave no exit status")
-    out, err = (b"".join(chunks[fd]).decode(errors="replace") for fd in (out_r, err_r))
-    return Ran(returncode, out, err, killed, Heard.parse(b"".join(chunks[said_r]), token))
+    out, err = (chunks[fd].bytes().decode(errors="replace") for fd in (out_r, err_r))
+    return Ran(returncode, out, err, killed, Heard.parse(chunks[said_r].bytes(), token))
 
 
-def _keep_end(chunks: list[bytes], data: bytes, most: int | None) -> None:
-    """Append `data`, then drop the oldest chunks past `most` bytes (None: keep all)."""
-    chunks.append(data)
-    if most is not None:
-        held = sum(map(len, chunks))
-        while len(chunks) > 1 and held - len(chunks[0]) >= most:
-            held -= len(chunks.pop(0))
+class KeptEnd:
+    """A pipe's output as read, keeping the last `most` bytes or more (None:
+    all of it); the count is carried, so each read costs its own length."""
+
+    def __init__(self, most: int | None):
+        self.most, self.held, self.chunks = most, 0, collections.deque()
+
+    def add(self, data: bytes) -> None:
+        self.chunks.append(data)
+        self.held += len(data)
+        while self.most is not None and len(self.chunks) > 1 and self.held - len(self.chunks[0]) >= self.most:
+            self.held -= len(self.chunks.popleft())
+
+    def bytes(self) -> bytes:
+        return b"".join(self.chunks)
 
 
 _LIVE: set[int] = set()  # process groups of the workers (and zygotes starting) running now

@@ -13,13 +13,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvref-installed
 PEER_STAMP := .venv-peer/.kvref-installed
 XLA_STAMP := .venv-xla/.kvref-installed
+ENGINE_STAMP := .venv-engine/engine-env.json
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # libibverbs1: the tpu-sync nightlies' native module links it. cmake and g++: the C++ core
 # builds with them (a stock TPU VM image has neither).
 SYSTEM_PACKAGES := libprotobuf-dev protobuf-compiler libibverbs1 iproute2 cmake g++
 
-.PHONY: python-check peer-python-check probe peer-probe connectors peer-env peer-env-torch xla-env xla-probe tpu-test test bench fuzz baseline refresh-layouts docs clean system-deps
+.PHONY: python-check peer-python-check probe peer-probe connectors peer-env peer-env-torch xla-env xla-probe engine-env engine tpu-test test bench fuzz baseline refresh-layouts docs clean system-deps
 
 python-check:
 	@test -n "$(PYTHON)" || { echo "kvref needs Python >= 3.11 and found none on PATH (python3 is" \
@@ -67,6 +68,17 @@ xla-env: $(XLA_STAMP)
 xla-probe: $(XLA_STAMP)
 	$(BIN)/kvprobe run --generation cpu --iut kvref-torch-xla --matrix cpu --probe all --out reports/xla
 
+# Python 3.11 with vLLM (built from its TPU sdist), tpu-inference and JAX for the
+# CPU: the real engine as the facade's client (tests/test_engine.py, tests/engine/README.md).
+$(ENGINE_STAMP): $(STAMP)
+	$(BIN)/python -m tests.engine.build_env
+
+engine-env: $(ENGINE_STAMP)
+
+# Greedy tokens with no connector and with the offload connector over the facade -> reports/cpu/engine.json
+engine: $(ENGINE_STAMP)
+	.venv-engine/bin/python -m tests.engine.driver --jobs 2 --out reports/cpu/engine.json
+
 # On a TPU VM: tpu-sync-torch with torch and TorchTPU (TorchTPU has no CPU device).
 peer-env-torch: $(STAMP)
 	$(BIN)/kvprobe peer-env --lib torch
@@ -93,7 +105,7 @@ connectors: $(PEER_STAMP)
 # core each). One pytest worker per core (pytest-xdist), a test module to a
 # worker: the tests of a module share its costly fixtures (a whole run, a cluster).
 test: $(STAMP)
-	$(MAKE) -j2 $(PEER_STAMP) $(XLA_STAMP)
+	$(MAKE) -j2 $(PEER_STAMP) $(XLA_STAMP) $(ENGINE_STAMP)
 	$(BIN)/python -m pytest -n auto --dist loadfile
 
 bench: $(STAMP) $(PEER_STAMP)
@@ -116,7 +128,7 @@ docs: $(STAMP)
 	$(BIN)/python -m probes.run.docs_lists --write
 
 clean:
-	rm -rf $(VENV) .venv-peer .venv-peer-torch .venv-peer-builds .venv-xla build
+	rm -rf $(VENV) .venv-peer .venv-peer-torch .venv-peer-builds .venv-xla .venv-engine build
 
 # A fuzz campaign over kvref's API and the process around it: inputs, refusals, acceptances, failures per category.
 fuzz: $(STAMP)

@@ -10,7 +10,9 @@ namespace (`unshare -rn ... -m probes.run.netns`):
 
 - baseline: no KV connector;
 - offload: tpu-inference's RaidenOffloadConnector (kv_both) over
-  kvref.compat.tpu_sync installed as `tpu_raiden`.
+  kvref.compat.tpu_sync installed as `tpu_raiden`;
+- offload+FAULT: the same with kvref's fault model FAULT switched on
+  ($KVREF_FAULTS), to show the comparison catches it.
 
 Both run the same rounds of prompts (prompts that repeat and share prefixes,
 greedy, local prefix caching off so that repeats can only hit the
@@ -27,11 +29,13 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 MODES = ("baseline", "offload")
 BLOCK = 16
+MAX_TOKENS = 8  # generated per prompt, greedy
 ENVIRONMENT = {
     "JAX_PLATFORMS": "cpu",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # EngineCore in this process: the facade's tally is here
@@ -81,6 +85,9 @@ def run_one(mode: str, model: Path) -> dict:
     started = time.monotonic()
     for key, value in ENVIRONMENT.items():
         os.environ.setdefault(key, value)
+    mode, _, fault = mode.partition("+")
+    if fault:
+        os.environ["KVREF_FAULTS"] = fault
     from tests.engine import standins
     tally, hits = Tally(), []
     if mode == "offload":
@@ -109,14 +116,14 @@ def run_one(mode: str, model: Path) -> dict:
               max_num_seqs=4, max_num_batched_tokens=256, enable_prefix_caching=False, async_scheduling=False,
               enforce_eager=True, seed=0, load_format="safetensors", **kwargs)
     up = time.monotonic() - started
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, detokenize=False)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, detokenize=False)
     rounds = []
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     for batch in prompts(vocab):
         outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
         rounds.append([{"tokens": list(o.outputs[0].token_ids), "num_cached_tokens": o.num_cached_tokens}
                        for o in outs])
-    return {"mode": mode, "startup_s": round(up, 1), "run_s": round(time.monotonic() - started, 1),
+    return {"mode": mode, "fault": fault, "startup_s": round(up, 1), "run_s": round(time.monotonic() - started, 1),
             "standins": applied, "rounds": rounds, "external_hits": hits, "facade_calls": dict(tally.calls)}
 
 
@@ -134,23 +141,31 @@ def in_namespace(python: str, mode: str, model: Path, out: Path) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=REPO / "reports/cpu/engine.json")
-    parser.add_argument("--one", choices=MODES)
+    parser.add_argument("--one", help="one mode: baseline, offload or offload+FAULT")
     parser.add_argument("--model", type=Path, default=REPO / "build/engine-model")
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated; the first is the baseline")
+    parser.add_argument("--jobs", type=int, default=1, help="modes run at once")
     args = parser.parse_args(argv)
+    for mode in (args.one or args.modes).split(","):
+        if mode.partition("+")[0] not in MODES:
+            parser.error(f"mode {mode!r}: expected one of {MODES}, or offload+FAULT")
     if args.one:
         args.out.write_text(json.dumps(run_one(args.one, args.model), indent=1))
         return 0
     from tests.engine import model
     model.write(args.model)
-    runs = {m: in_namespace(sys.executable, m, args.model, args.out.with_suffix(f".{m}.json"))
-            for m in args.modes.split(",")}
+    modes = args.modes.split(",")
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        done = pool.map(lambda m: in_namespace(sys.executable, m, args.model, args.out.with_suffix(f".{m}.json")),
+                        modes)
+        runs = dict(zip(modes, done))
     tokens = {m: [[o["tokens"] for o in r] for r in run.get("rounds", [])] for m, run in runs.items()}
-    summary = {"identical": len(set(json.dumps(t) for t in tokens.values())) == 1 and all(tokens.values()),
-               "tokens": tokens, "runs": runs}
+    first = next(iter(tokens))
+    same = {m: bool(t) and t == tokens[first] for m, t in tokens.items()}
+    summary = {"identical": all(same.values()), "same_as_first": same, "tokens": tokens, "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=1))
-    print(json.dumps({"identical": summary["identical"],
+    print(json.dumps({"same_as_first": same,
                       **{m: {k: r.get(k) for k in ("startup_s", "run_s", "wall_s", "facade_calls", "error")}
                          for m, r in runs.items()}}, indent=1)[:4000])
     return 0 if summary["identical"] else 1

@@ -279,11 +279,26 @@ def test_the_plugins_options_are_the_commands_options():
         assert kwargs["help"].startswith(options.OPTIONS[flag.removeprefix("--kvprobe-")].help), flag
 
 
+def test_every_option_of_a_run_is_declared_once():
+    """No command declares --iut, --generation or another option OPTIONS
+    declares by hand: each comes from options.add or options.add_one."""
+    from probes.run import options
+    flags = "|".join(re.escape(f"--{name}") for name in options.OPTIONS)
+    by_hand = [f"{path.relative_to(ROOT)}:{n}" for path in sorted((ROOT / "probes").rglob("*.py"))
+               for n, line in enumerate(path.read_text().splitlines(), 1)
+               if re.search(rf"""add_argument\(\s*["'](?:{flags})["']""", line)]
+    assert by_hand == []
+
+
 def test_the_default_generation_is_one_name():
     source = "\n".join(p.read_text() for p in Path(kvref.__file__).parent.parent.glob("probes/run/*.py"))
     source += (Path(kvref.__file__).parent / "sim.py").read_text()
     named = "|".join(map(re.escape, kvref.GENERATIONS))
     assert not re.search(rf"""default=\[?["'](?:{named})["']|generation: str = ["'](?:{named})|or \[["'](?:{named})""", source)
+    # The fuzz campaigns and benchmarks take the default, by its name.
+    elsewhere = {path: path.read_text() for folder in ("fuzz", "bench") for path in (ROOT / "probes" / folder).glob("*.py")}
+    default = re.escape(kvref.generations.DEFAULT_GENERATION)
+    assert [str(p) for p, text in elsewhere.items() if re.search(rf"""["']{default}["']""", text)] == []
     assert kvref.generations.DEFAULT_GENERATION == kvref.GENERATIONS[-1]
 
 

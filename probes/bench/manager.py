@@ -15,7 +15,7 @@ from probes.bench.timing import best_interleaved, best_seconds
 
 def manager_for(shape_text: str):
     shape = kvref.Shape.parse(shape_text)
-    dev = kvref.SimDevice("tpu7x")
+    dev = kvref.SimDevice()
     rows = shape.dims[0]
     cache = dev.put(np.random.default_rng(0).integers(0, 127, shape.dims).astype(shape.element.numpy),
                     shape=shape)

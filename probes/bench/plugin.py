@@ -14,8 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvref.generations import DEFAULT_GENERATION
+
 TARGET_RATIO = 1.5
-CASES = ["--generation", "tpu7x", "--probe", "roundtrip,serving_step,bad_input"]
+CASES = ["--generation", DEFAULT_GENERATION, "--probe", "roundtrip,serving_step,bad_input"]
 
 
 def timed(command: list[str], cwd: Path) -> float:

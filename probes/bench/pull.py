@@ -18,7 +18,7 @@ LAYERS = 4
 
 def managers(shape_text: str):
     shape = kvref.Shape.parse(shape_text)
-    dev = kvref.SimDevice("tpu7x")
+    dev = kvref.SimDevice()
     rng = np.random.default_rng(0)
     made = []
     for listen in ("127.0.0.1:0", None):

@@ -27,6 +27,7 @@ import pandas as pd
 import kvref
 from probes.report import drawn
 from probes.report.results import latest_run, read_run
+from probes.run import options
 from probes.run.probe_case import run_case_here
 from probes.run.runner import run_case
 from probes.suite.matrix import DEFAULT_MATRIX, build_cases, load_matrix
@@ -100,7 +101,7 @@ def load() -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=os.cpu_count())
+    options.add(parser, "jobs", jobs=os.cpu_count())
     args = parser.parse_args(argv)
     print(f"before: {load()}")
     with tempfile.TemporaryDirectory(prefix="kvprobe-bench-") as tmp:

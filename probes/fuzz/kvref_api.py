@@ -240,7 +240,7 @@ class ManagerCalls:
 
     def run(self, case: dict) -> str:
         shape = kvref.Shape.parse(case["layout"])
-        device = kvref.SimDevice("tpu7x")
+        device = kvref.SimDevice()
         hosts = [random_host(shape.key, case["seed"] + i) for i in range(case["layers"])]
         caches = [device.put(h, shape=shape) for h in hosts]
         manager = kvref.KVCacheManager(caches, case["host_blocks"])
@@ -294,7 +294,7 @@ class RawTransfers:
 
     def run(self, case: dict) -> str:
         shape = kvref.Shape.parse(case["layout"])
-        cache = kvref.SimDevice("tpu7x").put(random_host(shape.key, case["seed"]), shape=shape)
+        cache = kvref.SimDevice().put(random_host(shape.key, case["seed"]), shape=shape)
         cache.await_buffer()  # the model starts from the landed bytes
         block = kvref.major_slice(shape).slice_bytes
         host, valid_host = self._host(case["host"], case["blocks"], block)
@@ -362,7 +362,7 @@ class PlanBytes:
         return {"kind": kind, "request": request, "junk": junk, "is_sender": random_flag(rng, 0.85)}
 
     def run(self, case: dict) -> str:
-        device = kvref.SimDevice("tpu7x")
+        device = kvref.SimDevice()
         caches = [device.zeros((16, 2, 128), "bf16", shape=kvref.Shape.parse(ADDRESSABLE[0]))
                   for _ in range(2)]
         manager = kvref.KVCacheManager(caches, 4)

@@ -84,7 +84,7 @@ def _start(case: dict):
 
     rng = np.random.default_rng(case["seed"])
     host = rng.integers(0, 2**31, (ROWS, 8, 128), dtype=np.int64).astype(np.float32)
-    cache = kvref.SimDevice("tpu7x").put(host)
+    cache = kvref.SimDevice().put(host)
     manager, allocating = kvref.KVCacheManager([cache], HOST_BLOCKS), kvref.KVCacheManager([cache], 8)
     device, chunks = [row.tobytes() for row in host], [bytes(manager.bytes_per_block)] * HOST_BLOCKS
     if case["hold_us"]:
@@ -135,7 +135,7 @@ def _forked_child_works(held: dict) -> int:
     import kvref
 
     try:
-        fresh = kvref.SimDevice("tpu7x").put(np.full((ROWS, 8, 128), 7.0, np.float32))
+        fresh = kvref.SimDevice().put(np.full((ROWS, 8, 128), 7.0, np.float32))
         manager = kvref.KVCacheManager([fresh], 2)
         manager.d2h([3], [1]).result(timeout=CASE_SECONDS / 4)
         if manager.read_block_bytes(0, 1) != np.full((8, 128), 7.0, np.float32).tobytes():

@@ -86,10 +86,10 @@ def bisect_case(case: Case, library: str, old: str, new: str, progress=None) -> 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("case", metavar="CASE", help="a case id as in the CSVs: cpu/roundtrip/seed-rank3")
-    parser.add_argument("--iut", default="tpu-sync-jax", help="an IUT whose library has builds")
+    options.add_one(parser, "iut", "tpu-sync-jax", "an IUT whose library has builds")
     parser.add_argument("--old", required=True, metavar="VERSION", help="the older build")
     parser.add_argument("--new", required=True, metavar="VERSION", help="the newer build")
-    parser.add_argument("--matrix", default="cpu", help="the matrix the case comes from")
+    options.add_one(parser, "matrix", "cpu", "the matrix the case comes from")
     parser.add_argument("--options", default="defaults",
                         help="how the manager is built, as the iut_options column says it")
     options.add(parser, "timeout")

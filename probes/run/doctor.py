@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from probes.iut import hardware
 from probes.iut.peer_env import PEER_ENVS
 from probes.iut.registry import iut as resolve, usable_iuts
+from probes.run import options
 from probes.run.iuts_command import can_run_here
 from probes.run.subcommand import Command
 from probes.suite import matrix
@@ -148,13 +149,12 @@ def _iuts(d: Diagnosis, generation: str | None, names: list[str] | None) -> None
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--iut", default=None, metavar="IUT",
-                        help="only these IUTs (comma-separated; default: every one kvprobe finds)")
+    options.add(parser, "iut", iut=None)  # unset: every IUT kvprobe finds
 
 
 def run(args) -> int:
     """1 when `make tpu-test` would fail for the harness's reasons."""
-    found = diagnose([n for n in args.iut.split(",") if n] if args.iut else None, echo=True)
+    found = diagnose(args.iut or None, echo=True)
     return 1 if found.problems else 0
 
 

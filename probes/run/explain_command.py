@@ -22,8 +22,7 @@ def _sharding(value: str):
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("shapes", nargs="+", metavar="SHAPE",
                         help="'bf16[512,3,2048]' (layout from the compiler) or a full XLA layout text")
-    parser.add_argument("--generation", "-g", type=options.generations, default=None,
-                        help=f"one, several (comma-separated) or 'all' (default {DEFAULT_GENERATION})")
+    options.add(parser, "generation", generation=[DEFAULT_GENERATION])
     parser.add_argument("--host-blocks", type=options.positive, default=None,
                         help="host blocks per layer for the host-pool estimate (default: dims[0])")
     parser.add_argument("--layers", type=options.positive, default=1, help="layers for the host-pool estimate")

@@ -275,9 +275,8 @@ def contract_summary(results: list[CaseResult], findings: list[Path]) -> str:
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--iut", default="kvref-sim", help="an IUT, as for `kvprobe run`")
-    parser.add_argument("--generation", "-g", default=None,
-                        help="its target (default: the IUT's first, e.g. cpu for tpu-sync-jax)")
+    options.add_one(parser, "iut", "kvref-sim", "an IUT, as for `kvprobe run`")
+    options.add_one(parser, "generation", None, "its target (default: the IUT's first, e.g. cpu for tpu-sync-jax)")
     parser.add_argument("--model", choices=("contract", "blocks"), default="contract",
                         help="contract: sequences of every offload call held to the contract's model (default); "
                              "blocks: d2h/h2d sequences held to the block model, with reproducer scripts")
@@ -293,8 +292,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replay", type=Path, default=None,
                         help="contract: replay the sequence of a finding (or a bare sequence) from this JSON file")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=options.seconds, default=60.0,
-                        help="blocks: seconds per sequence")
+    options.add_one(parser, "timeout", 60.0, "blocks: seconds per sequence")
     options.add(parser, "faults", "jobs", "out")
 
 

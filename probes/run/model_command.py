@@ -107,11 +107,10 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=options.positive, default=16, help="tokens per block (default 16)")
     parser.add_argument("--tp", type=options.positive, default=1, help="tensor-parallel degree: the model axis")
     parser.add_argument("--dp", type=options.positive, default=1, help="data-parallel degree: splits the blocks")
-    parser.add_argument("--generation", "-g", type=options.generations, default=[DEFAULT_GENERATION],
-                        help=f"one, several (comma-separated) or 'all' (default {DEFAULT_GENERATION})")
+    options.add(parser, "generation", generation=[DEFAULT_GENERATION])
     parser.add_argument("--host-blocks", type=options.positive, default=4096,
                         help="host blocks per layer for the host pool (default 4096)")
-    parser.add_argument("--iut", default="kvref-sim", help="the implementation the round trip runs on")
+    options.add_one(parser, "iut", "kvref-sim", "the implementation the round trip runs on")
     parser.add_argument("--no-probe", action="store_true", help="layouts and host pool only")
 
 

@@ -111,20 +111,21 @@ class Option:
     metavar: str | None = None
     unset: str = ""  # what leaving it unset means where a command lets it be (the plugin)
     shown_default: str = ""  # the default as help shows it, where its help does not say it
+    several: bool = False  # takes several values (comma-separated); add_one takes one
 
 
 OPTIONS = {o.name: o for o in (
     Option("generation", generations, list(GENERATIONS), "one, several (comma-separated), 'all' or 'local' "
            "(this TPU)", "-g", unset="the IUT's targets, or this TPU for an IUT on real hardware",
-           shown_default="all"),
+           shown_default="all", several=True),
     Option("iut", names, ["kvref-sim"], "implementation(s) under test, comma-separated (several give a "
            "side-by-side report): a name `kvprobe iuts` lists, or package.module:ATTR; either ==VERSION for "
-           "another build of its library", unset="no kvprobe cases are collected"),
+           "another build of its library", unset="no kvprobe cases are collected", several=True),
     Option("matrix", None, DEFAULT_MATRIX, f"shape matrices, comma-separated (default {DEFAULT_MATRIX}): "
            "'default', 'serving' (the caches tpu-inference allocates for a few models, sharded), 'seed', 'cpu', "
            "or a CSV file (name,shape[,probes][,sharding])"),
     Option("probe", probes, None, f"comma-separated probes, or 'all' (default: {', '.join(DEFAULT_PROBES)}; "
-           f"'all' adds {', '.join(p for p in PROBES if p not in DEFAULT_PROBES)})"),
+           f"'all' adds {', '.join(p for p in PROBES if p not in DEFAULT_PROBES)})", several=True),
     Option("jobs", positive, None, "parallel workers (default: cores)", "-j"),
     Option("timeout", seconds, PROBE_SECONDS, "seconds per case (a probe, to its worker's exit)"),
     Option("faults", faults, kvref.Faults(), "comma-separated kvref fault models to switch on (kvref IUTs)"),
@@ -138,11 +139,35 @@ def add(parser: argparse.ArgumentParser, *which: str, **defaults) -> None:
         option = OPTIONS[name]
         flags = [f"--{name}"] + ([option.short] if option.short else [])
         default = defaults.get(name, option.default)
-        shown = f" (default: {option.shown_default})" if option.shown_default and name not in defaults else ""
+        if name in defaults:  # the command's own default, said as it is
+            shown = "" if default is None else f" (default: {','.join(map(str, default)) if isinstance(default, list) else default})"
+        else:
+            shown = f" (default: {option.shown_default})" if option.shown_default else ""
         kwargs = {"default": default, "help": option.help + shown}
         if option.parse is not None:
             kwargs["type"] = option.parse
         parser.add_argument(*flags, **kwargs)
+
+
+def add_one(parser: argparse.ArgumentParser, name: str, default, purpose: str) -> None:
+    """The option `name` where a command gives it a meaning of its own (one
+    IUT to bisect, one target to fuzz, a sequence's timeout): its flags and
+    parsing from OPTIONS (one value of those that take several), its purpose
+    and default the command's."""
+    option = OPTIONS[name]
+    flags = [f"--{name}"] + ([option.short] if option.short else [])
+    shown = "" if default is None else f" (default: {default})"
+    kwargs = {"type": _one(name)} if option.several else {"type": option.parse} if option.parse else {}
+    parser.add_argument(*flags, default=default, metavar=name.upper(), help=purpose + shown, **kwargs)
+
+
+def _one(name: str) -> Callable[[str], str]:
+    def one(value: str) -> str:
+        if "," in value or not value.strip():
+            raise argparse.ArgumentTypeError(f"expected one {name.upper()}, not several or none, got {value!r}")
+        return value
+    one.__name__ = name  # argparse names the option's type in its error
+    return one
 
 
 def add_to_pytest(group, *which: str, raw: tuple[str, ...] = (), **defaults) -> None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 
 from probes.iut.peer_env import PEER_ENVS
+from probes.run import options
 from probes.run.subcommand import Command
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--iut", default=None,
-                        help="instead: the environment an IUT declares as its interpreter (a PeerEnv)")
+    options.add_one(parser, "iut", None, "instead: the environment an IUT declares as its interpreter (a PeerEnv)")
     parser.add_argument("--lib", choices=list(PEER_ENVS), default="jax",
                         help="xla: torch_xla 2.9.0 for kvref-torch-xla (lazy tensors on the XLA CPU "
                         "device; about 7 GB); jax: tpu-sync-jax (probed on JAX CPU arrays anywhere); torch: "

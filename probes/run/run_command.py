@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from probes.run import options
 from probes.run.subcommand import Command, stdout_console
@@ -49,7 +48,7 @@ def verdict_code(frame) -> int:
 
 
 def report_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, default=Path("reports"))
+    options.add(parser, "out")
     parser.add_argument("--update-baseline", action="store_true",
                         help="also write each generation's baseline.csv from its latest run")
 

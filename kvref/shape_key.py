@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from kvref.dtypes import ELEMENT_TYPES, element_type
 from kvref.errors import LayoutError
-from kvref.values import is_integer
+from kvref.values import INT64_MAX, is_integer
 
 _SHAPE_RE = re.compile(r"^\s*([a-z][a-z0-9]*)\[([^\]]*)\](?:\{([^{}]*)\})?\s*$", re.ASCII)
 _DIGITS = re.compile(r"[0-9]+")
@@ -41,6 +41,11 @@ def parse_ints(text: str, whole: str, what: str) -> tuple[int, ...]:
     if not all(_DIGITS.fullmatch(part) for part in parts):
         raise LayoutError(f"malformed {what} {shown(text)} in {shown(whole)}; expected comma-separated "
                           "integers of ASCII digits")
+    too_big = next((part for part in parts if len(part.lstrip("0")) > len(str(INT64_MAX)) or int(part) > INT64_MAX),
+                   None)
+    if too_big is not None:  # XLA's dims are int64: a larger one would fail deep in the compiler
+        raise LayoutError(f"{what} {shown(too_big, 40)} in {shown(whole, 80)} does not fit in int64 "
+                          f"(at most {INT64_MAX})")
     return tuple(int(part) for part in parts)
 
 
@@ -62,6 +67,11 @@ class ShapeKey:
                 raise ValueError(f"dim {d!r} of {self.dtype}{list(self.dims)} must be a "
                                  "non-negative integer")
             dims.append(int(d))
+        elements = 1
+        for d in dims:
+            elements *= d
+        if elements > INT64_MAX:  # XLA counts a shape's elements in int64
+            raise LayoutError(f"{self.dtype}{dims}: its element count overflows int64 ({elements:.3g} > {INT64_MAX})")
         object.__setattr__(self, "dims", tuple(dims))
 
     @classmethod

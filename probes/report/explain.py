@@ -45,9 +45,9 @@ def resolve(text: str, generation: str | None, sharding: kvref.Sharding | None =
         return kvref.Shape.parse(text), "given"
     try:
         key = kvref.ShapeKey.parse(text.replace(" ", ""))
-    except ValueError:
+    except ValueError as e:
         raise ValueError(f"expected a shape such as 'bf16[512,3,2048]' or a full layout "
-                         f"such as 'bf16[512,3,2048]{{2,0,1:T(8,128)(2,1)}}', got {text!r}") from None
+                         f"such as 'bf16[512,3,2048]{{2,0,1:T(8,128)(2,1)}}': {e}") from None
     if generation is None:
         raise ValueError(f"{text!r} has no layout; pass --generation to ask that TPU's compiler")
     answer: LayoutAnswer = lookup(key.dtype, key.dims, generation, sharding=sharding)

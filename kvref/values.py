@@ -36,10 +36,15 @@ UUID_MAX = 2**64 - 1  # a pull's uuid is a uint64 on the wire
 
 
 def request_id(value) -> str:
-    """A request id: non-empty text of at most REQUEST_ID_BYTES in UTF-8."""
+    """A request id: non-empty text UTF-8 can carry (it crosses the wire in
+    it), of at most REQUEST_ID_BYTES."""
     if not isinstance(value, str) or not value:
         raise TypeError(f"req_id must be a non-empty str, got {value!r}")
-    size = len(value.encode(errors="replace"))
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError as e:  # a lone surrogate: the pull would fail later, on the wire
+        raise ValueError(f"req_id must be text UTF-8 can carry; {value[:64]!r} has {e.object[e.start:e.end]!r} "
+                         f"at {e.start}") from None
     if size > REQUEST_ID_BYTES:
         raise ValueError(f"req_id must be at most {REQUEST_ID_BYTES} bytes in UTF-8, got {size}")
     return value

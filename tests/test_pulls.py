@@ -545,3 +545,18 @@ def test_a_pull_whose_thread_cannot_start_is_refused_and_leaves_nothing_register
     consumer.start_read("r", 3, endpoint, [4], [1])  # its request, uuid and block are free again
     assert settle(consumer, ["r"])[1] == ["r"]
     consumer.close()
+
+
+@pytest.mark.parametrize("call", ["register_read", "start_read"])
+def test_a_request_id_utf8_cannot_carry_is_refused_at_once_and_nothing_is_registered(device, call):
+    (producer, _, _), (consumer, _, _) = pair(device)
+    endpoint = producer.get_local_endpoints()[0]["endpoint"]
+    lone = "r\udc80"  # a lone surrogate: a str, but no UTF-8 (the wire's encoding) holds it
+    with pytest.raises(ValueError, match="req_id must be text UTF-8 can carry"):
+        if call == "register_read":
+            producer.register_read(lone, 3, [4])
+        else:
+            consumer.start_read(lone, 3, endpoint, [4], [1])
+    assert producer.register_read("r", 3, [4])  # its blocks are free: the refusal claimed nothing
+    consumer.start_read("r", 3, endpoint, [4], [1])
+    assert settle(consumer, ["r"])[1] == ["r"]

@@ -111,3 +111,32 @@ def test_a_shape_the_compiler_refuses_names_the_matrix_and_row(capsys, tmp_path)
     matrix.write_text('name,shape\nfits,"bf16[64,8,128]"\nhuge,"bf16[1099511627776,8]"\n')
     line = refused(capsys, "--matrix", str(matrix), "--out", str(tmp_path / "out"))
     assert f"matrix {matrix}, row 'huge' (bf16[1099511627776,8]) on tpu7x: " in line
+
+
+INTERRUPTED_WHILE_IMPORTING = """
+import importlib.abc, os, signal, sys
+
+class Interrupting(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "probes.run.cli":  # Ctrl-C in the middle of the commands' imports
+            os.kill(os.getpid(), signal.SIG%s)
+        return None
+
+sys.meta_path.insert(0, Interrupting())
+from probes.run import entry
+sys.argv = ["kvprobe", "explain", "bf16[64,8,128]"]
+sys.exit(entry.main())
+"""
+
+
+@pytest.mark.parametrize("signame", ["INT", "TERM"])
+def test_a_signal_while_the_command_is_still_importing_ends_it_in_one_line(signame):
+    import subprocess
+    import sys
+
+    with terminal_signals():
+        done = subprocess.run([sys.executable, "-c", INTERRUPTED_WHILE_IMPORTING % signame], capture_output=True,
+                              text=True, timeout=120)
+    signum = getattr(signal, f"SIG{signame}")
+    assert done.returncode == 128 + signum, done.stderr[-2000:]
+    assert done.stderr.strip() == f"kvprobe: interrupted (SIG{signame}) while starting" and not done.stdout

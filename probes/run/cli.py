@@ -73,12 +73,12 @@ def _stop(signum, frame):
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
     for signum in STOPPING:
         if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
             continue  # started under nohup: a closed terminal must not stop the run
         signal.signal(signum, _stop)
     try:
+        args = build_parser().parse_args(argv)
         return args.run(args)
     except (ValueError, RuntimeError, OSError) as e:
         print(f"kvprobe: error: {e}", file=sys.stderr)

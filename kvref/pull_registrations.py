@@ -31,6 +31,12 @@ class Registration:
     block_ids: tuple[int, ...]
     deadline: float
     landed_parts: set = field(default_factory=set)
+    # Each part's blocks some Pull stream sent whole: a consumer's word that a part landed counts
+    # only for a part every block of which was sent (a stranger's Settled moves nothing).
+    sent: dict = field(default_factory=dict)
+
+    def sent_whole(self, part: int) -> bool:
+        return self.sent.get(part, set()) >= set(self.block_ids)
 
 
 class Registrations:
@@ -125,13 +131,16 @@ class Registrations:
         labels = dict(zip(served, wanted)) if own_parts else {part: part for part in wanted}
         for (layer, part, position), data in self._staging.read(list(request.block_ids), list(labels), deadline):
             yield PullReply(block=BlockBytes(layer=layer, shard=labels[part], position=position, data=data))
+        with self._lock:  # the stream ran to its end: these parts of these blocks were sent
+            for part in labels.values():
+                registration.sent.setdefault(part, set()).update(request.block_ids)
 
     def _settled_remotely(self, request: PullSettled, parts: tuple[int, ...]) -> PullSettledReply:
         """The consumer's word that its pull (of `parts`) landed, or failed."""
         with self._lock:
             registration = self._registrations.get(request.uuid)
             if registration is not None and request.landed:
-                registration.landed_parts |= set(parts)
+                registration.landed_parts |= {part for part in parts if registration.sent_whole(part)}
                 if registration.landed_parts >= set(range(self.layer_parts[0])):
                     self._settle(registration)
         return PullSettledReply()

@@ -560,3 +560,24 @@ def test_a_request_id_utf8_cannot_carry_is_refused_at_once_and_nothing_is_regist
     assert producer.register_read("r", 3, [4])  # its blocks are free: the refusal claimed nothing
     consumer.start_read("r", 3, endpoint, [4], [1])
     assert settle(consumer, ["r"])[1] == ["r"]
+
+
+def test_a_strangers_settled_message_moves_no_registration_nothing_was_pulled_for(device):
+    import grpc
+    from kvref.proto.pull_pb2 import PullSettled
+
+    (producer, _, _), (consumer, _, _) = pair(device)
+    endpoint = producer.get_local_endpoints()[0]["endpoint"]
+    assert producer.register_read("r", 3, [4, 6])
+    with grpc.insecure_channel(endpoint) as channel:  # knows the uuid, pulled nothing
+        channel.unary_unary("/kvref.BlockPull/Settled", request_serializer=PullSettled.SerializeToString,
+                            response_deserializer=lambda b: b)(PullSettled(uuid=3, landed=True), timeout=BOUND)
+    assert producer.poll_stats()[0] == []  # still registered: the real consumer's pull goes on
+    consumer.start_read("r", 3, endpoint, [4, 6], [1, 2])
+    assert settle(consumer, ["r"])[1] == ["r"]
+    deadline = time.monotonic() + BOUND
+    sent = []
+    while not sent and time.monotonic() < deadline:
+        sent = producer.poll_stats()[0]
+        time.sleep(0.01)
+    assert sent == ["r"]

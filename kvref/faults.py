@@ -117,6 +117,9 @@ class Faults:
     registrations_keyed_by_blocks: bool = _fault(
         "the producer keys registrations by their block ids: a request registering the same "
         "blocks as another replaces it, and the other's pull finds nothing")
+    unregistered_pull_fails_at_once: bool = _fault(
+        "a pull that arrives before its registration fails at once (NOT_FOUND), though a serving "
+        "engine's producer registers a request in its next step, after its consumer may have pulled")
     settled_uuid_served_stale: bool = _fault(
         "the producer remembers a uuid's first blocks: a later registration under a reused "
         "uuid serves the blocks of the first")

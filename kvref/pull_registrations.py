@@ -22,6 +22,7 @@ from kvref.staging import Staging
 from kvref.values import REQUEST_ID_BYTES, request_id, request_uuid
 
 SERVICE = "kvref.BlockPull"
+LATE_REGISTRATION_S = 5.0  # how long a pull waits for its registration (or timeout_s, if shorter): the wheel's
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Registrations:
         self.layer_block_bytes, self.layer_parts = layer_block_bytes, staging.layer_parts
         self.device_blocks, self.timeout_s, self._listening = device_blocks, timeout_s, listening
         self._lock = threading.Lock()
+        self._registered = threading.Condition(self._lock)  # told of each new registration
         self._registrations: dict[int, Registration] = {}
         self._served_before: dict[int, tuple[int, ...]] = {}  # settled_uuid_served_stale's memory
         self._done_sending: list[str] = []
@@ -81,6 +83,7 @@ class Registrations:
             if self._faults.settled_uuid_served_stale:
                 blocks = self._served_before.setdefault(uuid, blocks)
             self._registrations[uuid] = Registration(req_id, uuid, blocks, time.monotonic() + self.timeout_s)
+            self._registered.notify_all()
         return True
 
     @property
@@ -104,12 +107,20 @@ class Registrations:
 
     def _serve(self, request: PullRequest, context, served: tuple[int, ...]):
         grpc = _grpc()
-        with self._lock:
+        # A serving engine's producer registers a request in its next step, and its consumer may
+        # pull before that: a pull waits for its registration a while, as the production library's does.
+        waits = 0.0 if self._faults.unregistered_pull_fails_at_once else min(self.timeout_s, LATE_REGISTRATION_S)
+        until = time.monotonic() + waits
+        with self._registered:
             self._expire()
             registration = self._registrations.get(request.uuid)
+            while registration is None and context.is_active() and time.monotonic() < until:
+                self._registered.wait(min(until - time.monotonic(), 0.1))
+                registration = self._registrations.get(request.uuid)
         if registration is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no request is registered under uuid {request.uuid} "
-                          "(never registered, or settled or expired)")
+                          f"(never registered, nor within {waits:g} s of the "
+                          "pull; or settled or expired)")
         unknown = sorted(set(request.block_ids) - set(registration.block_ids))
         if unknown or not request.block_ids:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,

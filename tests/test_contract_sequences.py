@@ -44,6 +44,7 @@ FOUND_BY_SEQUENCES = {
     "lost_pull_unsettled": "ERROR", "registrations_keyed_by_blocks": "ERROR|CORRUPT", "late_refusal": "ERROR",
     "parallel_pull_drops_remainder": "ERROR|CORRUPT", "settled_uuid_served_stale": "CORRUPT|ERROR",
     "metrics_by_uuid_slot": "ERROR", "metrics_json_unescaped": "ERROR", "metrics_last_byte_unset": "ERROR",
+    "unregistered_pull_fails_at_once": "ERROR",
     # Host-to-host transfers.
     "host_pairs_sorted": "CORRUPT", "host_write_unclaimed": "ERROR|CORRUPT",
 }

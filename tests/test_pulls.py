@@ -581,3 +581,18 @@ def test_a_strangers_settled_message_moves_no_registration_nothing_was_pulled_fo
         sent = producer.poll_stats()[0]
         time.sleep(0.01)
     assert sent == ["r"]
+
+
+def test_a_pull_started_before_its_registration_waits_for_it_and_lands(device):
+    # The disaggregated connector's producer registers a request in its next step; its consumer can
+    # be ahead. The production library's producer waits for the registration (up to min(timeout_s, 5 s)).
+    (producer, _, theirs), (consumer, arrays, ours) = pair(device)
+    endpoint = producer.get_local_endpoints()[0]["endpoint"]
+    consumer.start_read("r", 3, endpoint, [4, 6], [1, 8])
+    time.sleep(0.3)
+    assert producer.register_read("r", 3, [4, 6])
+    assert settle(consumer, ["r"])[1] == ["r"]
+    for layer, array in enumerate(arrays):
+        want = rows(ours[layer]).copy()
+        want[[1, 8]] = rows(theirs[layer])[[4, 6]]
+        assert np.array_equal(rows(device.fetch(array)), want), layer

@@ -49,6 +49,29 @@ def test_a_diff_of_a_file_that_is_not_a_run_is_one_line_and_exit_2(tmp_path):
         assert lines[0].startswith(f"kvprobe: error: {a} ") and ("run CSV" in lines[0] or "no cases" in lines[0]), lines
 
 
+def test_report_and_diff_of_a_malformed_run_are_one_line_naming_the_file_and_exit_2(tmp_path):
+    # What a user holds after a hand edit, a torn copy or a spreadsheet's save: each is refused
+    # by name, by both commands that read runs (report ended in a traceback on some).
+    from probes.report.results import COLUMNS
+
+    good = tmp_path / "good.csv"
+    row = {c: "" for c in COLUMNS} | {"generation": "v5e", "verdict": "PASS", "seconds": "1.0", "case_id": "x"}
+    pd.DataFrame([row]).to_csv(good, index=False)
+    malformed = {"header_only": ",".join(COLUMNS) + "\n", "torn_quote": '\xff\x00garbage,"unterminated\n',
+                 "wrong_type": good.read_text().replace(",1.0,", ",abc,"), "bare_id": "v5e/roundtrip/x\n",
+                 "empty": ""}
+    for name, text in malformed.items():
+        runs = tmp_path / name / "v5e" / "runs"
+        runs.mkdir(parents=True)
+        (runs / "r.csv").write_text(text)
+        for argv, path in ((("report", "--out", str(tmp_path / name)), runs / "r.csv"),
+                           (("diff", str(good), str(runs / "r.csv")), runs / "r.csv")):
+            done = kvprobe(*argv)
+            lines = done.stderr.strip().splitlines()
+            assert done.returncode == 2 and len(lines) == 1, (name, argv[0], done.stderr[-2000:])
+            assert lines[0].startswith(f"kvprobe: error: {path} "), (name, lines)
+
+
 def test_a_mistyped_command_is_one_line_with_what_was_meant():
     done = kvprobe("runn")
     lines = done.stderr.strip().splitlines()

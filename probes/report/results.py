@@ -84,15 +84,20 @@ def generation_dir(generation: str) -> str:
 
 
 def read_run(path) -> pd.DataFrame:
-    """A run CSV (or a baseline, which has only the deterministic columns)."""
-    header = set(pd.read_csv(path, nrows=0).columns)
-    missing = [c for c in DETERMINISTIC if c not in header and c != "sharding"]  # sharding: added by typed()
-    if missing:
-        raise ValueError(f"{path} is not a kvprobe run CSV: it has no column {', '.join(missing[:4])}")
-    frame = pd.read_csv(path, keep_default_na=False,
-                        dtype={c.name: KINDS[c.kind] for c in SCHEMA if c.kind == "text" and c.name in header},
-                        na_values={c.name: [""] for c in SCHEMA if c.nullable and c.name in header})
-    return typed(frame)
+    """A run CSV (or a baseline, which has only the deterministic columns);
+    anything else is a ValueError of one line that names the file."""
+    try:
+        header = set(pd.read_csv(path, nrows=0).columns)
+        missing = [c for c in DETERMINISTIC if c not in header and c != "sharding"]  # sharding: added by typed()
+        if missing:
+            raise ValueError(f"it has no column {', '.join(missing[:4])}")
+        frame = pd.read_csv(path, keep_default_na=False,
+                            dtype={c.name: KINDS[c.kind] for c in SCHEMA if c.kind == "text" and c.name in header},
+                            na_values={c.name: [""] for c in SCHEMA if c.nullable and c.name in header})
+        return typed(frame)
+    except (ValueError, TypeError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path} is not a kvprobe run CSV: {why[:300]}") from None
 
 
 def typed(frame: pd.DataFrame) -> pd.DataFrame:

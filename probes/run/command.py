@@ -203,6 +203,8 @@ def latest_frames(out: Path, committed: bool = False) -> dict[str, pd.DataFrame]
         latest = results.latest_run(gen_dir)
         if latest:
             frames[gen_dir.name] = results.read_run(latest)
+            if frames[gen_dir.name].empty:
+                raise ValueError(f"{latest} holds no cases (a header alone): no report can be drawn from it")
         elif committed and (gen_dir / BASELINE).exists():
             frames[gen_dir.name] = results.read_run(gen_dir / BASELINE)
     return frames

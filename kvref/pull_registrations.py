@@ -22,7 +22,9 @@ from kvref.staging import Staging
 from kvref.values import REQUEST_ID_BYTES, request_id, request_uuid
 
 SERVICE = "kvref.BlockPull"
-LATE_REGISTRATION_S = 5.0  # how long a pull waits for its registration (or timeout_s, if shorter): the wheel's
+# How long a pull waits for its registration (timeout_s, if shorter): a scheduler step or more. The
+# production library waits up to 5 s; every pull that names nothing registered waits this long to fail.
+LATE_REGISTRATION_S = 1.0
 
 
 @dataclass

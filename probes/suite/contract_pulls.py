@@ -8,14 +8,12 @@ blocks of another size (a geometry that differs).
 What holds: a pull of registered blocks lands exactly (remote block i into
 local block i, every layer); one the producer cannot serve (a uuid not
 registered, a registration already pulled, blocks of another size) fails
-and writes nothing; a pull made just before its registration lands (a
-serving engine's producer registers in its next step, and its consumer may
-be ahead: the production library's producer waits for a registration up to
-min(timeout_s, 5 s));
-one in flight when its producer goes away may land or fail; a
-registration not pulled within timeout_s expires, and is told done
-sending; a request
-that cannot be carried out is refused at the call that receives it; every
+and writes nothing; a pull whose registration comes LATE_BY_S after it
+lands (a serving engine's producer registers in its next step, and its
+consumer may be ahead: kvref's producer waits for a registration up to 1 s,
+the production library's up to 5 s); one in flight when its producer goes
+away may land or fail; a registration not pulled within timeout_s
+expires, and is told done sending; a request that cannot be carried out is refused at the call that receives it; every
 accepted pull settles exactly once, as done or failed, within its
 timeout; the producer tells each registration done sending once. A
 consumer's telemetry (dump_metrics_to_string, where it has it) holds one

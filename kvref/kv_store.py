@@ -104,15 +104,15 @@ class KVCacheStore:
         else:
             self._table.remove(block_hash)
 
-    def forget_recovered(self) -> None:
-        """Drop the entries recovered at construction that are still as they
-        were (their chunks were not recovered with them)."""
+    def forget_recovered(self, entries=None) -> None:
+        """Drop the entries recovered at construction (`entries` of them, or
+        all) that are still as they were: their chunks were not recovered."""
         with self._lock:
-            for block_hash, raiden_id in self.recovered:
+            for block_hash, raiden_id in self.recovered if entries is None else entries:
                 if self._entries.get(block_hash) == raiden_id and block_hash not in self._pins:
                     del self._entries[block_hash]
                     self._kept(block_hash)
-            self.recovered = []
+            self.recovered = [] if entries is None else [e for e in self.recovered if e not in entries]
 
     def capacity(self) -> int:
         return self._capacity

@@ -4,11 +4,14 @@ of use, unpinned; the pool's bytes, each recovered entry's chunk locked.
 A clean close leaves nothing to recover; another geometry, capacity or
 model starts anew."""
 
+import json
 import os
+import struct
 import subprocess
 import sys
 import textwrap
 import uuid
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +19,8 @@ import pytest
 
 import kvref
 from kvref.compat import tpu_sync
+from kvref.shared_pool import HEADER_BYTES
+from kvref.store_table import SLOT
 
 SHAPE = (32, 8, 128)  # f32: 4 KiB blocks
 CHUNKS = 16
@@ -130,8 +135,6 @@ def test_a_torn_slot_is_dropped_and_the_rest_recovered(key):
     crash(key)
     table = next(Path("/dev/shm").glob(f"kvref-store-{key}+table"))
     data = bytearray(table.read_bytes())
-    from kvref.shared_pool import HEADER_BYTES
-    from kvref.store_table import SLOT
     seqs = [int.from_bytes(data[HEADER_BYTES + s * SLOT.size:][:8], "little") for s in range(CHUNKS)]
     torn = seqs.index(max(seqs))
     data[HEADER_BYTES + torn * SLOT.size + 20] ^= 0xFF  # a byte of its hash, as a write cut short leaves it
@@ -140,6 +143,36 @@ def test_a_torn_slot_is_dropped_and_the_rest_recovered(key):
     found = [h for h in (b"hash-%d" % b for b in SAVED) if store.lookup([h])]
     assert len(found) == len(SAVED) - 1
     assert manager.reference.chunks_available == CHUNKS - len(found)
+    store.close()
+    manager.reference.close()
+
+
+@pytest.mark.parametrize("bad", ["out_of_the_pool", "named_twice"])
+def test_a_slot_naming_a_chunk_the_pool_cannot_hold_is_dropped_and_the_rest_recovered(key, bad, caplog):
+    # A table a killed process left, whose checksums hold, with one entry naming a chunk outside the
+    # pool, or the chunk a later entry names: the restart drops that entry, saying so, and keeps the rest.
+    crash(key)
+    table = next(Path("/dev/shm").glob(f"kvref-store-{key}+table"))
+    data = bytearray(table.read_bytes())
+    slots = {}
+    for s in range(CHUNKS):
+        seq, _, hash_len, id_len, block_hash, id_text = SLOT.unpack_from(data, HEADER_BYTES + s * SLOT.size)
+        if seq:
+            slots[block_hash[:hash_len]] = (s, seq, json.loads(id_text[:id_len]))
+    victim, (slot, seq, raiden_id) = b"hash-%d" % SAVED[1], slots[b"hash-%d" % SAVED[1]]
+    raiden_id[3] = CHUNKS + 5 if bad == "out_of_the_pool" else slots[b"hash-%d" % SAVED[2]][2][3]
+    id_text = json.dumps(raiden_id).encode()
+    crc = zlib.crc32(struct.pack("<Q", seq) + victim + id_text)
+    SLOT.pack_into(data, HEADER_BYTES + slot * SLOT.size, seq, crc, len(victim), len(id_text), victim, id_text)
+    table.write_bytes(bytes(data))
+    with caplog.at_level("WARNING", logger="kvref.compat.tpu_sync"):
+        manager, store, _, _ = facade_pair()
+    assert "dropped 1 of 4 recovered entries" in caplog.text
+    kept = [b for b in SAVED if store.lookup([b"hash-%d" % b])]
+    assert kept == [b for b in SAVED if b != SAVED[1]]
+    chunks = [store.lookup([b"hash-%d" % b])[0][1].data_replica_idx for b in kept]
+    assert [manager.reference.chunk_state(c) for c in chunks] == [kvref.ChunkState.SAVED] * 3
+    assert manager.reference.chunks_available == CHUNKS - 3
     store.close()
     manager.reference.close()
 

@@ -37,6 +37,7 @@ nothing: the reference always orders transfers (kvref.manager)."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import sys
 import types
@@ -54,6 +55,7 @@ from kvref.values import flag, integer
 
 SHM_KEY_VARIABLE = "RAIDEN_SHM_KEY"  # the shared-memory key enable_shm attaches the pool under
 MODEL_UID_VARIABLE = "RAIDEN_SHM_MODEL_UID"  # the model a store's recovered table must be of
+LOG = logging.getLogger(__name__)
 _UNDER_KEY: dict[str, dict] = {}  # key -> weak references to the manager and store attached under it
 # The host a serving stack advertises to its peers (vllm's, which
 # tpu-inference's disaggregated connector sends as the pull endpoint's host).
@@ -259,11 +261,29 @@ def _meet(key: str, **attached) -> None:
     manager, store = (met[kind]() if kind in met else None for kind in ("manager", "store"))
     if manager is None or store is None or not store.recovered:
         return
-    if manager.recovered:
-        manager.adopt_saved([raiden_id.data_replica_idx for _, raiden_id in store.recovered])
-        store.recovered = []
-    else:
+    if not manager.recovered:
         store.forget_recovered()
+        return
+    adoptable, dropped = _adoptable(manager, store.recovered)
+    if dropped:
+        LOG.warning("the store table left under %r names chunks this pool cannot hold for it (out of range, "
+                    "named by a later entry too, or taken): dropped %d of %d recovered entries, e.g. %r",
+                    key, len(dropped), len(store.recovered), dropped[0][0][:32])
+        store.forget_recovered(dropped)
+    manager.adopt_saved([raiden_id.data_replica_idx for _, raiden_id in adoptable])
+    store.recovered = []
+
+
+def _adoptable(manager, recovered: list) -> tuple[list, list]:
+    """The recovered entries whose chunk the manager's pool can lock (in
+    range, FREE, named by no later entry: the later wrote it last), and the rest."""
+    adoptable, dropped, named = [], [], set()
+    for entry in reversed(recovered):
+        chunk = entry[1].data_replica_idx
+        fits = type(chunk) is int and 0 <= chunk < manager.host_blocks and chunk not in named
+        (adoptable if fits and manager.chunk_state(chunk) == kvref.ChunkState.FREE else dropped).append(entry)
+        named.add(chunk)
+    return adoptable[::-1], dropped[::-1]
 
 
 EXPORTED = ("KVCacheManager", "KVCacheStore", "RaidenId")  # what `from <name> import ...` finds

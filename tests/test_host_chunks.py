@@ -5,12 +5,12 @@ and bytes worked out by hand."""
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
 
 import kvref
+from kvref.polling import wait_for
 
 SHAPE = (32, 8, 128)  # f32: 4 KiB blocks, contiguous on every generation
 
@@ -122,9 +122,7 @@ def test_a_save_in_flight_cannot_be_unlocked_and_its_chunk_is_never_handed_out(d
         m.d2h_auto_allocate([6])
     cache.release_dma_hold()
     f.result()
-    deadline = time.monotonic() + 10
-    while m.chunk_state(chunk) == kvref.ChunkState.SAVING and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: m.chunk_state(chunk) != kvref.ChunkState.SAVING, 10)
     assert m.chunk_state(chunk) == kvref.ChunkState.SAVED and m.read_block_bytes(0, chunk) == block(host, 4)
 
 

@@ -17,6 +17,7 @@ import kvref
 from kvref import _core
 from kvref.compat import tpu_sync
 from kvref.oracle import lookup
+from kvref.polling import wait_for
 from kvref.sim_mesh import SimMesh
 from probes.iut.sockets import listeners
 from tests.no_threads import no_thread_for
@@ -246,10 +247,7 @@ def test_a_manager_closed_mid_pull_fails_it_and_leaves_no_thread_or_listener(dev
     before = set(listeners())
     producer.close()
     assert len([l for l in before if l not in set(listeners())]) == 1
-    deadline = time.monotonic() + BOUND
-    while threading.active_count() > threads and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert threading.active_count() <= threads
+    assert wait_for(lambda: threading.active_count() <= threads, BOUND, 0.05)
 
 
 def test_a_dropped_manager_stops_listening(device):
@@ -520,10 +518,7 @@ def test_a_landed_pull_undone_before_it_is_reported_is_written_again_by_poll_sta
     remote, local = [4, 6], [1, 8]
     assert producer.register_read("r", 3, remote)
     consumer.start_read("r", 3, producer.get_local_endpoints()[0]["endpoint"], remote, local)
-    deadline = time.monotonic() + BOUND
-    while "r" not in consumer._pulls._landed and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert "r" in consumer._pulls._landed, "the pull did not land"
+    assert wait_for(lambda: "r" in consumer._pulls._landed, BOUND, 0.005), "the pull did not land"
     for array, before in zip(arrays, ours):
         array.write_(before)  # what the step wrote back
     assert np.array_equal(rows(device.fetch(arrays[0])), rows(ours[0]))
@@ -575,11 +570,8 @@ def test_a_strangers_settled_message_moves_no_registration_nothing_was_pulled_fo
     assert producer.poll_stats()[0] == []  # still registered: the real consumer's pull goes on
     consumer.start_read("r", 3, endpoint, [4, 6], [1, 2])
     assert settle(consumer, ["r"])[1] == ["r"]
-    deadline = time.monotonic() + BOUND
     sent = []
-    while not sent and time.monotonic() < deadline:
-        sent = producer.poll_stats()[0]
-        time.sleep(0.01)
+    assert wait_for(lambda: sent.extend(producer.poll_stats()[0]) or sent, BOUND)
     assert sent == ["r"]
 
 

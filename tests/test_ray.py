@@ -11,6 +11,7 @@ import time
 import pytest
 
 from kvref import ShapeKey
+from kvref.polling import wait_for
 from probes.report import results
 from probes.run import rows
 from probes.run.hosts import RAY_ACCELERATOR_LABEL, RAY_ACCELERATOR_TYPES, ray_resource
@@ -50,10 +51,7 @@ def cluster():
     yield cluster
     cluster.shutdown()
     os.environ.pop("KVPROBE_TPU_STANDIN", None)
-    deadline = time.monotonic() + 30
-    while ray_processes() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not ray_processes(), "the cluster left processes behind"
+    assert wait_for(lambda: not ray_processes(), 30, 0.5), "the cluster left processes behind"
 
 
 def test_a_ray_run_writes_the_rows_a_local_run_writes(cluster):

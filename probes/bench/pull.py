@@ -5,11 +5,11 @@ measured in the same run, per pull size."""
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
 import kvref
+from kvref.polling import wait_for
 from probes.bench.timing import best_seconds
 
 POLL_SECONDS = 0.0005
@@ -33,11 +33,8 @@ def pull_once(producer, consumer, blocks: list[int], n: list[int]) -> None:
     req = f"req-{n[0]}"
     producer.register_read(req, n[0], blocks)
     consumer.start_read(req, n[0], producer.get_local_endpoints()[0]["endpoint"], blocks, blocks[::-1])
-    deadline = time.monotonic() + 60
-    while req not in consumer.poll_stats()[1]:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{req} did not land in 60s")
-        time.sleep(POLL_SECONDS)
+    if not wait_for(lambda: req in consumer.poll_stats()[1], 60, POLL_SECONDS):
+        raise TimeoutError(f"{req} did not land in 60s")
 
 
 def throughput(shape_text: str, count: int, repeats: int) -> None:

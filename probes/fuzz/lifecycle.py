@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 
+from kvref.polling import wait_for
 from probes.fuzz.mismatch import Mismatch
 
 CASE_SECONDS = 20.0  # well inside the fuzz worker's watchdog; a held copy lasts at most 1.5 s
@@ -199,15 +200,11 @@ def child(case: dict) -> None:
         pid = os.fork()
         if pid == 0:
             os._exit(_forked_child_works(held))
-        deadline = time.monotonic() + CASE_SECONDS / 2
-        while time.monotonic() < deadline:
-            ended, status = os.waitpid(pid, os.WNOHANG)
-            if ended:
-                break
-            time.sleep(0.01)
-        else:
+        waited = []  # each (pid, status) waitpid gave: (0, 0) while the child runs
+        if not wait_for(lambda: waited.append(os.waitpid(pid, os.WNOHANG)) or waited[-1][0], CASE_SECONDS / 2):
             os.kill(pid, signal.SIGKILL)
             sys.exit("the forked child hung")
+        status = waited[-1][1]
         if os.waitstatus_to_exitcode(status) != 0:
             sys.exit(f"the forked child failed with {os.waitstatus_to_exitcode(status)}")
         check()

@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 import kvref
+from kvref.polling import wait_for
 from probes.fuzz.mismatch import Mismatch
 from probes.iut.host_data import random_host
 
@@ -225,13 +226,9 @@ class HostilePeer:
         req = f"honest-{uuid}"
         producer.register_read(req, uuid, blocks)
         consumer.start_read(req, uuid, producer.get_local_endpoints()[0]["endpoint"], blocks, blocks)
-        deadline = time.monotonic() + SETTLE_SECONDS
-        done = failed = []
-        while time.monotonic() < deadline:
-            _, done, failed = consumer.poll_stats()
-            if done or failed:
-                break
-            time.sleep(0.005)
+        stats = [([], [], [])]
+        wait_for(lambda: stats.append(consumer.poll_stats()) or stats[-1][1] or stats[-1][2], SETTLE_SECONDS, 0.005)
+        _, done, failed = stats[-1]
         if done != [req]:
             reason = consumer.failure_reason(req) if failed else "never settled"
             raise Mismatch(f"after the attack, an honest pull ended {failed or done or 'unsettled'}: {reason}")
@@ -258,9 +255,6 @@ class HostilePeer:
     @staticmethod
     def _back_to(producer, chunks: int) -> None:
         """Every chunk a hostile write took is given back (its stream's thread may still be ending)."""
-        deadline = time.monotonic() + LISTENER_TIMEOUT_S + CALL_SECONDS
-        while producer.chunks_available != chunks and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if producer.chunks_available != chunks:
+        if not wait_for(lambda: producer.chunks_available == chunks, LISTENER_TIMEOUT_S + CALL_SECONDS):
             raise Mismatch(f"after the attack the producer has {producer.chunks_available} chunks free, not "
                            f"{chunks}: a refused or abandoned write kept some")

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 import kvref
+from kvref.polling import wait_for
 from probes.iut.protocol import PullLibrary
 from probes.suite.contract_rules import REFUSED, Broken, Session, judged
 from probes.suite.contract import Judgment, Must
@@ -224,12 +225,7 @@ def settle(session: Session, index: int, step: dict) -> None:
     """Poll until every pull settled: each exactly once, as the model says,
     within its timeout; then the consumers' blocks against the model."""
     w = world(session)
-    deadline = time.monotonic() + SETTLE_S
-    while True:
-        _poll(w)
-        if all(p.settled for p in w.pulls.values()) or time.monotonic() > deadline:
-            break
-        time.sleep(POLL_S)
+    wait_for(lambda: _poll(w) or all(p.settled for p in w.pulls.values()), SETTLE_S, POLL_S)
     for _ in range(3):  # a few polls more: nothing is reported again
         _poll(w)
     open_ = [req for req, p in w.pulls.items() if not p.settled]

@@ -12,6 +12,7 @@ import socket
 import time
 
 import kvref
+from kvref.polling import wait_for
 from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
 from probes.suite.pull_sides import (FAILING_TIMEOUT_S, PEER_WAIT_S, PROMPT_S, SETTLE_GRACE_S, SUBJECT,
@@ -223,12 +224,7 @@ def pull_failures(case: Case, iut: Adapter) -> Outcome:
 def _until_under_way(sent: float) -> bool:
     """Until `sent` bytes have crossed lo (a pull part-way through, whatever its
     transport), or KILL_WAIT_S: whether they had."""
-    deadline = time.monotonic() + KILL_WAIT_S
-    while loopback_bytes() < sent:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
+    return wait_for(lambda: loopback_bytes() >= sent, KILL_WAIT_S, 0.001)
 
 
 def _freed_after_drop(side: Side) -> Outcome:
@@ -283,10 +279,8 @@ def _dropped_mid_pull(side: Side, endpoint, uuid: int, everything: list[int]) ->
     side.build(timeout_s=FAILING_TIMEOUT_S)
     side.manager.start_read("req-0", uuid, endpoint, everything, everything[::-1])
     side.drop()
-    deadline = time.monotonic() + SETTLE_GRACE_S
-    while (left := _left_behind(threads, sockets)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if left:
+    wait_for(lambda: not _left_behind(threads, sockets), SETTLE_GRACE_S, 0.05)
+    if left := _left_behind(threads, sockets):
         return Outcome(ERROR, f"a manager closed mid-pull left {' and '.join(left)} behind "
                        f"({SETTLE_GRACE_S:.0f}s after)")
     return Outcome(PASS, "a manager closed mid-pull left no thread or socket behind")
@@ -330,10 +324,8 @@ def pull_sockets(case: Case, iut: Adapter) -> Outcome:
                                + f"; asked to serve pulls on loopback. All its listeners: "
                                f"{', '.join(map(str, opened))}")
             side.drop()
-            deadline = time.monotonic() + SETTLE_GRACE_S
-            while (left := [l for l in listeners() if l in opened]) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if left:
+            wait_for(lambda: not any(l in opened for l in listeners()), SETTLE_GRACE_S, 0.05)
+            if left := [l for l in listeners() if l in opened]:
                 return Outcome(ERROR, f"still listening on {', '.join(map(str, left))} {SETTLE_GRACE_S:.0f}s after "
                                "the manager was closed")
             return Outcome(PASS, f"listened only on loopback ({', '.join(map(str, opened))}), and no more once "

@@ -10,7 +10,9 @@ The memory itself lives in segments beside it (`segment`: the host pool's
 bytes, a store's table): a holder that closes removes them, one that dies
 leaves them, and the next holder of the key made for the same geometry
 recovers their bytes (anything else is made anew). A killed process's lock
-goes with it, so its key is taken over by the next holder."""
+goes with it, so its key is taken over by the next holder; a child it
+forked holds none of its keys (a lock on an open file is shared across
+fork, so the child lets go of its copy at once)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import hashlib
 import mmap
 import os
 import re
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +48,17 @@ def _same_file(fd: int, path: Path) -> bool:
         return os.stat(path).st_ino == os.fstat(fd).st_ino
     except FileNotFoundError:
         return False
+
+
+_HELD: "weakref.WeakSet[PoolAttachment]" = weakref.WeakSet()
+
+
+def _let_go_in_child() -> None:
+    for attachment in list(_HELD):
+        attachment._let_go_of_fork_copy()
+
+
+os.register_at_fork(after_in_child=_let_go_in_child)
 
 
 class PoolAttachment:
@@ -75,6 +89,7 @@ class PoolAttachment:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
+        _HELD.add(self)
 
     def segment(self, name: str, size: int, geometry: bytes) -> tuple[np.ndarray, bool]:
         """`size` bytes of shared memory under the key (its segment `name`),
@@ -96,6 +111,13 @@ class PoolAttachment:
             os.close(fd)
         self._segments.append(path)
         return np.frombuffer(mapped, np.uint8, size, HEADER_BYTES), recovered
+
+    def _let_go_of_fork_copy(self) -> None:
+        """In a forked child: close the copy of the locked descriptor (the lock
+        is the parent's) and never release what the parent holds."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
     def release(self) -> None:
         """Remove the segments and let go of the key (once; a fork's copy does nothing)."""

@@ -2,6 +2,10 @@
 attach (kvref.shared_pool)."""
 
 import fcntl
+import os
+import signal
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -35,3 +39,32 @@ def test_a_release_between_an_attachs_open_and_its_lock_leaves_one_holder(monkey
     finally:
         second.release()
     PoolAttachment(key).release()  # free again
+
+
+HOLDER_THAT_FORKS = """
+import os, sys, time
+from kvref.shared_pool import PoolAttachment
+held = PoolAttachment(sys.argv[1])
+if os.fork() == 0:  # a child that outlives its parent (a worker the serving process started)
+    time.sleep(60)
+    os._exit(0)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_key_whose_holder_died_is_free_though_a_child_it_forked_lives():
+    # flock is shared by every copy of the descriptor: a child forked by the holder kept the
+    # key after its parent was killed, and the restart was refused naming the dead pid.
+    key = f"forked-{uuid.uuid4().hex[:8]}"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER_THAT_FORKS, key], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        holder.kill()
+        holder.wait(timeout=30)
+        PoolAttachment(key).release()  # the restart takes the key
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)  # the child too
+        for path in shared_pool.SEGMENTS.glob(f"{shared_pool.PREFIX}{key}*"):
+            path.unlink()

@@ -1,11 +1,13 @@
 """kvprobe under misuse: every argument error is one line naming the
 argument or file and what was expected, exit 2, found before any case runs."""
 
+import os
 import signal
 
 import pandas as pd
 import pytest
 
+from kvref.polling import wait_for
 from probes.run import cli
 from probes.suite.matrix import DEFAULT_MATRIX, build_cases, load_matrix
 from probes.suite.registry import PROBES
@@ -82,16 +84,17 @@ def test_ctrl_c_stops_the_run_at_once_and_keeps_what_finished(tmp_path, signum):
     SIGINT, so the run is started here directly.)"""
     import subprocess
     import sys
-    import time
 
     # Every probe: cases that wait out timeouts of their own, so the run is
     # still going when the signal comes, however fast the machine.
     command = [sys.executable, "-m", "probes.run.cli", "run", "-g", "v5e", "--probe", "all", "--out", str(tmp_path)]
+    scratch = tmp_path / "tmp"  # where the run makes its temporary folders (two-process rendezvous, zygotes)
+    scratch.mkdir()
     with terminal_signals():
-        run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120  # past start-up, however loaded the machine: a case's worker runs
-    while time.monotonic() < deadline and not any("probes.run" in cmdline(p) for p in descendants(run.pid)):
-        time.sleep(0.2)
+        run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "TMPDIR": str(scratch)})
+    # Past start-up, however loaded the machine: a case's worker runs.
+    wait_for(lambda: any("probes.run" in cmdline(p) for p in descendants(run.pid)), 120, 0.2)
     run.send_signal(signum)
     _, err = run.communicate(timeout=120)
     assert run.returncode == 128 + signum, err[-2000:]
@@ -103,6 +106,7 @@ def test_ctrl_c_stops_the_run_at_once_and_keeps_what_finished(tmp_path, signum):
         assert runs
     everything = len(build_cases(["v5e"], load_matrix(DEFAULT_MATRIX), tuple(PROBES)))
     assert sum(len(pd.read_csv(p)) for p in runs) < everything  # the queued cases never started
+    assert not list(scratch.glob("kvprobe-*")), list(scratch.iterdir())  # what the run made, it removed
 
 
 @pytest.mark.oracle

@@ -10,6 +10,7 @@ may be freed) when every part's pull landed or timeout_s passed."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ class Registrations:
         self._registrations: dict[int, Registration] = {}
         self._served_before: dict[int, tuple[int, ...]] = {}  # settled_uuid_served_stale's memory
         self._done_sending: list[str] = []
+        self._serving_pid = os.getpid()  # the process whose listener serves the registrations
 
     def register_read(self, req_id, uuid, block_ids) -> bool:
         """Announce `block_ids` as request `req_id`'s, to be pulled under
@@ -68,6 +70,10 @@ class Registrations:
         if not self._listening:
             raise ValueError("this manager does not listen (it was built without listen=), so no consumer "
                              "could pull what it registers")
+        if os.getpid() != self._serving_pid:
+            raise RuntimeError(f"this manager serves pulls from process {self._serving_pid}, which this process "
+                               "was forked from: a fork has none of its listener's threads, so no consumer could "
+                               "pull what it registers here; build the manager in this process")
         if not blocks:
             return False
         with self._lock:

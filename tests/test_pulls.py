@@ -588,3 +588,23 @@ def test_a_pull_started_before_its_registration_waits_for_it_and_lands(device):
         want = rows(ours[layer]).copy()
         want[[1, 8]] = rows(theirs[layer])[[4, 6]]
         assert np.array_equal(rows(device.fetch(array)), want), layer
+
+
+def test_a_forked_child_cannot_register_what_only_its_parents_listener_serves(device):
+    # A fork has none of the listener's threads: a registration there could never be pulled.
+    (producer, _, _), _ = pair(device)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            producer.register_read("r", 3, [4, 6])
+            said = "accepted"
+        except RuntimeError as e:
+            said = str(e)
+        os.write(write, said.encode()[:4000])
+        os._exit(0)
+    os.close(write)
+    said = os.read(read, 4096).decode()
+    os.waitpid(pid, 0)
+    assert f"serves pulls from process {os.getpid()}, which this process was forked from" in said, said
+    assert producer.register_read("r", 3, [4, 6])  # the parent still serves

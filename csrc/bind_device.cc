@@ -66,7 +66,7 @@ void bind_device(nb::module_& m) {
   nb::class_<SimDevice>(m, "SimDevice")
       .def(nb::new_([](int id) { return std::make_shared<SimDevice>(id); }), nb::arg("id"))
       .def_prop_ro("id", &SimDevice::id)
-      .def("sync", &SimDevice::sync, nb::call_guard<nb::gil_scoped_release>())
+      .def("sync", &SimDevice::sync, nb::call_guard<ReleasedGil>())
       .def("set_dma_faults", &SimDevice::set_dma_faults, nb::arg("delay_us"), nb::arg("fail_every"))
       .def_prop_ro("dma_count", &SimDevice::dma_count);
 
@@ -85,7 +85,7 @@ void bind_device(nb::module_& m) {
               // later: nothing reads a buffer's bytes before its op has run (DMA and reads
               // are refused until it is MATERIALIZED), so the op need only be their arrival,
               // and the caller's array is read during the call, as a copy would read it.
-              nb::gil_scoped_release release;
+              ReleasedGil released;
               kvref::pack(layout, logical.data(), buffer->unsafe_data(), itemsize);
             }
             DeviceBuffer::Op arrived = [](uint8_t*) {};
@@ -144,7 +144,7 @@ void bind_device(nb::module_& m) {
            [](DeviceBuffer& b, Bytes out) {
              check_size("output", out.size(), b.size());
              {  // a copy into the buffer issued before this read lands first
-               nb::gil_scoped_release release;
+               ReleasedGil released;
                b.wait_dma_writes();
              }
              if (b.state() != BufferState::kMaterialized)
@@ -157,7 +157,7 @@ void bind_device(nb::module_& m) {
              check_logical(layout, out.size(), itemsize);
              check_size("buffer", static_cast<size_t>(b.size()), layout.physical_bytes());
              {
-               nb::gil_scoped_release release;
+               ReleasedGil released;
                b.wait_dma_writes();
              }
              if (b.state() != BufferState::kMaterialized)

@@ -53,7 +53,7 @@ void bind_layout(nb::module_& m) {
            [](const TiledLayout& l, ReadOnlyBytes logical, Bytes physical, int itemsize) {
              check_size("logical buffer", logical.size(), logical_bytes(l, itemsize));
              check_size("physical buffer", physical.size(), l.physical_bytes());
-             nb::gil_scoped_release release;
+             ReleasedGil released;
              kvref::pack(l, logical.data(), physical.data(), itemsize);
            },
            nb::arg("logical"), nb::arg("physical"), nb::arg("itemsize"))
@@ -61,7 +61,7 @@ void bind_layout(nb::module_& m) {
            [](const TiledLayout& l, ReadOnlyBytes physical, Bytes logical, int itemsize) {
              check_size("physical buffer", physical.size(), l.physical_bytes());
              check_size("logical buffer", logical.size(), logical_bytes(l, itemsize));
-             nb::gil_scoped_release release;
+             ReleasedGil released;
              kvref::unpack(l, physical.data(), logical.data(), itemsize);
            },
            nb::arg("physical"), nb::arg("logical"), nb::arg("itemsize"));

@@ -199,7 +199,7 @@ void bind_mover(nb::module_& m) {
 
   nb::class_<TransferFuture>(m, "TransferFuture")
       .def("wait", &TransferFuture::wait, nb::arg("timeout_s") = -1.0,
-           nb::call_guard<nb::gil_scoped_release>())
+           nb::call_guard<ReleasedGil>())
       .def("done", &TransferFuture::done)
       .def("rethrow", &TransferFuture::rethrow);
 

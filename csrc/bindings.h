@@ -4,6 +4,8 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include "released_gil.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>

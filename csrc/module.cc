@@ -31,4 +31,6 @@ NB_MODULE(_core, m) {
   kvref_bind::bind_device(m);
   kvref_bind::bind_mover(m);
   kvref_bind::bind_plans(m);
+  m.def("park_other_threads_at_exit", &kvref_bind::park_other_threads_at_exit, nanobind::arg("seconds"),
+        "At exit (atexit): no other thread takes the GIL back from a kvref call; see released_gil.h.");
 }

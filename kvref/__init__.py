@@ -1,5 +1,8 @@
 """kvref: an exact model of XLA TPU tiled layouts and KV-cache block offload."""
 
+import atexit
+
+from kvref import _core
 from kvref.dtypes import ELEMENT_TYPES, element_type
 from kvref.errors import (HostBudgetError, HostPoolExhausted, LayoutError, NotAFlag, NotAnInteger, PeerTransferFailed,
                           PoolTooLarge)
@@ -25,6 +28,10 @@ from kvref.slices import (
 )
 from kvref.torch_interop import from_torch, to_torch, torch_dtype
 from kvref.transfer import transfer_d2h, transfer_d2h_async, transfer_h2d, transfer_h2d_async
+
+# A daemon thread inside a kvref call at exit would abort the process as it took the GIL back
+# (csrc/released_gil.h): from the atexit hooks on, such a thread is parked instead.
+atexit.register(_core.park_other_threads_at_exit, 5.0)
 
 __all__ = [
     "AllocationError", "ChunkState", "ELEMENT_TYPES", "FAULTS", "Faults", "GENERATIONS", "BufferState", "DeviceArray", "DeviceError",

@@ -23,6 +23,7 @@ CASE_SECONDS = 20.0  # well inside the fuzz worker's watchdog; a held copy lasts
 KINDS = ("d2h", "h2d", "auto", "raw_d2h", "raw_h2d")
 EVENTS = {  # what ends the child, and the status that ending alone implies
     "await": 0, "exit": 0, "return": 0, "drop_and_exit": 0, "thread": 0, "fork": 0, "exit_holding_gil": 0,
+    "daemon_packing": 0, "daemon_waiting": 0,
     "raise": 1, "SIGTERM": -signal.SIGTERM, "SIGINT": -signal.SIGINT, "SIGINT_in_wait": -signal.SIGINT,
 }
 ROWS, HOST_BLOCKS = 64, 24
@@ -213,11 +214,31 @@ def child(case: dict) -> None:
     elif event in ("SIGTERM", "SIGINT"):
         os.kill(os.getpid(), getattr(signal, event))
         time.sleep(CASE_SECONDS)  # the signal ends the process before this does
+    elif event in ("daemon_packing", "daemon_waiting"):  # the process exits while a daemon thread is in a call
+        threading.Thread(target=_keep_calling, args=(event, held), daemon=True).start()
+        time.sleep(0.05)
+        sys.exit(0)
     elif event == "SIGINT_in_wait":
         threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
         for future in held["futures"]:
             future.result(timeout=CASE_SECONDS / 2)
         time.sleep(CASE_SECONDS)
+
+
+
+def _keep_calling(event: str, held: dict) -> None:
+    """Calls that let go of the GIL, one after another, until the process ends."""
+    import numpy as np
+
+    import kvref
+
+    cache, (manager, _) = held["cache"], held["managers"]
+    logical = np.ones((ROWS, 8, 128), np.float32)
+    while True:
+        if event == "daemon_packing":
+            kvref.pack(logical, cache.shape)
+        else:
+            manager.d2h(list(MANAGED_READ[:8]), list(range(8))).result(timeout=CASE_SECONDS)
 
 
 if __name__ == "__main__":

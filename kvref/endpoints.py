@@ -4,7 +4,9 @@ each checked once with an error naming what was wrong."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import socket
 from dataclasses import dataclass
 
 from kvref.values import integer
@@ -32,6 +34,26 @@ def address(text, what: str = "an endpoint") -> str:
     if ":" in host and not (host.startswith("[") and host.endswith("]")):
         raise ValueError(f"{what} {text!r}: an IPv6 host goes in brackets, '[::1]:port'")
     return text
+
+
+def is_wildcard(host: str) -> bool:
+    """Whether binding `host` binds every interface: judged on the address it
+    resolves to as a number (no name lookup), so every spelling of 0.0.0.0
+    and :: ('0', '0x0', '0.0', '[0:0::0]', '::ffff:0.0.0.0') is one, and ''."""
+    host = host.strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host:
+        return True
+    try:
+        found = socket.getaddrinfo(host, None, flags=socket.AI_NUMERICHOST)
+    except (socket.gaierror, UnicodeError, ValueError):
+        return False  # a name: not a number that binds every interface
+    for _, _, _, _, sockaddr in found:
+        ip = ipaddress.ip_address(sockaddr[0].partition("%")[0])
+        if ip.is_unspecified or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_unspecified):
+            return True
+    return False
 
 
 def port_of(text: str) -> int:

@@ -38,12 +38,12 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from kvref.endpoints import is_wildcard
 from kvref.faults import Faults
 from kvref.store_table import StoreTable
 from kvref.values import flag, integer
 
 INT32_MAX = 2**31 - 1
-WILDCARDS = ("0.0.0.0", "::", "[::]")
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class KVCacheStore:
                  faults=()):
         self._capacity = integer(capacity, "capacity", 1)
         self.num_shards = integer(num_shards, "num_shards", 1)
-        if not isinstance(store_server_ip, str) or not store_server_ip or store_server_ip in WILDCARDS:
+        if not isinstance(store_server_ip, str) or is_wildcard(store_server_ip):
             raise ValueError(f"store_server_ip must name this host as peers reach it (not empty, not a "
                              f"wildcard), got {store_server_ip!r}")
         if not isinstance(raiden_id, RaidenId):

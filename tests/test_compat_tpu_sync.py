@@ -7,6 +7,7 @@ when the scheduler evicts. Every byte checked."""
 
 import importlib
 import json
+import re
 import sys
 
 import numpy as np
@@ -145,6 +146,10 @@ def test_a_failed_copy_is_the_wrappers_runtime_error():
         m.d2h([0], [0]).Await()
 
 
+WILDCARD_SPELLINGS = ("0.0.0.0", "0", "0x0", "0.0", "000.000.000.000", "::", "[::]", "0:0::0", "[0:0:0:0:0:0:0:0]",
+                      "::ffff:0.0.0.0", " ")
+
+
 def test_the_facade_listens_on_the_host_the_stack_advertises_and_never_a_wildcard(monkeypatch):
     dev = kvref.SimDevice("v6e")
     caches, _ = caches_on(dev)
@@ -153,9 +158,10 @@ def test_the_facade_listens_on_the_host_the_stack_advertises_and_never_a_wildcar
     [endpoint] = m.get_local_endpoints()
     assert endpoint["endpoint"] == f"127.0.0.2:{m.local_control_port}"
     m.reference.close()
-    monkeypatch.setenv(tpu_sync.HOST_VARIABLE, "0.0.0.0")
-    with pytest.raises(ValueError, match="VLLM_HOST_IP='0.0.0.0' is a wildcard"):
-        tpu_sync.KVCacheManager(caches, 0, max_blocks=4, num_slots=2)
+    for spelling in WILDCARD_SPELLINGS:  # each binds every interface
+        monkeypatch.setenv(tpu_sync.HOST_VARIABLE, spelling)
+        with pytest.raises(ValueError, match=re.escape(f"VLLM_HOST_IP={spelling!r} is a wildcard")):
+            tpu_sync.KVCacheManager(caches, 0, max_blocks=4, num_slots=2)
 
 
 def test_install_gives_every_name_the_connectors_import():

@@ -88,7 +88,8 @@ def test_a_bad_argument_is_refused_by_name_and_changes_nothing(call):
     ({"capacity": 0}, "capacity must be a positive integer"),
     ({"capacity": True}, "capacity must be a positive integer"),
     ({"capacity": 4, "num_shards": 0}, "num_shards must be a positive integer"),
-    ({"capacity": 4, "store_server_ip": "0.0.0.0"}, "not a wildcard"),
+    *[({"capacity": 4, "store_server_ip": spelling}, "not a wildcard")
+      for spelling in ("0.0.0.0", "0", "0x0", "::", "[::]", "0:0::0", "::ffff:0.0.0.0", "")],
     ({"capacity": 4, "raiden_id": "job"}, "raiden_id must be a RaidenId"),
 ])
 def test_a_bad_constructor_argument_is_refused_by_name(kwargs, says):

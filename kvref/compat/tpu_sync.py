@@ -47,7 +47,7 @@ import kvref
 from kvref import worker_registration
 from kvref.compat import data_rails
 from kvref.manager import shards_of
-from kvref.endpoints import LOOPBACK, with_port
+from kvref.endpoints import LOOPBACK, is_wildcard, with_port
 from kvref import kv_store
 from kvref.kv_store import RaidenId  # noqa: F401 (the facade's name)
 from kvref.values import flag, integer
@@ -60,7 +60,6 @@ _UNDER_KEY: dict[str, dict] = {}  # key -> weak references to the manager and st
 # The host a serving stack advertises to its peers (vllm's, which
 # tpu-inference's disaggregated connector sends as the pull endpoint's host).
 HOST_VARIABLE = "VLLM_HOST_IP"
-WILDCARDS = ("0.0.0.0", "::", "[::]", "")
 
 
 class PoolExhausted(RuntimeError, kvref.HostPoolExhausted):
@@ -294,7 +293,7 @@ def listen_host() -> str:
     ($VLLM_HOST_IP), else loopback; never a wildcard, which binds but
     cannot be dialled."""
     host = os.environ.get(HOST_VARIABLE, LOOPBACK)
-    if host.strip() in WILDCARDS:
+    if is_wildcard(host):
         raise ValueError(f"${HOST_VARIABLE}={host!r} is a wildcard; name the address peers dial this host on")
     return host
 

@@ -4,10 +4,11 @@ block, for every service the manager offers over the network (pulls,
 kvref.pulls; host-to-host transfers, kvref.host_transfers).
 
 Trust: a listener serves whoever reaches its address. What any client can
-make it hold is bounded: a message no larger than its services carry
-(each service's receive_bytes), SERVER_THREADS calls at once (more are
-refused at once with RESOURCE_EXHAUSTED), idle connections closed and silent
-peers dropped by keepalive. Each service bounds how long it serves one call.
+make it hold is bounded (peer_server, also the worker's server): a message
+no larger than its services carry (each service's receive_bytes),
+SERVER_THREADS calls at once (more are refused at once with
+RESOURCE_EXHAUSTED), MOST_CONNECTIONS connections, idle ones closed and
+silent peers dropped by keepalive. Each service bounds how long it serves one call.
 Listen only on an address the peers you trust reach (the reference's tests
 and probes: loopback)."""
 
@@ -21,9 +22,12 @@ from kvref.faults import Faults
 
 SERVER_THREADS = 4
 CLOSE_SECONDS = 5.0  # the longest stopping one server waits
+# Connections one server keeps at once: a stranger's idle ones cannot take every descriptor
+# of the process (1,024 by default); a peer opens a few.
+MOST_CONNECTIONS = 64
 SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.max_send_message_length", -1),
                   ("grpc.max_connection_idle_ms", 30_000), ("grpc.keepalive_time_ms", 10_000),
-                  ("grpc.keepalive_timeout_ms", 5_000)]
+                  ("grpc.keepalive_timeout_ms", 5_000), ("grpc.max_allowed_incoming_connections", MOST_CONNECTIONS)]
 REPLY_FRAMING_BYTES = 64 * 1024  # of a peer's message, besides the block bytes it carries
 MOST_MESSAGE_BYTES = 2**31 - 1  # what gRPC can carry in one message at all
 
@@ -50,6 +54,19 @@ def peer_channel(address: str, most_reply_bytes: int):
     return grpc_module().insecure_channel(address, options=[
         ("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1),
         ("grpc.enable_http_proxy", 0), ("grpc.use_local_subchannel_pool", 1)])
+
+
+def peer_server(threads: int, receive_bytes: int, reuse_port: bool = False):
+    """The one way kvref serves peers: `threads` calls at once (more are
+    refused at once, RESOURCE_EXHAUSTED), no message larger than
+    `receive_bytes`, at most MOST_CONNECTIONS connections, idle ones closed
+    and silent peers dropped by keepalive; `reuse_port`: the port shared (a
+    fault model's)."""
+    options = [*SERVER_OPTIONS, ("grpc.max_receive_message_length", receive_bytes)]
+    if reuse_port:
+        options = [(k, 1 if k == "grpc.so_reuseport" else v) for k, v in options]
+    return grpc_module().server(ThreadPoolExecutor(threads, thread_name_prefix="kvref-listen"), options=options,
+                                maximum_concurrent_rpcs=threads)
 
 
 def layers_mismatch(header, layer_block_bytes, layer_parts, who: str) -> str:
@@ -82,16 +99,11 @@ class Listener:
         self._servers: list[tuple[object, str, tuple[int, ...]]] = []
 
     def start(self, services: list[Service]) -> None:
-        grpc = grpc_module()
         base = port_of(self.where)
         receive = max(s.receive_bytes for s in services)
         try:
             for i, group in enumerate(self.groups):
-                options = [*SERVER_OPTIONS, ("grpc.max_receive_message_length", receive)]
-                if self._faults.shared_listen_port:
-                    options = [(k, 1 if k == "grpc.so_reuseport" else v) for k, v in options]
-                server = grpc.server(ThreadPoolExecutor(SERVER_THREADS, thread_name_prefix="kvref-listen"),
-                                     options=options, maximum_concurrent_rpcs=SERVER_THREADS)
+                server = peer_server(SERVER_THREADS, receive, self._faults.shared_listen_port)
                 server.add_generic_rpc_handlers([s.handlers(group) for s in services])
                 asked = with_port(self.where, base + i if base and not self._faults.named_port_ignored else 0)
                 try:

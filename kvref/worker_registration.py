@@ -22,14 +22,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
 
 from kvref.endpoints import address, port_of
 from kvref.faults import Faults
-from kvref.listener import peer_channel
+from kvref.listener import peer_channel, peer_server
 from kvref.values import integer
 
 REGISTER_DEADLINE_S = 5.0  # one registration call; past it the controller counts as unreachable
@@ -37,6 +36,7 @@ DEFAULT_WORKER_ID = "worker_0"  # the production wrapper's when none is given
 MAX_WORKER_ID = 256  # characters: an id goes into the controller's tables and logs
 SERVICE = "tpu_sync.proto.RaidenControllerService"
 LOG = logging.getLogger(__name__)
+WORKER_RECEIVE_BYTES = 64 * 1024  # the worker serves no call yet: nothing a stranger sends is held beyond this
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class _Worker:
 
     def __init__(self, host: str, port: int):
         self.pid = os.getpid()
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+        self.server = peer_server(1, WORKER_RECEIVE_BYTES)  # serves nothing yet: the controller's calls to come
         try:
             self.port = self.server.add_insecure_port(f"{host}:{port}")
         except RuntimeError as e:  # grpc raises this when the port cannot be bound (older ones return 0)

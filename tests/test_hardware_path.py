@@ -311,6 +311,26 @@ def test_one_host_of_a_multi_host_slice_is_refused_at_once(monkeypatch, tmp_path
     assert hardware.multi_host() is None
 
 
+def test_one_host_of_a_gce_slice_is_refused_at_once_from_its_tpu_env(monkeypatch, tmp_path):
+    # A GCE slice names its hosts in metadata, not in the environment: host 3 of a 2x2x2 slice.
+    vm = standin_vm.build(tmp_path / "vm", "v5p", 4, host_bounds="2,2,2", worker_id=3)
+    monkeypatch.setenv(standin_vm.VM_VARIABLE, str(vm.root))
+    for name in (*hardware.MULTI_HOST_VARIABLES, "TPU_SKIP_MDS_QUERY", "TPU_HOST_BOUNDS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(hardware.subprocess, "run", lambda *a, **k: pytest.fail("the runtime was started"))
+    hardware._runtime_environment.cache_clear()
+    hardware.local_runtime.cache_clear()
+    try:
+        with standin_vm.MetadataServer(vm) as server:
+            monkeypatch.setenv(standin_vm.METADATA_HOST_VARIABLE, server.host)
+            with pytest.raises(hardware.TpuUnavailable, match=r"host 3 of a slice of 8 hosts \(tpu-env HOST_BOUNDS"):
+                hardware.local_generation()
+    finally:
+        hardware._runtime_environment.cache_clear()
+        hardware.local_runtime.cache_clear()
+    assert hardware.slice_host({"TPU_HOST_BOUNDS": "1,1,1"}) is None and hardware.slice_host({}) is None
+
+
 def test_a_wheel_without_the_allocator_says_so_by_name():
     """tpu-sync-torch's manager has no d2h_auto_allocate or unlock_blocks."""
     from probes.iut.tpu_sync import SyncManagerView

@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import glob
 import json
+import math
 import os
 import re
 import subprocess
@@ -153,6 +154,23 @@ def multi_host() -> str | None:
     return None
 
 
+def slice_host(env: dict[str, str]) -> str | None:
+    """Why a runtime started with `env` (tpu-env's fields as variables, or
+    the user's own) would be one host of a multi-host slice, or None: a GCE
+    slice says so in tpu-env (HOST_BOUNDS beyond one host), not in the
+    environment, and its runtime would wait for every host to join."""
+    bounds = env.get("TPU_HOST_BOUNDS", "1,1,1")
+    try:
+        hosts = math.prod(int(b) for b in bounds.replace(" ", "").split(","))
+    except ValueError:
+        return f"TPU_HOST_BOUNDS={bounds!r} is not a list of integers: how many hosts share the slice is not known"
+    if hosts <= 1:
+        return None
+    return (f"this TPU VM is host {env.get('TPU_WORKER_ID', '?')} of a slice of {hosts} hosts (tpu-env HOST_BOUNDS "
+            f"{bounds}), and its runtime would wait for all of them; kvprobe probes one host: run it on a "
+            "single-host TPU VM")
+
+
 METADATA_SECONDS = 10.0
 
 
@@ -250,6 +268,8 @@ def local_runtime() -> tuple[str, int] | None:
     if reason := multi_host():
         raise TpuUnavailable(reason)
     env = device_env({k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"})
+    if reason := slice_host(env):
+        raise TpuUnavailable(reason)
     try:
         done = subprocess.run([sys.executable, "-c", ASK_RUNTIME], capture_output=True, text=True,
                               timeout=ASK_SECONDS, env=env)

@@ -65,6 +65,8 @@ class StandinVm:
     devices_per_chip: int  # JAX devices (TensorCores) per chip
     cold_start_seconds: float
     metadata_wait_seconds: float  # how long the runtime retries the metadata server (libtpu: for ever)
+    host_bounds: str = "1,1,1"  # hosts of its slice along each axis: more than one, one host of a slice
+    worker_id: int = 0  # which host of its slice it is
 
     @property
     def devices(self) -> int:
@@ -82,22 +84,24 @@ class StandinVm:
     def tpu_env(self) -> str:
         """The VM's `tpu-env` metadata, in the YAML lines a TPU VM's has."""
         fields = {"ACCELERATOR_TYPE": self.accelerator_type, "CHIPS_PER_HOST_BOUNDS": f"{self.chips},1,1",
-                  "HOST_BOUNDS": "1,1,1", "WORKER_ID": "0", "ZONE": "standin-zone-a"}
+                  "HOST_BOUNDS": self.host_bounds, "WORKER_ID": str(self.worker_id), "ZONE": "standin-zone-a"}
         return "".join(f"{key}: '{value}'\n" for key, value in fields.items())
 
 
 def build(root: Path, chip: str, chips: int = 1, *, known: bool = True, cold_start_seconds: float = 2.0,
           metadata_wait_seconds: float = 600.0, functions_per_chip: int | None = None,
-          devices_per_chip: int | None = None) -> StandinVm:
+          devices_per_chip: int | None = None, host_bounds: str = "1,1,1", worker_id: int = 0) -> StandinVm:
     """A stand-in VM of `chips` chips of `chip` in `root`. `known=False`: under a
     PCI id no table knows (a new chip). `functions_per_chip` overrides the
     PCI functions each chip shows (tpu7x: one per TensorCore) and
     `devices_per_chip` the devices its runtime opens for each (a VM at odds
-    with its own bus)."""
+    with its own bus). `host_bounds` and `worker_id`: one host of a slice
+    of several, as its tpu-env says."""
     declared = {c.name: c for c in CHIPS}[chip]
     pci_id = (declared.pci_device_ids or (UNKNOWN_PCI_ID,))[0] if known else UNKNOWN_PCI_ID
     vm = StandinVm(Path(root), chip, chips, pci_id, declared.device_kinds[0],
-                   devices_per_chip or declared.devices_per_chip, cold_start_seconds, metadata_wait_seconds)
+                   devices_per_chip or declared.devices_per_chip, cold_start_seconds, metadata_wait_seconds,
+                   host_bounds, worker_id)
     functions = functions_per_chip or (declared.devices_per_chip if chip == "tpu7x" else 1)  # tpu-info's V7X
     pci = vm.root / "sys" / "bus" / "pci" / "devices"
     group = 0

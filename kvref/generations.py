@@ -24,6 +24,9 @@ class TpuChip:
     torch_tpu_name: str | None = None  # torch.tpu.get_device_name(); None: TorchTPU does not run on it
     devices_per_chip: int = 1  # JAX devices one chip shows (its TensorCores where JAX shows each)
     accel_nodes: bool = False  # its chips are /dev/accel<N> (tpu-info's chip_path), not /dev/vfio/<group>
+    # The chip configuration its hosts run, where libtpu's compile-only topology defaults to another
+    # (v4: megacore, one device of two TensorCores per chip; libtpu describes v4:2x2x1 as 8 single cores).
+    chip_config: str | None = None
 
 
 # Read from jax's hardware_utils.py and pallas tpu_info.py, Ray's accelerator
@@ -31,7 +34,8 @@ class TpuChip:
 CHIPS: tuple[TpuChip, ...] = (
     TpuChip("v2", None, ("TPU v2",), (), "TPU-V2", devices_per_chip=2, accel_nodes=True),  # no PCI id of its own
     TpuChip("v3", "v3:2x2", ("TPU v3",), ("0x0027",), "TPU-V3", devices_per_chip=2, accel_nodes=True),
-    TpuChip("v4", "v4:2x2x1", ("TPU v4",), ("0x005e",), "TPU-V4", "TPU v4", accel_nodes=True),
+    TpuChip("v4", "v4:2x2x1", ("TPU v4",), ("0x005e",), "TPU-V4", "TPU v4", accel_nodes=True,
+            chip_config="megacore"),
     TpuChip("v5e", "v5e:1x1", ("TPU v5 lite", "TPU v5e"), ("0x0063",), "TPU-V5LITEPOD", "TPU v5e"),
     TpuChip("v5p", "v5p:2x2x1", ("TPU v5", "TPU v5p"), ("0x0062",), "TPU-V5P", "TPU v5p"),
     TpuChip("v6e", "v6e:1x1", ("TPU v6 lite", "TPU v6e"), ("0x006f",), "TPU-V6E", "TPU v6e"),
@@ -47,6 +51,7 @@ RAY_ACCELERATOR_TYPES: dict[str, str] = {c.name: c.ray_accelerator_type for c in
 TORCH_TPU_NAMES: dict[str, str] = {c.torch_tpu_name: c.name for c in CHIPS if c.torch_tpu_name}
 CHIP_NAMES: tuple[str, ...] = tuple(c.name for c in CHIPS)
 DEVICES_PER_CHIP: dict[str, int] = {c.name: c.devices_per_chip for c in CHIPS}
+CHIP_CONFIGS: dict[str, str] = {c.name: c.chip_config for c in CHIPS if c.chip_config}
 
 
 def chip_of_device_kind(kind: str) -> str | None:

@@ -131,3 +131,9 @@ def test_live_lookup_is_cached_on_disk(tmp_path, monkeypatch):
 
     monkeypatch.setattr(compiler, "compile_layout", must_not_compile)
     assert lookup("bf16", (3, 5, 7), "v5e").shape == first.shape
+
+
+@pytest.mark.oracle
+def test_v4_is_compiled_for_the_megacore_devices_its_hosts_have():
+    # libtpu describes v4:2x2x1 as 8 single TensorCores; a v4 host runs its 4 chips as 4 megacore devices.
+    assert len(compiler._devices("v4", 1)) == 4

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 
 from kvref.dtypes import element_type
-from kvref.generations import DEFAULT_TOPOLOGIES, TOPOLOGIES, check_generation
+from kvref.generations import CHIP_CONFIGS, DEFAULT_TOPOLOGIES, TOPOLOGIES, check_generation
 from kvref.shape import Layout, Shape
 from kvref.shape_key import ShapeKey
 from kvref.sharding import Sharding
@@ -128,8 +128,11 @@ def _describe(name: str):
     os.environ.setdefault(*MULTIPLE_LOADS)
     from jax.experimental import topologies
 
+    config = CHIP_CONFIGS.get(name.partition(":")[0])  # as the chip's hosts run it
     try:
         with _libtpu_quiet():
+            if config:
+                return topologies.get_topology_desc(topology_name=name, platform="tpu", chip_config_name=config)
             return topologies.get_topology_desc(topology_name=name, platform="tpu")
     except Exception as e:  # libtpu raises many kinds of errors here
         raise OracleUnavailable(f"libtpu could not describe topology {name!r}: {_first_line(e)} "

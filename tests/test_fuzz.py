@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from kvref import kv_store
 from probes.fuzz import campaign, lifecycle
 from probes.fuzz.kvref_api import CATEGORIES
 from probes.fuzz.lifecycle import EVENTS, Lifecycle
@@ -19,10 +20,44 @@ from probes.fuzz.mismatch import Mismatch
 def test_a_short_campaign_finds_nothing():
     tallies = campaign.campaign(total=1800, seed=2024)
     assert sum(t.inputs for t in tallies) >= 1800
-    assert {t.category for t in tallies} == set(CATEGORIES)
+    assert {t.category for t in tallies} == set(CATEGORIES) | {"addresses", "run_files"}
     for t in tallies:
         assert not t.failures, campaign.render(tallies, 1.0)
         assert t.refused and t.accepted, f"{t.category} exercised only one side"
+
+
+def test_the_addresses_category_finds_a_wildcard_check_that_compares_spellings(monkeypatch):
+    from probes.fuzz.addresses import PeerAddresses
+
+    monkeypatch.setattr(kv_store, "is_wildcard", lambda host: host in ("0.0.0.0", "::", "[::]", ""))
+    category, rng = PeerAddresses(), np.random.default_rng(3)
+    cases = [category.generate(rng) for _ in range(200)]
+    missed = []
+    for case in cases:
+        try:
+            category.run(case)
+        except Mismatch as e:
+            missed.append(str(e))
+    assert any("binds every interface, and was taken" in m for m in missed), missed
+
+
+def test_the_run_files_category_finds_a_reader_that_does_not_refuse_by_name(monkeypatch):
+    import pandas as pd
+
+    from probes.report import run_file_inputs as run_files
+    from probes.report import results
+
+    # A reader as pandas alone gives it: its errors carry no file name, some are not ValueErrors.
+    monkeypatch.setattr(run_files, "read_run", lambda path: results.typed(pd.read_csv(path, keep_default_na=False)))
+    category, rng = run_files.RunFiles(), np.random.default_rng(5)
+    found = []
+    for _ in range(300):
+        try:
+            category.run(category.generate(rng))
+        except Mismatch as e:
+            found.append(str(e))
+    assert any("not in one line naming the file" in f for f in found), found[:5]
+    assert any(" from read_run: " in f for f in found), found[:5]
 
 
 @pytest.mark.parametrize("category, inputs", [("listener", 40), ("imports", 16), ("verdicts", 8)])

@@ -1,7 +1,8 @@
 """A fuzz campaign over kvref's API: `python -m probes.fuzz.campaign
 --inputs 100000 --lifecycle 600 --listener 2000 --imports 200` (`make fuzz`). Inputs run in a worker process
 that logs each one before running it, so a crash or a hang is pinned to the
-input that caused it, and the campaign goes on from the next. The lifecycle
+input that caused it, and the campaign goes on from the next (kvref's API,
+and INPUT_CATEGORIES: addresses, run files). The lifecycle
 cases (probes.fuzz.lifecycle) each run in a process of their own besides, and
 the listener's (probes.fuzz.listener) put a hostile peer before a manager's
 listener, and the imports' (probes.fuzz.outside_imports) name outside IUTs
@@ -74,6 +75,8 @@ def run_category(spec: str, count: int, seed: int, log_dir: Path) -> Tally:
     return tally
 
 
+# Input categories beside kvref's API: addresses peers dial, run files a user holds.
+INPUT_CATEGORIES = ["probes.fuzz.addresses:PeerAddresses", "probes.report.run_file_inputs:RunFiles"]
 LIFECYCLE = "probes.fuzz.lifecycle:Lifecycle"
 LISTENER = "probes.fuzz.listener:HostilePeer"
 IMPORTS = "probes.fuzz.outside_imports:OutsideImports"
@@ -85,7 +88,7 @@ def campaign(total: int, seed: int = 0, specs=None, lifecycle: int = 0, listener
     """`total` inputs shared by the API categories, then `lifecycle` cases,
     `listener` inputs, `imports` outside IUTs and `verdicts` outside IUTs
     that try to write their own verdict."""
-    specs = specs or [f"probes.fuzz.kvref_api:{type(c).__name__}" for c in CATEGORIES.values()]
+    specs = specs or [f"probes.fuzz.kvref_api:{type(c).__name__}" for c in CATEGORIES.values()] + INPUT_CATEGORIES
     per = -(-total // len(specs)) if total else 0
     counts = [(spec, per) for spec in specs] + [(LIFECYCLE, lifecycle), (LISTENER, listener), (IMPORTS, imports),
                                                  (VERDICTS, verdicts)]

@@ -95,7 +95,8 @@ def read_run(path) -> pd.DataFrame:
                             dtype={c.name: KINDS[c.kind] for c in SCHEMA if c.kind == "text" and c.name in header},
                             na_values={c.name: [""] for c in SCHEMA if c.nullable and c.name in header})
         return typed(frame)
-    except (ValueError, TypeError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+    except (ValueError, TypeError, OverflowError, pd.errors.ParserError, pd.errors.EmptyDataError,
+            UnicodeDecodeError) as e:
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"{path} is not a kvprobe run CSV: {why[:300]}") from None
 

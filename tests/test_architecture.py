@@ -326,3 +326,10 @@ def test_each_command_is_declared_by_its_own_module_and_the_parser_is_their_tabl
     assert source.count("add_argument(") == source.count('add_argument("--version"') and "add_parser(" not in source
     parsed = cli.build_parser().parse_args(["diff", "a.csv", "b.csv"])
     assert parsed.run.__module__ == "probes.run.diff_command"
+
+
+def test_the_tests_map_names_every_test_module_and_helper():
+    text = (ROOT / "tests" / "README.md").read_text()
+    missing = [p.name for p in sorted((ROOT / "tests").glob("*.py"))
+               if p.name != "__init__.py" and f"`{p.name}`" not in text]
+    assert missing == []

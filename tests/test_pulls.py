@@ -54,14 +54,14 @@ def pair(device, keys=(KEY,) * 3, timeout_s=5.0, **producer):
 
 def settle(manager, reqs, seconds=BOUND):
     """What poll_stats reports until every one of `reqs` is done or failed."""
-    deadline = time.monotonic() + seconds
     seen = ([], [], [])
-    while time.monotonic() < deadline:
+
+    def settled() -> bool:
         for mine, got in zip(seen, manager.poll_stats()):
             mine.extend(got)
-        if all(req in seen[1] or req in seen[2] for req in reqs):
-            return seen
-        time.sleep(0.005)
+        return all(req in seen[1] or req in seen[2] for req in reqs)
+
+    wait_for(settled, seconds, 0.005)
     return seen
 
 

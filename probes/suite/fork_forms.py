@@ -14,6 +14,7 @@ import signal
 import tempfile
 import time
 
+from kvref.polling import wait_for
 from probes.iut.adapter import Adapter
 from probes.suite.cases import Case
 from probes.suite.pull_sides import FAILING_TIMEOUT_S, PULL_TIMEOUT_S, Side, endpoint_for, pull_library, uuid_of
@@ -97,10 +98,10 @@ def _slots_in_child(case: Case, iut: Adapter, inherited) -> Outcome:
     producer.manager.register_read("fork", uuid_of(case), [r for r, _ in pairs])
     consumer.manager.start_read("fork", uuid_of(case), endpoint_for(producer.manager.get_local_endpoints()),
                                 [r for r, _ in pairs], [l for _, l in pairs])
-    deadline, done = time.monotonic() + FAILING_TIMEOUT_S, ([], [], [])
-    while time.monotonic() < deadline and "fork" not in done[1] + done[2]:
-        done = consumer.manager.poll_stats()
-        time.sleep(EXIT_POLL_S)
+    polls = [([], [], [])]
+    wait_for(lambda: polls.append(consumer.manager.poll_stats()) or "fork" in polls[-1][1] + polls[-1][2],
+             FAILING_TIMEOUT_S, EXIT_POLL_S)
+    done = polls[-1]
     if "fork" not in done[1]:
         return Outcome(ERROR, f"a pull between two slots-form managers built in it ended "
                        f"{'failed' if 'fork' in done[2] else 'unsettled'}")
@@ -177,12 +178,9 @@ def _innermost(stacks) -> str:
 
 def _wait(pid: int, seconds: float) -> int | None:
     """The child's wait status, or None once `seconds` passed (it is then killed and reaped)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        time.sleep(EXIT_POLL_S)
+    waited = []  # each (pid, status) waitpid gave: (0, 0) while the child runs
+    if wait_for(lambda: waited.append(os.waitpid(pid, os.WNOHANG)) or waited[-1][0], seconds, EXIT_POLL_S):
+        return waited[-1][1]
     os.kill(pid, signal.SIGUSR1)  # its stacks (faulthandler), then the end
     time.sleep(STACKS_S)
     os.kill(pid, signal.SIGKILL)

@@ -14,13 +14,15 @@ import pytest
 import kvref
 from probes.iut.protocol import (HostTransferLibrary, Library, ManagerView, PullLibrary, PullManager, StoreView,
                                  missing_members)
+from probes.iut.registry import adapter_for
 from probes.run import cli, fuzz_command
 from probes.run.runner import run_cases
 from probes.suite import contract_hosts, contract_pulls, contract_rules
 from probes.suite.block_model import BlockModel
 from probes.suite.cases import Case
 from probes.suite.contract import ContractModel, Must
-from probes.suite.contract_sequences import CASE_SECONDS, sequence_in
+from probes.suite.contract_draws import Parts
+from probes.suite.contract_sequences import CASE_SECONDS, run_sequence, sequence_in
 from probes.suite.registry import probe
 from probes.suite.store_model import StoreModel
 from tests.batch import BATCH_SECONDS, selected
@@ -220,6 +222,48 @@ def test_the_model_judges_what_must_be_refused_and_what_may_be():
     model.failing[0] = {6}
     assert model.judge_transfer(False, [3], [6], None).must == Must.FAIL
     assert model.judge_transfer(True, [0], [1, 1], None).must == Must.REFUSE
+
+
+# A load left in flight that fails part-way (a block it writes began to fail): what a later d2h or
+# save copies of another block it writes is not known. The manager orders the copy after the load
+# and fails it while the load is in flight ("an earlier transfer whose blocks this one reads
+# failed"); once the load has ended it copies what the failed load left. Found by `kvprobe fuzz` on
+# kvref-sim (a CORRUPT the model made: it judged the save DO and expected the loaded bytes). The
+# load is held behind a d2h the device stalls, so the block fails before the load's copies run,
+# and it is one run (one copy a layer), so its failing layer writes none of its blocks on any
+# number of copy threads.
+BEFORE_A_FAILING_LOAD = [
+    {"rule": "transfer", "d2h": True, "src": [0], "dst": [0], "sizes": [4], "wait": True},
+    {"rule": "hold", "layer": 0, "seconds": 0.3, "until_step": False},
+    {"rule": "transfer", "d2h": True, "src": [10], "dst": [20], "sizes": None, "wait": False},
+    {"rule": "transfer", "d2h": False, "src": [0], "dst": [10], "sizes": [4], "wait": False},
+]
+FAILS = {"rule": "fail_copies", "layer": 1, "block": 10}
+ENDS = {"rule": "transfer", "d2h": False, "src": [0], "dst": [11], "sizes": None, "wait": True}  # after the load
+SAVE_13 = {"rule": "save", "blocks": [13], "sizes": None, "wait": True}
+
+
+@pytest.mark.parametrize("then", [
+    [FAILS, ENDS, SAVE_13],  # the load ended (failed): the save lands with what it left
+    [FAILS, SAVE_13],  # the load in flight: the save fails with it
+    [FAILS, ENDS, {"rule": "transfer", "d2h": True, "src": [13], "dst": [22], "sizes": None, "wait": True}],
+    [{**SAVE_13, "wait": False}, FAILS, {"rule": "wait", "of": 4}],  # saved before the block began to fail
+], ids=["save-after", "save-in-flight", "d2h-after", "save-then-fail"])
+def test_a_copy_of_what_a_failing_load_writes_lands_unknown_or_fails(then):
+    iut = adapter_for("kvref-sim", "v3")
+    spec = {"shape": "f32[16,4,256]", "layers": 2, "host_blocks": 29, "mode": "put", "store": 0, "without": [],
+            "favour": ""}
+    failure = run_sequence(iut, {"spec": spec, "seed": 980300023, "steps": BEFORE_A_FAILING_LOAD + then},
+                           Parts.of(iut))
+    assert failure is None, failure[1].detail
+
+
+def test_the_model_forgets_a_save_of_a_block_a_load_in_flight_may_fail_to_write():
+    model = ContractModel(BlockModel([[bytes([b]) * 4 for b in range(8)]], host_blocks=4, zeroed_pool=False))
+    model.saved(0, [5, 6], None, [1, 2], pending=None, awaited=True, doubtful={6})
+    assert model.blocks.host[0][1] == bytes([5]) * 4 and model.blocks.host[0][2] is None
+    model.forget_copies([3, 4], [0, 3], None, {4})
+    assert model.blocks.host[0][3] is None
 
 
 def test_a_finding_replays_from_its_json_on_any_iut(tmp_path, capsys):

@@ -20,7 +20,10 @@ it may do either (said once, here, with the reason); FAIL, the call
 touches a block whose copies fail, so it must report the failure (a
 refusal, or a wait that raises) and never report it done; MAY_FAIL, a
 transfer in flight when a block it touches began to fail may land or
-fail (either way said, and a failure leaves its destinations unknown)."""
+fail (either way said, and a failure leaves its destinations unknown),
+and so may one that reads what such a transfer still writes (a d2h or
+save of device blocks a load that may fail writes lands unknown: the
+load may have ended, failed, before it was issued)."""
 
 from __future__ import annotations
 
@@ -167,15 +170,26 @@ class ContractModel:
             for block in _spans(dst, sizes):
                 layer[block] = None
 
-    def saved(self, step: int, blocks, sizes, chunks: list[int], pending, awaited: bool) -> None:
+    def saved(self, step: int, blocks, sizes, chunks: list[int], pending, awaited: bool,
+              doubtful: set[int] = frozenset()) -> None:
         sources = _runs(blocks, sizes)
         self.blocks.apply(True, sources, chunks, None)
+        self.forget_copies(sources, chunks, None, doubtful)
         self.touched |= set(chunks)
         for c in chunks:
             self.locked[c] = step
         self.saves[step] = Save(list(blocks), list(chunks), None if awaited else pending)
         if not awaited:
             self.in_flight[step] = set(chunks)
+
+    def forget_copies(self, src, dst, sizes, doubtful: set[int]) -> None:
+        """The host blocks a d2h copied from device blocks a load in flight
+        may fail to write: not known. The manager orders the d2h after the
+        load, but a load that ended (failed) before the d2h was issued is no
+        longer in flight: the d2h then copies what the failed load left."""
+        sizes = [1] * len(src) if sizes is None else sizes
+        unknown = [d + k for s, d, n in zip(src, dst, sizes) for k in range(n) if s + k in doubtful]
+        self.forget(True, unknown, None)
 
     def received(self, step: int, chunks: list[int], contents: list[list[bytes | None]]) -> None:
         """A peer's host blocks landed in `chunks`, locked (contents: per layer, per chunk)."""

@@ -177,6 +177,10 @@ def transfer(session: Session, index: int, step: dict) -> None:
     if not d2h and judgment.must in (Must.DO, Must.EITHER) \
             and host_side(d2h, step["src"], step["dst"], step["sizes"]) & _doubtful_host(session):
         judgment = Judgment(Must.MAY_FAIL, "it reads host blocks a copy in flight may fail to write")
+    doubtful = _doubtful_device(session) if d2h else set()
+    reads_doubtful = device_side(d2h, step["src"], step["dst"], step["sizes"]) & doubtful
+    if judgment.must in (Must.DO, Must.EITHER) and reads_doubtful:
+        judgment = Judgment(Must.MAY_FAIL, "it reads device blocks a load in flight may fail to write")
     what = f"{'d2h' if d2h else 'h2d'} {step['src']} -> {step['dst']} sizes {step['sizes']}"
     pending = judged(session, judgment, what,
                      lambda: session.iut.start(session.manager, d2h, step["src"], step["dst"], step["sizes"]))
@@ -190,6 +194,8 @@ def transfer(session: Session, index: int, step: dict) -> None:
         landed = settle(session, index, judgment, what)
     model.transfer(index, d2h, step["src"], step["dst"], step["sizes"], awaited=index not in session.pending,
                    failed=not landed)
+    if landed and doubtful:
+        model.forget_copies(step["src"], step["dst"], step["sizes"], doubtful)
     if index in session.pending:
         session.judgments[index] = (judgment, what, lambda: model.forget(d2h, step["dst"], step["sizes"]),
                                     device_side(d2h, step["src"], step["dst"], step["sizes"]))
@@ -199,6 +205,9 @@ def save(session: Session, index: int, step: dict) -> None:
     """d2h_auto_allocate: chunks the manager picks and locks."""
     model = session.model
     judgment = model.judge_save(step["blocks"], step["sizes"])
+    doubtful = _doubtful_device(session)
+    if judgment.must in (Must.DO, Must.EITHER) and device_side(True, step["blocks"], [], step["sizes"]) & doubtful:
+        judgment = Judgment(Must.MAY_FAIL, "it reads device blocks a load in flight may fail to write")
     what = f"save {step['blocks']} sizes {step['sizes']}"
     answer = judged(session, judgment, what, lambda: session.iut.save(session.manager, step["blocks"], step["sizes"]))
     if answer is REFUSED:
@@ -207,7 +216,7 @@ def save(session: Session, index: int, step: dict) -> None:
     chunks = check_handed_out(what, chunks, sum(step["sizes"]) if step["sizes"] is not None else len(step["blocks"]),
                               model)
     session.pending[index] = pending
-    model.saved(index, step["blocks"], step["sizes"], chunks, pending, awaited=False)
+    model.saved(index, step["blocks"], step["sizes"], chunks, pending, awaited=False, doubtful=doubtful)
     session.judgments[index] = (judgment, what, lambda: model.save_failed(index),
                                 device_side(True, step["blocks"], [], step["sizes"]))
     if step["wait"] or judgment.must == Must.FAIL:
@@ -321,17 +330,42 @@ def fail_copies(session: Session, index: int, step: dict) -> None:
         if block in touches and judgment.must in (Must.DO, Must.EITHER):  # accepted, so it was to land
             session.judgments[k] = (Judgment(Must.MAY_FAIL, f"block {block} began to fail while it was in flight"),
                                     what, forget, touches)
-    doubtful = _doubtful_host(session)  # and the loads in flight that read what those write
-    for k, (judgment, what, forget, touches) in session.judgments.items():
-        if judgment.must in (Must.DO, Must.EITHER) and session.model.reading.get(k, set()) & doubtful:
-            session.judgments[k] = (Judgment(Must.MAY_FAIL, "it reads host blocks a copy in flight may fail to "
-                                                            "write"), what, forget, touches)
+    # And, until none is left, the copies in flight that read what those may fail to write: loads
+    # reading their host blocks, saves and d2h issued after a load reading its device blocks (the
+    # manager orders each after the other, and fails it when the one it reads fails).
+    model, changed = session.model, True
+    while changed:
+        changed = False
+        host, loads = _doubtful_host(session), _doubtful_loads(session)
+        for k, (judgment, what, forget, touches) in session.judgments.items():
+            if judgment.must not in (Must.DO, Must.EITHER):
+                continue
+            if model.reading.get(k, set()) & host:
+                why = "it reads host blocks a copy in flight may fail to write"
+            elif k in model.in_flight and any(h < k and touches & w for h, w in loads.items()):
+                why = "it reads device blocks a load in flight before it may fail to write"
+            else:
+                continue
+            session.judgments[k] = (Judgment(Must.MAY_FAIL, why), what, forget, touches)
+            changed = True
 
 
 def _doubtful_host(session: Session) -> set[int]:
     """The host blocks copies in flight that may fail still write."""
     return set().union(*(session.model.in_flight.get(k, set()) for k, (judgment, *_) in session.judgments.items()
                          if judgment.must == Must.MAY_FAIL))
+
+
+def _doubtful_loads(session: Session) -> dict[int, set[int]]:
+    """The loads (h2d) in flight that may fail, and the device blocks each still writes."""
+    return {k: touches for k, (judgment, _, _, touches) in session.judgments.items()
+            if judgment.must == Must.MAY_FAIL and k in session.model.reading}
+
+
+def _doubtful_device(session: Session) -> set[int]:
+    """The device blocks loads in flight that may fail still write: a later
+    d2h of one lands or fails, and what it copies is not known."""
+    return set().union(*_doubtful_loads(session).values())
 
 
 def check(session: Session, index: int, step: dict) -> None:
@@ -375,6 +409,10 @@ def concurrent(session: Session, index: int, step: dict) -> None:
     for request in step["both"]:
         if session.model.judge_transfer(request["d2h"], request["src"], request["dst"], None).must != Must.DO:
             return  # no longer what the rule is for (a replay without an earlier step)
+        reads = (device_side(True, request["src"], request["dst"], None) & _doubtful_device(session) if request["d2h"]
+                 else host_side(False, request["src"], request["dst"], None) & _doubtful_host(session))
+        if reads:
+            return  # it reads what a copy in flight may fail to write: not two valid transfers
     threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in step["both"]]
     for t in threads:
         t.start()

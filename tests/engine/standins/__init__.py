@@ -7,6 +7,7 @@ the driver writes into its summary."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +21,11 @@ def install() -> list[str]:
     # libtpu: a package on sys.path (vLLM's platform choice imports it).
     sys.path.insert(0, str(HERE))
     APPLIED.append("libtpu (import only)")
+    # The engine's child processes (vLLM inspects a model's class in one) get libtpu and the
+    # torchvision schemas too: child_site/sitecustomize.py runs at their start.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE / "child_site"), str(HERE),
+                                                          os.environ.get("PYTHONPATH", "")) if p)
+    APPLIED.append("child processes: libtpu and the torchvision schemas (PYTHONPATH)")
     from tests.engine.standins import attention, compiler_options, hbm, mesh, moe_kernel, torchvision_ops
     # torchvision first: importing tpu_inference imports transformers, which imports torchvision.
     for module in (torchvision_ops, moe_kernel, hbm, mesh, compiler_options, attention):

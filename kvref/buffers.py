@@ -85,15 +85,25 @@ def is_simulated(view: DeviceBufferView) -> bool:
     return isinstance(view.keepalive, DeviceArray)
 
 
-def check_live(view: DeviceBufferView, faults: Faults = Faults()) -> DeviceBufferView:
+FOLLOW_SECONDS = 1.0  # for a donating step's output to appear, once its input is gone
+CHASE_SECONDS = 10.0  # following outputs each donated in turn by the next step
+
+
+def check_live(view: DeviceBufferView, faults: Faults = Faults(), follow: bool = True) -> DeviceBufferView:
     """The view, its storage holding its array's current contents: in-place
     ops recorded since are run (in place, so the storage stays the same) and
     waited for; an XLA tensor whose buffer changed since is re-resolved (a new
     view). A jax.Array deleted since (donated to a computation) no longer owns
-    its storage: ValueError."""
+    its storage: its step's output is followed (a new view), or ValueError.
+
+    `follow=False` leaves a deleted jax.Array's view as it is, for the
+    manager's own threads: following asks live arrays for their buffers, and
+    a step dispatched on another thread at that moment silently gives up its
+    donation and moves the cache (the caller's threads are the ones that
+    dispatch steps, and follow)."""
     array = view.keepalive
     if _deleted(array) and not faults.stale_storage_address:
-        return _donation_output(view, faults)
+        return view if not follow and _is_jax_array(array) else _donation_output(view, faults)
     if isinstance(array, DeviceArray):
         if not faults.buffer_resolved_once:
             _materialize_and_await(array, faults)
@@ -106,7 +116,18 @@ def check_live(view: DeviceBufferView, faults: Faults = Faults()) -> DeviceBuffe
     return view
 
 
-FOLLOW_SECONDS = 1.0  # for a donating step's output to appear, once its input is gone
+def is_still(view: DeviceBufferView) -> bool:
+    """Whether the view's jax.Array is live and ready, asked without holding
+    its buffer: no step has taken it, and the one that made it has ended.
+    Simulated arrays fence their own ops, and XLA tensors are re-resolved:
+    always still."""
+    array = view.keepalive
+    if not _is_jax_array(array):
+        return True
+    try:
+        return not array.is_deleted() and array.is_ready()
+    except Exception:  # noqa: BLE001 (deleted by a step between the two questions)
+        return False
 
 
 def _deleted(array) -> bool:
@@ -120,10 +141,12 @@ def _donation_output(view: DeviceBufferView, faults: Faults) -> DeviceBufferView
     A JAX step being dispatched on another thread has deleted its input
     before its output exists, and the output may itself be donated to the
     next step while it is awaited: so the output is looked for, and awaited,
-    until FOLLOW_SECONDS have passed (a simulated step's output exists
-    before its input is deleted: it is looked for once, and followed)."""
+    following each next step's, until none has been found for FOLLOW_SECONDS
+    or CHASE_SECONDS have passed (a simulated step's output exists before its
+    input is deleted: it is looked for once, and followed)."""
     kind = "simulated array" if isinstance(view.keepalive, DeviceArray) else "jax.Array"
-    deadline = time.monotonic() + FOLLOW_SECONDS
+    started = time.monotonic()
+    deadline = started + FOLLOW_SECONDS
     while not faults.refuses_donated_storage:
         output = _aliased_output(view)
         if output is not None:
@@ -132,6 +155,7 @@ def _donation_output(view: DeviceBufferView, faults: Faults) -> DeviceBufferView
             except Exception:  # donated in turn while it was awaited: follow that step's output
                 if not output.is_deleted():
                     raise
+            deadline = min(time.monotonic() + FOLLOW_SECONDS, started + CHASE_SECONDS)
         elif isinstance(view.keepalive, DeviceArray):
             break  # a simulated step's output is live before its input is deleted: none will come
         if time.monotonic() > deadline:
@@ -139,8 +163,8 @@ def _donation_output(view: DeviceBufferView, faults: Faults) -> DeviceBufferView
         time.sleep(0.001)
     raise ValueError(f"the {view.shape} {kind} the manager addresses was deleted (donated to a step "
                      "whose output does not alias its storage, or deleted) and no live array on "
-                     f"{view.device} holds that storage now (or only another cache's array): it is no longer "
-                     "the cache's, so nothing was moved; build the manager over the live arrays")
+                     f"{view.device} holds that storage now (or only another cache's array): it is no longer the "
+                     "cache's, so nothing was moved; build the manager over the live arrays")
 
 
 def _aliased_output(view: DeviceBufferView):
@@ -152,14 +176,13 @@ def _aliased_output(view: DeviceBufferView):
     # The output may be one device's array, or one shard of an array over a
     # mesh (a sharded cache's step output): each device's part is its own buffer.
     # Another thread's step may donate any listed array while it is read:
-    # JAX then raises, or has no layout, part way, and that one is passed over.
+    # JAX then raises, or has no layout, part way, and that one is passed over
+    # (a step that holds it donated may be running: the caller looks again).
     for candidate in jax.live_arrays(view.device.platform):
         try:
             part = _part_holding(candidate, view)
-        except Exception:  # noqa: BLE001 (whichever read found it gone)
-            if candidate.is_deleted():
-                continue
-            raise
+        except Exception:  # noqa: BLE001 (whichever read found it gone, or being donated: looked at again)
+            continue
         if part is not None and not _held_by_another(part, view):
             return part
     return None

@@ -24,7 +24,7 @@ import numpy as np
 
 from kvref import _core
 from kvref.addressing import plan_host
-from kvref.buffers import DeviceBufferView, check_live, is_simulated, split_shards, unpack_buffer
+from kvref.buffers import DeviceBufferView, check_live, is_simulated, is_still, split_shards, unpack_buffer
 from kvref.errors import HostBudgetError
 from kvref.faults import Faults
 from kvref.limits import check_allocation, memory_available
@@ -108,10 +108,10 @@ class KVCacheManager:
         self.slice_policy = settings.slice_policy
         self._placements = placements
         self._up_to_date_lock = threading.RLock()
-        self._moves = 0  # views followed to a donating step's output so far
         self._staging_mover = None
+        self._lost = ""  # why the caches could not be re-addressed (_readdress), once they could not
         self._staging_blocks = settings.pull_slots * settings.pull_slot_blocks
-        staging = Staging(_weak(self._pull_mover), _weak(self._bring_up_to_date), settings.pull_slots,
+        staging = Staging(_weak(self._pull_mover), _weak(self._still_arrays), settings.pull_slots,
                           settings.pull_slot_blocks, tuple(plan.host_slots))
         peer_timeout = PULL_TIMEOUT_S if settings.timeout_s is None else settings.timeout_s
         listen = settings.listen
@@ -236,15 +236,21 @@ class KVCacheManager:
     # Pulls between managers (kvref.pulls has what each guarantees).
     def register_read(self, req_id: str, uuid: int, block_ids) -> bool:
         """Producer: `block_ids` are request `req_id`'s, for a consumer to pull under `uuid`."""
+        self._readdress()
         return self._pulls.register_read(req_id, uuid, block_ids)
 
     def start_read(self, req_id: str, uuid: int, remote_endpoint, remote_block_ids, local_block_ids,
                    parallelism: int = 1) -> None:
         """Consumer: pull the producer's `remote_block_ids` into `local_block_ids`, pairwise."""
+        self._readdress()
         self._pulls.start_read(req_id, uuid, remote_endpoint, remote_block_ids, local_block_ids, parallelism)
 
     def poll_stats(self) -> tuple[list[str], list[str], list[str]]:
-        """(done_sending, done_recving, failed_recving) request ids since the last poll."""
+        """(done_sending, done_recving, failed_recving) request ids since the
+        last poll. On the serving thread, between its steps: it re-addresses
+        caches a step took, for the pulls and reads in flight (which wait for it)."""
+        if self._pulls.busy:
+            self._readdress()
         return self._pulls.poll_stats()
 
     def get_local_endpoints(self) -> list[dict]:
@@ -319,15 +325,33 @@ class KVCacheManager:
             future.wait_landed()
         return future
 
-    def _bring_up_to_date(self) -> int:
-        """Every view holds its array's current storage (check_live). Returns
-        how often a view has moved so far: where it grew between two calls, a
-        donating step took the caches in between (and has ended by now)."""
+    def _readdress(self) -> None:
+        """On the caller's thread: follow caches a step took, for the manager's
+        own threads (see _still_arrays); where that fails, they fail with it."""
+        try:
+            self._bring_up_to_date()
+        except ValueError as e:
+            self._lost = str(e)
+
+    def _still_arrays(self) -> list | None:
+        """For the manager's own threads (pulls, the listener): the arrays
+        holding every view's storage where each is still (kvref.buffers.is_still),
+        else None. A view whose array a step took is not followed here (see
+        check_live): the caller's next call (poll_stats, each step) does."""
+        with self._up_to_date_lock:
+            if self._lost:
+                raise ValueError(self._lost)
+            self._bring_up_to_date(follow=False)
+            views = [view for layer in self._views for view in layer]
+            return [view.keepalive for view in views] if all(map(is_still, views)) else None
+
+    def _bring_up_to_date(self, follow: bool = True) -> None:
+        """Every view holds its array's current storage (check_live)."""
         with self._up_to_date_lock:  # pulls' threads call this too
             for i, layer in enumerate(self._views):
                 for s, view in enumerate(layer):
                     try:
-                        live = check_live(view, self.faults)
+                        live = check_live(view, self.faults, follow)
                     except ValueError as e:
                         raise ValueError(f"layer {i} shard {s}: {e}") from None
                     if live is not view and s < self._addressed_shards:  # its storage moved: address the new one
@@ -335,8 +359,6 @@ class KVCacheManager:
                         if self._staging_mover is not None:
                             self._staging_mover = self._staging_mover.with_shard(i, s, live.region)
                         layer[s] = live
-                        self._moves += 1
-            return self._moves
 
 
 def _closer(listener: Listener | None, pulls: PullService, host_transfers: HostTransfers,

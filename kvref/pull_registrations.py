@@ -95,6 +95,13 @@ class Registrations:
         return True
 
     @property
+    def outstanding(self) -> bool:
+        """Whether a registration may still be pulled."""
+        with self._lock:
+            self._expire()
+            return bool(self._registrations)
+
+    @property
     def receive_bytes(self) -> int:
         """The largest message a consumer sends: a request id, a uuid, one id
         per block of the cache (a varint of at most 10 bytes) and the parts of a

@@ -117,6 +117,14 @@ class PullService:
     def register_read(self, req_id, uuid, block_ids) -> bool:
         return self.registrations.register_read(req_id, uuid, block_ids)
 
+    @property
+    def busy(self) -> bool:
+        """Pulls in flight or landed and not yet reported, or registrations a
+        consumer may still pull: what needs the caches addressed."""
+        with self._lock:
+            pulling = bool(self._pulls or self._landed)
+        return pulling or self.registrations.outstanding
+
     def start_read(self, req_id, uuid, remote_endpoint, remote_block_ids, local_block_ids,
                    parallelism=1) -> None:
         """Pull the producer's `remote_block_ids` (registered under `uuid`)
@@ -414,8 +422,9 @@ class PullService:
         the serving thread, its donated input reads as deleted only once it
         has run. So a pull written during a step can be undone, and the
         pull's own check after writing can come before the step ends.
-        poll_stats runs on the serving thread between its steps: what it
-        reads has settled, and the blocks are the pull's until reported."""
+        poll_stats runs on the serving thread between its steps, once the
+        manager has re-addressed the caches: what it reads has settled, and
+        the blocks are the pull's until reported."""
         deadline = time.monotonic() + self.timeout_s
         try:
             for _ in range(CONFIRM_WRITES):

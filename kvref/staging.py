@@ -6,6 +6,7 @@ in pieces; each piece holds one slot while it is copied."""
 
 from __future__ import annotations
 
+import operator
 import queue
 import time
 from typing import Callable
@@ -15,6 +16,8 @@ import numpy as np
 from kvref import _core
 from kvref.futures import TransferFuture
 
+STILL_POLL_SECONDS = 0.001  # between looks at caches a step holds
+
 Parts = dict[tuple[int, int, int], bytes]  # (layer, part, position in the pull) -> one part of one block
 
 
@@ -23,13 +26,14 @@ class SlotWaitTimeout(TimeoutError):
 
 
 class Staging:
-    def __init__(self, mover: Callable, bring_up_to_date: Callable, slots: int, slot_blocks: int,
+    def __init__(self, mover: Callable, still: Callable, slots: int, slot_blocks: int,
                  layer_parts: tuple[int, ...]):
         """`mover()`: the staging BlockMover now (it is replaced when a cache's
-        storage moves); `bring_up_to_date()` re-addresses moved storage first.
+        storage moves); `still()`: the arrays that hold the caches now, once
+        moved storage is re-addressed, or None while a step holds one of them.
         Both are the manager's, held weakly by the caller (kvref.pulls), so
         a manager dropped mid-pull can still be collected."""
-        self._mover, self._bring_up_to_date = mover, bring_up_to_date
+        self._mover, self._still = mover, still
         self.slots, self.slot_blocks, self.layer_parts = slots, slot_blocks, layer_parts
         self._free: queue.Queue[int] = queue.Queue()
         for slot in range(slots):
@@ -83,23 +87,29 @@ class Staging:
         self._free.put(base // self.slot_blocks)
 
     def _copy(self, direction: _core.Direction, piece: list[int], base: int, deadline: float) -> None:
-        moves = self._bring_up_to_date()
+        """Copy while no step holds the caches, from start to end.
+
+        A pull copies from its own thread, which the serving thread's steps do
+        not wait for: a JAX CPU step copies the whole cache through itself, so
+        a copy made while a step holds the caches may be undone when the step
+        writes back what it read. So a copy counts only when the same arrays,
+        each live and ready, hold the caches before and after it; otherwise it
+        is made again once they are. (A step run inline on the dispatching
+        thread shows only once it has ended: kvref.pulls reads a landed pull
+        back before reporting it.)"""
         device = np.asarray(piece, dtype=np.int64)
         host = np.arange(base, base + len(piece), dtype=np.int64)
         src, dst = (device, host) if direction == _core.Direction.DEVICE_TO_HOST else (host, device)
         while True:
-            core = self._mover().copy(direction, src, dst, np.ones_like(device))
-            TransferFuture(core).result(timeout=max(0.001, deadline - time.monotonic()))
-            if direction == _core.Direction.DEVICE_TO_HOST:
-                return
-            # A pull writes from its own thread, which the serving thread's steps do not wait
-            # for: a step dispatched since `moves` was read took the caches while they were
-            # written, and may have written back what they held before (a JAX CPU step copies
-            # the whole cache through it). bring_up_to_date waits for that step; write again.
-            again = self._bring_up_to_date()
-            if again == moves:
-                return
+            before = self._still()
+            if before is not None:
+                core = self._mover().copy(direction, src, dst, np.ones_like(device))
+                TransferFuture(core).result(timeout=max(0.001, deadline - time.monotonic()))
+                after = self._still()
+                if after is not None and len(after) == len(before) and all(map(operator.is_, after, before)):
+                    return
             if time.monotonic() > deadline:
-                raise TimeoutError("the pull's blocks were written again after each of the steps that took "
-                                   "the caches meanwhile, until its timeout")
-            moves = again
+                raise TimeoutError("the caches were not still for a whole copy of the pull's blocks until its "
+                                   "timeout: a step held them each time, or took them and no poll_stats came "
+                                   "since to re-address them")
+            time.sleep(STILL_POLL_SECONDS)

@@ -2,7 +2,6 @@
 process on loopback: what moves, what is refused and where, how failures
 settle, what a manager listens on, and the tpu-sync facade's form of it."""
 
-import itertools
 import math
 import os
 import socket
@@ -468,7 +467,7 @@ def test_a_peer_that_posts_and_is_done_between_two_looks_is_heard(tmp_path, monk
 def test_a_pulls_write_undone_by_a_step_that_took_the_caches_meanwhile_is_written_again(device):
     # A JAX CPU step dispatched while a pull's thread writes the cache copies the whole cache
     # through a temporary and writes back what it read before. Here the first write is undone as
-    # that step would undo it, and the count of moved views grows: the blocks must be written again.
+    # that step would undo it, and a new array holds the caches after it: the blocks must be written again.
     cs, hosts = caches(device, 0, keys=(KEY,))
     manager = kvref.KVCacheManager(cs, 8)
     staging = manager._pulls._staging
@@ -496,15 +495,21 @@ def test_a_pulls_write_undone_by_a_step_that_took_the_caches_meanwhile_is_writte
 
     mover = staging._mover
     staging._mover = lambda: StepDuringTheFirstWrite(mover())
-    staging._bring_up_to_date = lambda: manager._bring_up_to_date() + (len(writes) >= 1)
+    holders = [object()]  # what holds the caches: a step that takes them leaves a new array
+
+    def still():
+        if len(writes) == 1 and len(holders) == 1:  # the step took them during the first write
+            holders.append(object())
+        return [holders[-1]]
+
+    staging._still = still
     staging.write(blocks, received, None, time.monotonic() + BOUND)
     manager.d2h(blocks, [0, 1, 2]).result()
     assert [manager.read_block_bytes(0, i) for i in range(3)] == [received[0, 0, i] for i in range(3)]
     assert len(writes) == 2
 
-    moves = itertools.count()
-    staging._bring_up_to_date = lambda: next(moves)  # a step took them during every write
-    with pytest.raises(TimeoutError, match="written again after each of the steps"):
+    staging._still = lambda: None  # a step holds them all the while
+    with pytest.raises(TimeoutError, match="not still for a whole copy"):
         staging.write(blocks, received, None, time.monotonic() + 0.2)
 
 

@@ -39,11 +39,13 @@ system-deps: python-check
 	  { $(SUDO) apt-get install -y -q $(SYSTEM_PACKAGES) || \
 	    { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q $(SYSTEM_PACKAGES); }; }
 
-$(STAMP): pyproject.toml CMakeLists.txt $(wildcard csrc/*) $(wildcard kvref/proto/*.proto) | system-deps
+$(STAMP): pyproject.toml CMakeLists.txt $(wildcard csrc/*) $(wildcard kvref/proto/*.proto) \
+  $(wildcard plugins/pytest-kvprobe/*) | system-deps
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" "torch==2.13.0"
 	$(BIN)/python -m pip install -q --no-build-isolation -e ".[dev,oracle,torch,ray]"
+	$(BIN)/python -m pip install -q --no-build-isolation --no-deps ./plugins/pytest-kvprobe
 	touch $@
 
 probe: $(STAMP)

@@ -1,5 +1,6 @@
-"""kvprobe as a pytest plugin (entry point `pytest11: kvprobe`), for a team's
-own CI, in any repository where kvref is installed:
+"""kvprobe as a pytest plugin (entry point `pytest11: kvprobe` of the
+distribution pytest-kvprobe, plugins/pytest-kvprobe), for a team's own CI,
+in any repository where kvref and pytest-kvprobe are installed:
 
     pytest --kvprobe-iut NAME_OR_MODULE:ATTR [--kvprobe-generation G] [--kvprobe-matrix M]
            [--kvprobe-probe P,...] [--kvprobe-out DIR] [-m tpu]

@@ -120,6 +120,9 @@ class Faults:
     unregistered_pull_fails_at_once: bool = _fault(
         "a pull that arrives before its registration fails at once (NOT_FOUND), though a serving "
         "engine's producer registers a request in its next step, after its consumer may have pulled")
+    pull_threads_follow_donation: bool = _fault(
+        "a pull's and the listener's threads follow caches a step took, asking live arrays for their "
+        "buffers: a step dispatched at that moment on JAX CPU gives up its donation, and the cache moves")
     settled_uuid_served_stale: bool = _fault(
         "the producer remembers a uuid's first blocks: a later registration under a reused "
         "uuid serves the blocks of the first")

@@ -341,7 +341,7 @@ class KVCacheManager:
         with self._up_to_date_lock:
             if self._lost:
                 raise ValueError(self._lost)
-            self._bring_up_to_date(follow=False)
+            self._bring_up_to_date(follow=self.faults.pull_threads_follow_donation)
             views = [view for layer in self._views for view in layer]
             return [view.keepalive for view in views] if all(map(is_still, views)) else None
 

@@ -63,6 +63,9 @@ OUT_OF_REACH = {
     **{f: "caches over a device mesh" for f in ("first_shard_only", "block_ids_on_every_shard",
                                                  "unchecked_shard_shapes")},
     "pool_kept_across_fork": "os.fork(): the fork_forms probe",
+    # Serving steps beside pulls (contract_pulls.serve) drew it in none of 2 x 60 s of sequences: the race
+    # is one step's dispatch against a pull thread's question; a serving loop that steps without pause finds it.
+    "pull_threads_follow_donation": "tests/test_pulls_beside_steps.py (the threads that ask)",
     **{f: "a pull manager's listening socket and port: the pull_sockets and constructor_ports probes" for f in (
         "offload_only_listens", "shared_listen_port", "named_port_ignored", "busy_port_falls_back")},
     "metrics_uniform_layers": "layers of two block sizes on a pull manager: pull_telemetry",
@@ -331,3 +334,26 @@ def test_crashes_of_one_kind_are_shrunk_once_and_all_shrinking_within_its_budget
     fuzz_command.write_findings(results, tmp_path, shrink_seconds=30.0)
     assert len(shrunk) == 2  # one SIGSEGV and the SIGABRT
     assert all(started + 30.0 <= until <= time.monotonic() + 30.0 for until in shrunk)
+
+
+def test_serving_steps_beside_pulls_hold_a_manager_to_its_pulls():
+    """A serving step (contract_pulls.serve) writes other blocks of the
+    consumer's caches, donated in place, while its pull is in flight: the
+    pull must land all the same. A manager that refuses donated storage fails
+    the pull, which the model says must land."""
+    spec = {"shape": "bf16[32,8,128]", "layers": 1, "host_blocks": 8, "mode": "put", "store": 0, "serves": True}
+    steps = [{"rule": "register", "req": "req-1", "uuid": 7, "blocks": [3, 5, 9]},
+             {"rule": "pull", "req": "req-1", "uuid": 7, "pick": [0, 1, 2], "remote": [3, 5, 9], "local": [1, 2, 4],
+              "consumer": 0, "parallelism": 1},
+             {"rule": "serve", "manager": 1, "blocks": [6, 7], "seed": 11, "steps": 6},
+             {"rule": "serve", "manager": 0, "blocks": [3, 8], "seed": 12, "steps": 2},  # 3 is registered: skipped
+             {"rule": "settle"},
+             {"rule": "register", "req": "req-2", "uuid": 8, "blocks": [8]},
+             {"rule": "pull", "req": "req-2", "uuid": 8, "pick": [0], "remote": [8], "local": [6], "consumer": 0,
+              "parallelism": 1},
+             {"rule": "settle"}]
+    calls = {"spec": spec, "seed": 0, "steps": steps}
+    clean, refusing = run_cases([fuzz_command.contract_case("kvref-jax", "cpu", faults, 20.0, 0, calls=calls)
+                                 for faults in (kvref.Faults(), kvref.Faults(refuses_donated_storage=True))], jobs=2)
+    assert clean.outcome.verdict == "PASS", clean.outcome.detail[:3000]
+    assert refusing.outcome.verdict == "ERROR" and "req-1" in refusing.outcome.detail, refusing.outcome.detail[:3000]

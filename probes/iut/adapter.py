@@ -150,20 +150,14 @@ class Adapter:
         return self.arrays.read_by_step(cache)
 
     def donating_step(self, cache, new, in_place: bool):
-        """Arrays' optional donating_step; NotImplementedError naming it where absent."""
-        step = getattr(self.arrays, "donating_step", None)
-        if step is None:
-            raise NotImplementedError(f"{type(self.arrays).__name__} has no donating_step (optional in "
-                                      "probes.iut.protocol.Arrays)")
-        return step(cache, new, in_place)
+        return _optional(self.arrays, "donating_step", "Arrays")(cache, new, in_place)
+
+    def update_blocks(self, cache, blocks: list[int], values):
+        return _optional(self.arrays, "update_blocks", "Arrays")(cache, blocks, values)
 
     def kv_store(self, capacity: int):
-        """Library's optional kv_store (a StoreView); NotImplementedError naming it where absent."""
-        make = getattr(self.library, "kv_store", None)
-        if make is None:
-            raise NotImplementedError(f"{type(self.library).__name__} has no kv_store (optional in "
-                                      "probes.iut.protocol.Library)")
-        return make(capacity)
+        """A StoreView."""
+        return _optional(self.library, "kv_store", "Library")(capacity)
 
     def hold_copies(self, cache, seconds: float, until_step: bool = False) -> bool:
         if until_step:
@@ -206,3 +200,11 @@ class Adapter:
 
     def plan_request(self, uuid: str, src_block: int, dst_block: int):
         return self.library.plan_request(uuid, src_block, dst_block)
+
+
+def _optional(part, name: str, protocol: str):
+    """An optional member of an IUT's Arrays or Library; NotImplementedError naming it where absent."""
+    member = getattr(part, name, None)
+    if member is None:
+        raise NotImplementedError(f"{type(part).__name__} has no {name} (optional in probes.iut.protocol.{protocol})")
+    return member

@@ -54,6 +54,9 @@ class JaxSteps:
     def donating_step(self, cache, new, in_place):
         return model_step(cache, new, in_place, self.pending_bytes // STEP_SHARE)
 
+    def update_blocks(self, cache, blocks, values):
+        return update_blocks(cache, blocks, values)
+
     def make_sharded_caches(self, key, sharding, seeds):
         """One jax.Array per seed over a mesh of this platform's devices, as
         tpu-inference allocates a layer (a NamedSharding)."""
@@ -203,6 +206,30 @@ def model_step(cache, new: np.ndarray, in_place: bool, pending_bytes: int):
     if output.unsafe_buffer_pointer() != storage:
         raise NotInPlace(f"XLA gave the donating step's output a buffer of its own on {device}")
     return output
+
+
+def update_blocks(cache, blocks: list[int], values: np.ndarray):
+    """A serving step that writes some blocks alone (`values` into the
+    cache's first dimension at `blocks`), the cache donated and written in
+    place, dispatched and not awaited; NotInPlace where XLA did not keep its
+    storage (JAX CPU does, unless something held the buffer as it was
+    dispatched)."""
+    import jax
+
+    device = list(cache.devices())[0]
+    storage = cache.unsafe_buffer_pointer()
+    output = _block_update()(cache, np.asarray(blocks, np.int32), jax.device_put(values, device))
+    if output.unsafe_buffer_pointer() != storage:
+        raise NotInPlace(f"XLA gave the step that writes blocks {blocks} a buffer of its own on {device}: the "
+                         "cache was not donated in place")
+    return output
+
+
+@functools.cache
+def _block_update():
+    import jax
+
+    return jax.jit(lambda cache, blocks, values: cache.at[blocks].set(values), donate_argnums=0)
 
 
 def read_by_step(cache) -> np.ndarray:

@@ -108,6 +108,12 @@ class Arrays(Protocol):
     # own storage, as XLA writes a donated buffer it aliases (NotInPlace where
     # the backend did not keep it); otherwise the output lives in fresh
     # storage and the cache's is given up. Without it the donation probes SKIP.
+    #
+    # Optional: `update_blocks(cache, blocks, values) -> cache`, a serving
+    # step that writes `values` into blocks `blocks` (the first dimension)
+    # alone, taking the cache donated and writing it in place (NotInPlace
+    # where its storage was not kept), dispatched and not awaited. The
+    # contract's pull managers run it while pulls are in flight.
 
     def hold_copies(self, cache, seconds: float, until_step: bool = False) -> bool:
         """Hold the next copy between this cache and the host in flight for

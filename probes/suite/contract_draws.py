@@ -46,6 +46,7 @@ class Parts:
     interleaved: tuple[str, ...]  # shapes whose rows are not byte ranges on this device
     pulls: bool  # managers that pull from one another (probes.iut.protocol.PullLibrary)
     hosts: bool  # managers that move host blocks to one another (probes.iut.protocol.HostTransferLibrary)
+    serves: bool  # serving steps that write some blocks in place (Arrays.update_blocks), run beside pulls
 
     @classmethod
     def of(cls, iut: Adapter) -> "Parts":
@@ -54,7 +55,7 @@ class Parts:
                    hold=iut.backend == "sim", deferred=iut.iut.applies("deferred_construction"),
                    interleaved=tuple(shapes_of(iut, INTERLEAVED, contiguous=False)),
                    pulls=isinstance(iut.library, PullLibrary),
-                   hosts=isinstance(iut.library, HostTransferLibrary))
+                   hosts=isinstance(iut.library, HostTransferLibrary), serves=hasattr(iut.arrays, "update_blocks"))
 
 
 def addressable_shapes(iut: Adapter) -> list[str]:
@@ -82,6 +83,8 @@ def draw_spec(rng, shapes: list[str], parts: Parts) -> dict:
                 and (r != "hosts" or parts.hosts)]
     spec["without"] = sorted(r for r in optional if rng.random() < 0.25)
     spec["favour"] = str(rng.choice(optional)) if rng.random() < 0.5 else ""
+    if parts.serves and parts.pulls:
+        spec["serves"] = True  # the pull managers' caches take serving steps (contract_pulls.serve)
     return spec
 
 

@@ -25,9 +25,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 import kvref
 from kvref.polling import wait_for
-from probes.iut.protocol import PullLibrary
+from probes.iut.host_data import random_host
+from probes.iut.protocol import NotInPlace, PullLibrary
 from probes.suite.contract_rules import REFUSED, Broken, Session, judged
 from probes.suite.contract import Judgment, Must
 from probes.suite.pull_sides import pull_bytes
@@ -191,6 +194,49 @@ def pull(session: Session, index: int, step: dict) -> None:
                lambda: w.managers[0].register_read(step["req"], uuid, step["remote"]))
 
 
+def serve(session: Session, index: int, step: dict) -> None:
+    """A serving step on one pull manager's caches, pulls in flight or not:
+    it writes blocks that no pull in flight reads or writes (a scheduler
+    keeps a request's blocks out of the step until its transfer settles),
+    taking each layer's cache donated and writing it in place, dispatched
+    and not awaited. Pulls in flight must land all the same, and later pulls
+    carry the new contents."""
+    w = world(session)
+    n, key = step["manager"], w.keys[step["manager"]]
+    blocks = [b for b in step["blocks"] if b not in _in_flight(w, n)]  # a replay may name blocks busy now
+    if not blocks:
+        return
+    shape = kvref.ShapeKey(key.dtype, (len(blocks), *key.dims[1:]))
+    for n_step in range(step.get("steps", 1)):  # one after another, as a serving loop dispatches them
+        for layer, cache in enumerate(w.caches[n]):
+            values = random_host(shape, step["seed"] + 1000 * n_step + layer, finite=True)
+            try:
+                w.caches[n][layer] = session.iut.update_blocks(cache, blocks, values)
+            except NotInPlace as e:  # JAX CPU keeps a donated cache in place unless its buffer was held at dispatch
+                raise Broken(ERROR, f"a serving step on {MANAGERS[n]}'s layer {layer}, beside its manager's pulls, "
+                                    f"did not keep the cache in place: {e} (a thread that asks a cache for its "
+                                    "buffer as a step is dispatched defeats the donation, and moves the cache)") from e
+    for layer in range(len(w.caches[n])):
+        values = random_host(shape, step["seed"] + 1000 * (step.get("steps", 1) - 1) + layer, finite=True)
+        logical = np.zeros(key.dims, values.dtype)
+        logical[blocks] = values
+        new = session.blocks_of(key, logical)
+        for b in blocks:
+            w.blocks[n][layer][b] = new[b]
+
+
+MANAGERS = ("the producer", "consumer 0", "consumer 1")
+
+
+def _in_flight(w: PullWorld, n: int) -> set[int]:
+    """Blocks of manager `n` a pull may still read (the producer's registered
+    blocks, and those a pull in flight names) or write (a consumer's)."""
+    if n == 0:
+        registered = {b for blocks in w.registrations.values() for b in blocks}
+        return registered | {b for p in w.pulls.values() if not p.settled for b in p.remote}
+    return {b for p in w.pulls.values() if not p.settled and p.consumer == n - 1 for b in p.local}
+
+
 def _bad_pull(remote, local, rows: int) -> str:
     """Why start_read must refuse a request at once, or ""."""
     if len(remote) != len(local):
@@ -311,6 +357,11 @@ def draw_pull_step(rng, session: Session) -> dict:
     req = f"req-{int(rng.integers(2**31))}" if rng.random() < 0.85 else f'req "{int(rng.integers(2**31))}" \\ \u00e9'
     rows = session.key.dims[0]
     kind = rng.random()
+    if w and session.spec.get("serves") and rng.random() < 0.2:
+        manager = int(rng.integers(3))
+        blocks = [int(b) for b in rng.choice(w.keys[manager].dims[0], int(rng.integers(1, 3)), replace=False)]
+        return {"rule": "serve", "manager": manager, "blocks": blocks, "seed": int(rng.integers(2**31)),
+                "steps": int(rng.integers(1, 9))}
     if unsettled and kind < 0.35:
         return {"rule": "settle"} if rng.random() < 0.85 else {"rule": "drop_producer"}
     pulled = sorted(w.pulled) if w else []
@@ -350,7 +401,7 @@ def draw_pull_step(rng, session: Session) -> dict:
     return step
 
 
-RULES = {"register": register, "pull": pull, "settle": settle, "drop_producer": drop_producer}
+RULES = {"register": register, "pull": pull, "settle": settle, "drop_producer": drop_producer, "serve": serve}
 # What exercises each call of probes.iut.protocol's PullLibrary and PullManager.
 CALLS = {"pull_manager": "world", "close_manager": "drop_producer", "pull_failure": "settle",
          "register_read": "register", "start_read": "pull", "poll_stats": "settle", "get_local_endpoints": "pull"}

@@ -97,8 +97,11 @@ class Session:
     def own_caches(self, key: kvref.ShapeKey, seed: int, layers: int = 2) -> tuple[list, list[list[bytes]]]:
         """Caches of `key` for a manager beside the session's, and their blocks per layer."""
         pairs = self.iut.make_caches(key, [seed + i for i in range(layers)], "put", finite=True)
-        layout = self.iut.layout(key)
-        return [c for c, _ in pairs], [_rows(kvref.pack(host, layout), key.dims[0]) for _, host in pairs]
+        return [c for c, _ in pairs], [self.blocks_of(key, host) for _, host in pairs]
+
+    def blocks_of(self, key: kvref.ShapeKey, logical: np.ndarray) -> list[bytes]:
+        """The bytes of each block of a cache of `key` that holds `logical`, as this IUT lays it out."""
+        return _rows(kvref.pack(logical, self.iut.layout(key)), key.dims[0])
 
     def wrong_blocks(self, key: kvref.ShapeKey, cache, expected: list[bytes]) -> list[int]:
         """The blocks of a cache of `key` (as its next reader sees them) that differ from `expected`."""

@@ -78,9 +78,8 @@ class StoreTable:
             block_hash, id_text = block_hash[:hash_len], id_text[:id_len]
             if not seq or crc != zlib.crc32(struct.pack("<Q", seq) + block_hash + id_text):
                 continue  # empty, or torn by the crash
-            try:
-                raiden_id = self._id_type(*json.loads(id_text))
-            except (ValueError, TypeError):
+            raiden_id = self._parsed_id(id_text)
+            if raiden_id is None:
                 continue
             if block_hash not in found or found[block_hash][0] < seq:
                 found[block_hash] = (seq, raiden_id)
@@ -89,3 +88,14 @@ class StoreTable:
         for block_hash, raiden_id in entries:
             self.put(block_hash, raiden_id)
         return entries
+
+    def _parsed_id(self, id_text: bytes):
+        """The id a slot holds, as put() wrote it (its four fields, in a JSON
+        list); None for anything else, which no store wrote."""
+        try:
+            fields = json.loads(id_text)
+            if not isinstance(fields, list) or len(fields) != 4:
+                return None
+            return self._id_type(*fields)
+        except (ValueError, TypeError, RecursionError):
+            return None

@@ -20,7 +20,7 @@ from probes.fuzz.mismatch import Mismatch
 def test_a_short_campaign_finds_nothing():
     tallies = campaign.campaign(total=1800, seed=2024)
     assert sum(t.inputs for t in tallies) >= 1800
-    assert {t.category for t in tallies} == set(CATEGORIES) | {"addresses", "run_files"}
+    assert {t.category for t in tallies} == set(CATEGORIES) | {"addresses", "run_files", "store_tables"}
     for t in tallies:
         assert not t.failures, campaign.render(tallies, 1.0)
         assert t.refused and t.accepted, f"{t.category} exercised only one side"
@@ -58,6 +58,30 @@ def test_the_run_files_category_finds_a_reader_that_does_not_refuse_by_name(monk
             found.append(str(e))
     assert any("not in one line naming the file" in f for f in found), found[:5]
     assert any(" from read_run: " in f for f in found), found[:5]
+
+
+def test_the_store_tables_category_finds_a_recovery_that_takes_any_json_as_an_id(monkeypatch):
+    import json as json_module
+
+    from kvref.store_table import StoreTable
+    from probes.fuzz.store_tables import RecoveredStoreTables
+
+    # As the table's recovery was: any JSON spread into a RaidenId, whose missing fields default (chunk 0).
+    def any_json(self, id_text):
+        try:
+            return self._id_type(*json_module.loads(id_text))
+        except (ValueError, TypeError):
+            return None
+
+    monkeypatch.setattr(StoreTable, "_parsed_id", any_json)
+    category, rng = RecoveredStoreTables(), np.random.default_rng(7)
+    found = []
+    for _ in range(60):
+        try:
+            category.run(category.generate(rng))
+        except Mismatch as e:
+            found.append(str(e))
+    assert any("the restart serves" in f for f in found), found[:5]
 
 
 @pytest.mark.parametrize("category, inputs", [("listener", 40), ("imports", 16), ("verdicts", 8)])

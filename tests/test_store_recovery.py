@@ -201,3 +201,24 @@ def test_a_second_store_under_a_held_key_is_refused(key):
     with pytest.raises(ValueError, match="attached by another"):
         kvref.KVCacheStore(4, shm_key=key)
     store.close()
+
+
+@pytest.mark.parametrize("id_text", [b'["job", "0", "kv"]', b'{"data_replica_idx": 3}', b'"kv"', b'["a", "b", "c", 3, 4]'])
+def test_a_slot_whose_id_is_not_the_four_fields_a_store_writes_is_dropped(key, id_text):
+    # Spread into a RaidenId, a list of three fields, a dict's keys or a string's letters made an id whose
+    # missing fields default: chunk 0, whose bytes are another block's.
+    crash(key)
+    table = next(Path("/dev/shm").glob(f"kvref-store-{key}+table"))
+    data = bytearray(table.read_bytes())
+    for s in range(CHUNKS):
+        seq, _, hash_len, _, block_hash, _ = SLOT.unpack_from(data, HEADER_BYTES + s * SLOT.size)
+        if seq and block_hash[:hash_len] == b"hash-%d" % SAVED[0]:
+            victim = block_hash[:hash_len]
+            crc = zlib.crc32(struct.pack("<Q", seq) + victim + id_text)
+            SLOT.pack_into(data, HEADER_BYTES + s * SLOT.size, seq, crc, len(victim), len(id_text), victim, id_text)
+    table.write_bytes(bytes(data))
+    manager, store, _, _ = facade_pair()
+    assert store.lookup([b"hash-%d" % SAVED[0]]) == []
+    assert [b for b in SAVED if store.lookup([b"hash-%d" % b])] == SAVED[1:]
+    store.close()
+    manager.reference.close()

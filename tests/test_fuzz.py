@@ -26,18 +26,22 @@ def test_a_short_campaign_finds_nothing():
         assert t.refused and t.accepted, f"{t.category} exercised only one side"
 
 
+def mismatches(category, seed: int, inputs: int) -> list[str]:
+    """What `inputs` of the category's inputs, drawn from `seed`, were found to break."""
+    rng, found = np.random.default_rng(seed), []
+    for _ in range(inputs):
+        try:
+            category.run(category.generate(rng))
+        except Mismatch as e:
+            found.append(str(e))
+    return found
+
+
 def test_the_addresses_category_finds_a_wildcard_check_that_compares_spellings(monkeypatch):
     from probes.fuzz.addresses import PeerAddresses
 
     monkeypatch.setattr(kv_store, "is_wildcard", lambda host: host in ("0.0.0.0", "::", "[::]", ""))
-    category, rng = PeerAddresses(), np.random.default_rng(3)
-    cases = [category.generate(rng) for _ in range(200)]
-    missed = []
-    for case in cases:
-        try:
-            category.run(case)
-        except Mismatch as e:
-            missed.append(str(e))
+    missed = mismatches(PeerAddresses(), 3, 200)
     assert any("binds every interface, and was taken" in m for m in missed), missed
 
 
@@ -49,13 +53,7 @@ def test_the_run_files_category_finds_a_reader_that_does_not_refuse_by_name(monk
 
     # A reader as pandas alone gives it: its errors carry no file name, some are not ValueErrors.
     monkeypatch.setattr(run_files, "read_run", lambda path: results.typed(pd.read_csv(path, keep_default_na=False)))
-    category, rng = run_files.RunFiles(), np.random.default_rng(5)
-    found = []
-    for _ in range(300):
-        try:
-            category.run(category.generate(rng))
-        except Mismatch as e:
-            found.append(str(e))
+    found = mismatches(run_files.RunFiles(), 5, 300)
     assert any("not in one line naming the file" in f for f in found), found[:5]
     assert any(" from read_run: " in f for f in found), found[:5]
 
@@ -74,13 +72,7 @@ def test_the_store_tables_category_finds_a_recovery_that_takes_any_json_as_an_id
             return None
 
     monkeypatch.setattr(StoreTable, "_parsed_id", any_json)
-    category, rng = RecoveredStoreTables(), np.random.default_rng(7)
-    found = []
-    for _ in range(60):
-        try:
-            category.run(category.generate(rng))
-        except Mismatch as e:
-            found.append(str(e))
+    found = mismatches(RecoveredStoreTables(), 7, 60)
     assert any("the restart serves" in f for f in found), found[:5]
 
 

@@ -20,7 +20,7 @@ from probes.fuzz.mismatch import Mismatch
 def test_a_short_campaign_finds_nothing():
     tallies = campaign.campaign(total=1800, seed=2024)
     assert sum(t.inputs for t in tallies) >= 1800
-    assert {t.category for t in tallies} == set(CATEGORIES) | {"addresses", "run_files", "store_tables"}
+    assert {t.category for t in tallies} == set(CATEGORIES) | {"addresses", "run_files", "store_tables", "metadata"}
     for t in tallies:
         assert not t.failures, campaign.render(tallies, 1.0)
         assert t.refused and t.accepted, f"{t.category} exercised only one side"
@@ -74,6 +74,16 @@ def test_the_store_tables_category_finds_a_recovery_that_takes_any_json_as_an_id
     monkeypatch.setattr(StoreTable, "_parsed_id", any_json)
     found = mismatches(RecoveredStoreTables(), 7, 60)
     assert any("the restart serves" in f for f in found), found[:5]
+
+
+@pytest.mark.parametrize("passed", [{"LIBRARY_PATH": "TPU_LIBRARY_PATH"}, {"TPU_WORKER_ID": "TPU_WORKER_ID"}])
+def test_the_metadata_category_finds_fields_passed_that_libtpu_does_not_read(monkeypatch, passed):
+    from probes.fuzz.metadata import MetadataFields
+    from probes.iut import hardware
+
+    monkeypatch.setattr(hardware, "RUNTIME_FIELDS", {**hardware.RUNTIME_FIELDS, **passed})
+    found = mismatches(MetadataFields(), 9, 300)
+    assert any(list(passed.values())[0] in f for f in found), found[:5]
 
 
 @pytest.mark.parametrize("category, inputs", [("listener", 40), ("imports", 16), ("verdicts", 8)])

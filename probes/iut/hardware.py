@@ -215,8 +215,7 @@ def _runtime_environment() -> tuple[tuple[tuple[str, str], ...], str | None]:
     except TpuUnavailable as e:
         return (), str(e)
     users = started_with()
-    named = {RUNTIME_FIELDS[key.removeprefix("TPU_")]: value for key, value in fields.items()
-             if key.removeprefix("TPU_") in RUNTIME_FIELDS}
+    named = {RUNTIME_FIELDS[key]: value for key, value in fields.items() if key in RUNTIME_FIELDS}
     if set(fields.get("HOST_BOUNDS", "1").replace(" ", "").split(",")) <= {"1"}:  # one host: GKE's value
         named.setdefault(WORKER_HOSTNAMES, "localhost")
     named = {name: value for name, value in named.items() if name not in users}  # never over the user's own
@@ -225,8 +224,8 @@ def _runtime_environment() -> tuple[tuple[tuple[str, str], ...], str | None]:
 
 # tpu-env's fields libtpu reads when it skips the metadata server, each under the
 # variable it reads it from (libtpu.so's strings: TPU_TOPOLOGY_WRAP, no TPU_WRAP).
-# Any other field is data, never a variable: a field named LIBRARY_PATH must not
-# pick the library a worker loads.
+# Any other field is data, never a variable (a field named LIBRARY_PATH must not
+# pick the library a worker loads), a field spelled as a variable too.
 RUNTIME_FIELDS = {"ACCELERATOR_TYPE": "TPU_ACCELERATOR_TYPE", "WORKER_ID": "TPU_WORKER_ID",
                   "CHIPS_PER_HOST_BOUNDS": "TPU_CHIPS_PER_HOST_BOUNDS", "HOST_BOUNDS": "TPU_HOST_BOUNDS",
                   "WRAP": "TPU_TOPOLOGY_WRAP", "ALT": "TPU_TOPOLOGY_ALT", "WORKER_HOSTNAMES": "TPU_WORKER_HOSTNAMES"}

@@ -132,7 +132,11 @@ class HostTransfers:
         grpc = _grpc()
         timer = threading.Timer(self.timeout_s, context.cancel)  # whatever deadline the writer asked for
         timer.daemon = True
-        timer.start()
+        try:
+            timer.start()
+        except RuntimeError as e:  # a pids limit, a full address space: refused before anything is claimed
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"this peer could not start the thread that times "
+                          f"a write ({e}); nothing was written")
         mover, ids, written = self._mover(), None, False
         try:
             first = next(parts, None)

@@ -14,6 +14,7 @@ and probes: loopback)."""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -21,6 +22,7 @@ from kvref.endpoints import port_of, with_port
 from kvref.faults import Faults
 
 SERVER_THREADS = 4
+WORKERS_START_SECONDS = 30.0  # for a server's threads to start, on a machine that is slow to give them
 CLOSE_SECONDS = 5.0  # the longest stopping one server waits
 # Connections one server keeps at once: a stranger's idle ones cannot take every descriptor
 # of the process (1,024 by default); a peer opens a few.
@@ -65,8 +67,26 @@ def peer_server(threads: int, receive_bytes: int, reuse_port: bool = False):
     options = [*SERVER_OPTIONS, ("grpc.max_receive_message_length", receive_bytes)]
     if reuse_port:
         options = [(k, 1 if k == "grpc.so_reuseport" else v) for k, v in options]
-    return grpc_module().server(ThreadPoolExecutor(threads, thread_name_prefix="kvref-listen"), options=options,
-                                maximum_concurrent_rpcs=threads)
+    return grpc_module().server(_started_workers(threads), options=options, maximum_concurrent_rpcs=threads)
+
+
+def _started_workers(threads: int) -> ThreadPoolExecutor:
+    """An executor whose `threads` threads all run from the start. grpc's
+    server thread submits each call to it: a submit that had to start a
+    thread and could not (a pids limit, a full address space) would end that
+    server thread, and the server with it, for good. Here a thread that
+    cannot start fails the construction, saying so."""
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="kvref-listen")
+    all_started = threading.Barrier(threads + 1, timeout=WORKERS_START_SECONDS)
+    try:
+        for _ in range(threads):  # each finds no idle thread, so starts one
+            pool.submit(all_started.wait)
+    except RuntimeError as e:
+        all_started.abort()
+        pool.shutdown(wait=False)
+        raise RuntimeError(f"a listener could not start its {threads} threads ({e}); nothing listens") from None
+    all_started.wait()
+    return pool
 
 
 def layers_mismatch(header, layer_block_bytes, layer_parts, who: str) -> str:

@@ -20,20 +20,24 @@ from probes.fuzz.mismatch import Mismatch
 def test_a_short_campaign_finds_nothing():
     tallies = campaign.campaign(total=1800, seed=2024)
     assert sum(t.inputs for t in tallies) >= 1800
-    assert {t.category for t in tallies} == set(CATEGORIES) | {"addresses", "run_files", "store_tables", "metadata"}
+    assert {t.category for t in tallies} == set(CATEGORIES) | {"addresses", "run_files", "store_tables", "metadata",
+                                                                  "thread_starts"}
     for t in tallies:
         assert not t.failures, campaign.render(tallies, 1.0)
         assert t.refused and t.accepted, f"{t.category} exercised only one side"
 
 
-def mismatches(category, seed: int, inputs: int) -> list[str]:
-    """What `inputs` of the category's inputs, drawn from `seed`, were found to break."""
+def mismatches(category, seed: int, inputs: int, first: bool = False) -> list[str]:
+    """What `inputs` of the category's inputs, drawn from `seed`, were found
+    to break (with `first`, up to the first that was)."""
     rng, found = np.random.default_rng(seed), []
     for _ in range(inputs):
         try:
             category.run(category.generate(rng))
         except Mismatch as e:
             found.append(str(e))
+            if first:
+                break
     return found
 
 
@@ -84,6 +88,25 @@ def test_the_metadata_category_finds_fields_passed_that_libtpu_does_not_read(mon
     monkeypatch.setattr(hardware, "RUNTIME_FIELDS", {**hardware.RUNTIME_FIELDS, **passed})
     found = mismatches(MetadataFields(), 9, 300)
     assert any(list(passed.values())[0] in f for f in found), found[:5]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the server thread it ends
+def test_the_thread_starts_category_finds_a_listener_that_starts_its_threads_per_call(monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kvref import listener
+    from probes.fuzz import thread_starts
+
+    # As the listener's pool was: a thread started at a call, which grpc's server thread dies of if refused.
+    monkeypatch.setattr(listener, "_started_workers", lambda n: ThreadPoolExecutor(n, thread_name_prefix="kvref-listen"))
+    thread_starts._pair.cache_clear()
+    try:
+        found = mismatches(thread_starts.ThreadStarts(), 0, 40, first=True)
+    finally:
+        for manager in thread_starts._pair():
+            manager.close()
+        thread_starts._pair.cache_clear()
+    assert found, "a refused listener thread went unnoticed"
 
 
 @pytest.mark.parametrize("category, inputs", [("listener", 40), ("imports", 16), ("verdicts", 8)])

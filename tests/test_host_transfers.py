@@ -256,3 +256,23 @@ def test_a_read_whose_thread_cannot_start_claims_nothing_and_its_manager_still_c
     future.result()
     assert same_blocks(client, ids, server, [1, 2])
     client.close()
+
+
+def test_a_write_whose_peer_cannot_start_its_timer_is_refused_saying_so_and_claims_nothing(peers, monkeypatch):
+    server, client, peer = peers
+    start = threading.Thread.start
+
+    def no_timers(thread):
+        if isinstance(thread, threading.Timer):
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    free = server.chunks_available, client.chunks_available
+    monkeypatch.setattr(threading.Thread, "start", no_timers)
+    with pytest.raises(RuntimeError, match="could not start the thread that times a write .*nothing was written"):
+        client.h2h_write(peer, [1, 2])
+    monkeypatch.setattr(threading.Thread, "start", start)
+    assert (server.chunks_available, client.chunks_available) == free
+    written, future = client.h2h_write(peer, [1, 2])
+    future.result()
+    server.unlock_blocks(written)

@@ -547,6 +547,19 @@ def test_a_pull_whose_thread_cannot_start_is_refused_and_leaves_nothing_register
     consumer.close()
 
 
+def test_a_listener_serves_on_when_no_thread_can_be_started_at_a_call(device):
+    # Its threads run from the start: grpc's server thread, submitting a call to a pool that had to start
+    # a thread and could not, ended, and the listener with it, for good.
+    (producer, _, _), (consumer, _, _) = pair(device)
+    endpoint = producer.get_local_endpoints()[0]["endpoint"]
+    for n in range(3):
+        assert producer.register_read(f"r{n}", 3 + n, [4 + n])
+        with no_thread_for("kvref-listen"):
+            consumer.start_read(f"r{n}", 3 + n, endpoint, [4 + n], [1 + n])
+            assert settle(consumer, [f"r{n}"])[1] == [f"r{n}"]
+    consumer.close()
+
+
 @pytest.mark.parametrize("call", ["register_read", "start_read"])
 def test_a_request_id_utf8_cannot_carry_is_refused_at_once_and_nothing_is_registered(device, call):
     (producer, _, _), (consumer, _, _) = pair(device)

@@ -3,7 +3,7 @@
 that logs each one before running it, so a crash or a hang is pinned to the
 input that caused it, and the campaign goes on from the next (kvref's API,
 and INPUT_CATEGORIES: addresses, run files, recovered store tables,
-metadata). The lifecycle
+metadata, thread starts). The lifecycle
 cases (probes.fuzz.lifecycle) each run in a process of their own besides, and
 the listener's (probes.fuzz.listener) put a hostile peer before a manager's
 listener, and the imports' (probes.fuzz.outside_imports) name outside IUTs
@@ -78,7 +78,8 @@ def run_category(spec: str, count: int, seed: int, log_dir: Path) -> Tally:
 
 # Input categories beside kvref's API: addresses peers dial, run files a user holds.
 INPUT_CATEGORIES = ["probes.fuzz.addresses:PeerAddresses", "probes.report.run_file_inputs:RunFiles",
-                    "probes.fuzz.store_tables:RecoveredStoreTables", "probes.fuzz.metadata:MetadataFields"]
+                    "probes.fuzz.store_tables:RecoveredStoreTables", "probes.fuzz.metadata:MetadataFields",
+                    "probes.fuzz.thread_starts:ThreadStarts"]
 LIFECYCLE = "probes.fuzz.lifecycle:Lifecycle"
 LISTENER = "probes.fuzz.listener:HostilePeer"
 IMPORTS = "probes.fuzz.outside_imports:OutsideImports"

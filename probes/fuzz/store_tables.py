@@ -125,7 +125,7 @@ def _caches() -> list:
 
 def _crash(key: str, slots: list[dict]) -> None:
     """A pool and a store under `key` whose process died, its table's slots as `slots` say."""
-    left = ("shm_segment_left",)  # released, as a killed process releases: the segments stay
+    left = kvref.Faults(shm_segment_left=True)  # released, as a killed process releases: the segments stay
     kvref.KVCacheManager(_caches(), CHUNKS, shm_key=key, faults=left).close()
     kvref.KVCacheStore(CHUNKS, shm_key=key, faults=left).close()
     table = Path("/dev/shm") / f"{PREFIX}{key}+table"

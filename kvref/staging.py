@@ -15,6 +15,7 @@ import numpy as np
 
 from kvref import _core
 from kvref.futures import TransferFuture
+from kvref.polling import wait_for
 
 STILL_POLL_SECONDS = 0.001  # between looks at caches a step holds
 
@@ -100,16 +101,17 @@ class Staging:
         device = np.asarray(piece, dtype=np.int64)
         host = np.arange(base, base + len(piece), dtype=np.int64)
         src, dst = (device, host) if direction == _core.Direction.DEVICE_TO_HOST else (host, device)
-        while True:
-            before = self._still()
-            if before is not None:
-                core = self._mover().copy(direction, src, dst, np.ones_like(device))
-                TransferFuture(core).result(timeout=max(0.001, deadline - time.monotonic()))
-                after = self._still()
-                if after is not None and len(after) == len(before) and all(map(operator.is_, after, before)):
-                    return
-            if time.monotonic() > deadline:
-                raise TimeoutError("the caches were not still for a whole copy of the pull's blocks until its "
-                                   "timeout: a step held them each time, or took them and no poll_stats came "
-                                   "since to re-address them")
-            time.sleep(STILL_POLL_SECONDS)
+
+        def copied_while_still() -> bool:
+            before = None if time.monotonic() > deadline else self._still()
+            if before is None:
+                return False
+            core = self._mover().copy(direction, src, dst, np.ones_like(device))
+            TransferFuture(core).result(timeout=max(0.001, deadline - time.monotonic()))
+            after = self._still()
+            return after is not None and len(after) == len(before) and all(map(operator.is_, after, before))
+
+        if not wait_for(copied_while_still, max(0.0, deadline - time.monotonic()), STILL_POLL_SECONDS):
+            raise TimeoutError("the caches were not still for a whole copy of the pull's blocks until its "
+                               "timeout: a step held them each time, or took them and no poll_stats came "
+                               "since to re-address them")

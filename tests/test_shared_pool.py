@@ -46,10 +46,10 @@ import os, sys, time
 from kvref.shared_pool import PoolAttachment
 held = PoolAttachment(sys.argv[1])
 if os.fork() == 0:  # a child that outlives its parent (a worker the serving process started)
-    print("child", flush=True)  # it has run, and let go of its copy, at the fork
+    os.write(1, b"child\\n")  # it has run, and let go of its copy, at the fork
     time.sleep(60)
     os._exit(0)
-print("held", flush=True)
+os.write(1, b"held\\n")  # each line one write: print's could interleave with the other process's
 time.sleep(60)
 """
 

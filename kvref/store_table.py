@@ -75,9 +75,11 @@ class StoreTable:
         found: dict[bytes, tuple[int, object]] = {}
         for slot in range(len(self._free)):
             seq, crc, hash_len, id_len, block_hash, id_text = SLOT.unpack_from(self._memory, slot * SLOT.size)
+            if not seq or hash_len > HASH_BYTES or id_len > ID_BYTES:
+                continue  # empty, or lengths past their fields, which no store writes
             block_hash, id_text = block_hash[:hash_len], id_text[:id_len]
-            if not seq or crc != zlib.crc32(struct.pack("<Q", seq) + block_hash + id_text):
-                continue  # empty, or torn by the crash
+            if crc != zlib.crc32(struct.pack("<Q", seq) + block_hash + id_text):
+                continue  # torn by the crash
             raiden_id = self._parsed_id(id_text)
             if raiden_id is None:
                 continue

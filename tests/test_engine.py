@@ -4,7 +4,10 @@ backend. Greedy tokens with tpu-inference's RaidenOffloadConnector over
 kvref.compat.tpu_sync must be those of the same engine with no connector,
 with prompts the connector really served (external hits the scheduler got,
 the facade's saves and loads called); a facade that loads a neighbouring
-chunk or saves a neighbouring block must change them.
+chunk or saves a neighbouring block must change them. So must a consumer
+engine's, decoding from blocks its TPUConnector pulled from a producer
+engine (tests/engine/disagg.py): the baseline's tokens, every prompt's full
+blocks pulled; a pull written one block off must change them.
 
 What the tokens cannot see, the byte checks of tests/test_real_connectors.py
 do (the same connectors, block for block): a corruption of a block the model
@@ -23,8 +26,10 @@ from tests.engine import build_env, driver, model
 REPO = Path(__file__).resolve().parent.parent
 # Each corruption the output must show, as a kvref fault model under the facade.
 TEETH = ("loads_neighbouring_chunk", "saves_neighbouring_block")
-MODES = ("baseline", "offload", *(f"offload+{fault}" for fault in TEETH))
-ENGINE_SECONDS = 1500  # every mode, one at a time; one takes 40-150 s as the machine is loaded
+PULL_TEETH = ("pull_written_one_block_off",)
+MODES = ("baseline", "offload", *(f"offload+{fault}" for fault in TEETH),
+         "disagg", *(f"disagg+{fault}" for fault in PULL_TEETH))
+ENGINE_SECONDS = 2400  # every mode, one at a time; one takes 40-150 s as the machine is loaded, disagg twice that
 MIN_DISTINCT_TOKENS = 20  # random weights: a cache read wrongly changes what follows
 
 pytestmark = pytest.mark.timeout(ENGINE_SECONDS + 120)
@@ -76,3 +81,30 @@ def test_a_facade_that_moves_the_wrong_block_changes_the_tokens(runs, fault):
     run = runs["runs"][f"offload+{fault}"]
     assert run["facade_calls"].get("KVCacheManager.h2d", 0) > 0, run["facade_calls"]
     assert tokens(runs, f"offload+{fault}") != tokens(runs, "baseline")
+
+
+def test_a_consumer_engine_decoding_from_pulled_blocks_gives_the_baseline_tokens(runs):
+    assert tokens(runs, "disagg") == tokens(runs, "baseline")
+
+
+def test_the_consumer_pulled_every_prompts_full_blocks_from_the_producer(runs):
+    """Each prompt's full blocks were external to the consumer's scheduler
+    (so it decoded from what it pulled), registered by the producer and
+    pulled by the consumer, and every pull the facade reported landed."""
+    run = runs["runs"]["disagg"]
+    batches = driver.prompts(model.CONFIG["vocab_size"])
+    wanted = sorted(len(p) // driver.BLOCK * driver.BLOCK for batch in batches for p in batch)
+    external: dict[str, int] = {}  # the scheduler may ask of a request more than once
+    for hit in run["external_hits"]:
+        external[hit["request"]] = max(external.get(hit["request"], 0), hit["external"])
+    assert sorted(external.values()) == wanted, run["external_hits"]
+    pulls = sum(len(batch) for batch in batches)
+    assert run["producer"]["facade_calls"].get("KVCacheManager.register_read", 0) == pulls, run["producer"]
+    assert run["facade_calls"].get("KVCacheManager.start_read", 0) == pulls, run["facade_calls"]
+
+
+@pytest.mark.parametrize("fault", PULL_TEETH)
+def test_a_facade_that_writes_a_pull_wrongly_changes_the_consumers_tokens(runs, fault):
+    run = runs["runs"][f"disagg+{fault}"]
+    assert run["facade_calls"].get("KVCacheManager.start_read", 0) > 0, run["facade_calls"]
+    assert tokens(runs, f"disagg+{fault}") != tokens(runs, "baseline")

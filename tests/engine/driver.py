@@ -11,8 +11,11 @@ namespace (`unshare -rn ... -m probes.run.netns`):
 - baseline: no KV connector;
 - offload: tpu-inference's RaidenOffloadConnector (kv_both) over
   kvref.compat.tpu_sync installed as `tpu_raiden`;
-- offload+FAULT: the same with kvref's fault model FAULT switched on
-  ($KVREF_FAULTS), to show the comparison catches it.
+- disagg: a producer engine and a consumer engine, each with
+  tpu-inference's TPUConnector over the facade, the consumer decoding from
+  the blocks it pulled from the producer (tests/engine/disagg.py);
+- offload+FAULT, disagg+FAULT: the same with kvref's fault model FAULT
+  switched on ($KVREF_FAULTS), to show the comparison catches it.
 
 Both run the same rounds of prompts (prompts that repeat and share prefixes,
 greedy, local prefix caching off so that repeats can only hit the
@@ -33,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-MODES = ("baseline", "offload")
+MODES = ("baseline", "offload", "disagg")
 BLOCK = 16
 MAX_TOKENS = 8  # generated per prompt, greedy
 ENVIRONMENT = {
@@ -80,51 +83,82 @@ class Tally:
         return counted
 
 
-def run_one(mode: str, model: Path) -> dict:
-    """One engine run in this process (already inside the namespace)."""
-    started = time.monotonic()
+def prepare(fault: str, facade: bool) -> tuple[Tally, list[str]]:
+    """This process made ready for an engine: the environment, kvref's fault
+    model FAULT, the facade installed as `tpu_raiden` with its calls counted
+    (with `facade`), and the stand-ins."""
     for key, value in ENVIRONMENT.items():
         os.environ.setdefault(key, value)
-    mode, _, fault = mode.partition("+")
     if fault:
         os.environ["KVREF_FAULTS"] = fault
     from tests.engine import standins
-    tally, hits = Tally(), []
-    if mode == "offload":
+    tally = Tally()
+    if facade:
         from kvref.compat import tpu_sync
         tpu_sync.install("tpu_raiden")
         for cls in (tpu_sync.KVCacheManager, tpu_sync.KVCacheStore, tpu_sync.TransferFuture):
             tally.wrap(cls)
-    applied = standins.install()
-    from vllm import LLM, SamplingParams
+    return tally, standins.install()
+
+
+def engine(model: Path, **kwargs):
+    """vLLM's `LLM` over the tiny model, greedy-ready, prefix caching off."""
+    from vllm import LLM
+    return LLM(model=str(model), skip_tokenizer_init=True, dtype="float32", block_size=BLOCK, max_model_len=256,
+               max_num_seqs=4, max_num_batched_tokens=256, enable_prefix_caching=False, async_scheduling=False,
+               enforce_eager=True, seed=0, load_format="safetensors", **kwargs)
+
+
+def greedy(max_tokens: int = MAX_TOKENS, kv_transfer_params: dict | None = None):
+    from vllm import SamplingParams
+    extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params is not None else None
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False,
+                          extra_args=extra)
+
+
+def outputs(outs) -> list[dict]:
+    return [{"tokens": list(o.outputs[0].token_ids), "num_cached_tokens": o.num_cached_tokens} for o in outs]
+
+
+def vocab_of(model: Path) -> int:
+    return json.loads((model / "config.json").read_text())["vocab_size"]
+
+
+def run_one(mode: str, model: Path) -> dict:
+    """One engine run in this process (already inside the namespace)."""
+    started = time.monotonic()
+    mode, _, fault = mode.partition("+")
+    if mode == "disagg":
+        from tests.engine import disagg
+        return disagg.consume(model, fault, started)
+    tally, applied = prepare(fault, facade=mode == "offload")
+    hits = []
     kwargs = {}
     if mode == "offload":
         from vllm.config import KVTransferConfig
         from tpu_inference.offload import raiden_offload_connector as roc
-        real = roc.RaidenOffloadConnector.get_num_new_matched_tokens
-
-        def matched(self, request, num_computed_tokens):
-            found = real(self, request, num_computed_tokens)
-            hits.append({"request": str(request.request_id), "computed": num_computed_tokens,
-                         "external": found[0] if isinstance(found, tuple) else found})
-            return found
-        roc.RaidenOffloadConnector.get_num_new_matched_tokens = matched
+        count_hits(roc.RaidenOffloadConnector, hits)
         kwargs["kv_transfer_config"] = KVTransferConfig(
             kv_connector="RaidenOffloadConnector", kv_role="kv_both",
             kv_connector_module_path="tpu_inference.offload.raiden_offload_connector")
-    llm = LLM(model=str(model), skip_tokenizer_init=True, dtype="float32", block_size=BLOCK, max_model_len=256,
-              max_num_seqs=4, max_num_batched_tokens=256, enable_prefix_caching=False, async_scheduling=False,
-              enforce_eager=True, seed=0, load_format="safetensors", **kwargs)
+    llm = engine(model, **kwargs)
     up = time.monotonic() - started
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, detokenize=False)
-    rounds = []
-    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
-    for batch in prompts(vocab):
-        outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
-        rounds.append([{"tokens": list(o.outputs[0].token_ids), "num_cached_tokens": o.num_cached_tokens}
-                       for o in outs])
+    rounds = [outputs(llm.generate([{"prompt_token_ids": p} for p in batch], greedy(), use_tqdm=False))
+              for batch in prompts(vocab_of(model))]
     return {"mode": mode, "fault": fault, "startup_s": round(up, 1), "run_s": round(time.monotonic() - started, 1),
             "standins": applied, "rounds": rounds, "external_hits": hits, "facade_calls": dict(tally.calls)}
+
+
+def count_hits(connector, hits: list) -> None:
+    """Record each external hit the connector class gives the scheduler."""
+    real = connector.get_num_new_matched_tokens
+
+    def matched(self, request, num_computed_tokens):
+        found = real(self, request, num_computed_tokens)
+        hits.append({"request": str(request.request_id), "computed": num_computed_tokens,
+                     "external": found[0] if isinstance(found, tuple) else found})
+        return found
+    connector.get_num_new_matched_tokens = matched
 
 
 def in_namespace(python: str, mode: str, model: Path, out: Path) -> dict:
@@ -141,14 +175,14 @@ def in_namespace(python: str, mode: str, model: Path, out: Path) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=REPO / "reports/cpu/engine.json")
-    parser.add_argument("--one", help="one mode: baseline, offload or offload+FAULT")
+    parser.add_argument("--one", help="one mode: baseline, offload, disagg, or either of the last two +FAULT")
     parser.add_argument("--model", type=Path, default=REPO / "build/engine-model")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated; the first is the baseline")
     parser.add_argument("--jobs", type=int, default=1, help="modes run at once")
     args = parser.parse_args(argv)
     for mode in (args.one or args.modes).split(","):
         if mode.partition("+")[0] not in MODES:
-            parser.error(f"mode {mode!r}: expected one of {MODES}, or offload+FAULT")
+            parser.error(f"mode {mode!r}: expected one of {MODES}, or offload+FAULT or disagg+FAULT")
     if args.one:
         args.out.write_text(json.dumps(run_one(args.one, args.model), indent=1))
         return 0

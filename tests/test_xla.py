@@ -9,6 +9,7 @@ import pytest
 from kvref import Faults
 from probes.iut import peer_env, registry
 from probes.run.runner import run_cases
+from probes.suite.cases import Case
 from probes.suite.matrix import build_cases, load_matrix
 from probes.suite.predict import prediction
 from probes.suite.registry import PROBES
@@ -46,7 +47,7 @@ AS_IT_IS_SECONDS = 1800  # every probe in watched workers: minutes, more on a lo
 
 # The rows whose caches the XLA CPU device treats differently: a rank-3 cache
 # with every construction probe, a rank-2 one, and f8, which DLPack cannot
-# carry. The whole matrix is `make xla-probe`'s.
+# carry (so no case is made of it). The whole matrix is `make xla-probe`'s.
 ROWS = ("seed-rank3", "seed-rank2-bf16", "f8-rank3")
 
 
@@ -72,11 +73,20 @@ def test_every_probe_earns_its_prediction(as_it_is):
     ran = {r.case.probe for r in as_it_is}
     applies = registry.iut(IUT).applies
     assert ran >= {p for p, declared in PROBES.items() if declared.default and applies(p)} | {"pending_views"}
+    assert not [r for r in as_it_is if r.case.shape.dtype.startswith("f8")]  # declared unheld: never made
     for r in as_it_is:
-        if r.case.shape.dtype.startswith("f8"):  # kvref cannot hold an f8 XLA buffer (no DLPack type)
-            assert r.outcome.verdict == "REJECTED" and "DLPack has no f8" in r.outcome.detail
-        elif not landed_first(r):
+        if not landed_first(r):
             assert prediction(r.case).admits(r.outcome.verdict), (r.case.case_id, r.outcome.detail)
+
+
+def test_an_f8_cache_is_refused_as_its_iut_declares(xla_python):
+    """Why kvref-torch-xla declares f8 caches unheld (no shape probe is made
+    for them): kvref refuses such a cache, naming DLPack."""
+    row = next(row for row in load_matrix("cpu") if row.name == "f8-rank3")
+    assert not registry.iut(IUT).holds(row.shape.dtype)
+    case = Case("roundtrip", "cpu", IUT, row.name, row.shape, startup_timeout=registry.iut(IUT).startup_seconds)
+    [result] = run_cases([case], jobs=1)
+    assert result.outcome.verdict == "REJECTED" and "DLPack has no f8" in result.outcome.detail, result.outcome
 
 
 @pytest.mark.timeout(AS_IT_IS_SECONDS)

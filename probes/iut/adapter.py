@@ -36,6 +36,8 @@ class IUT:
     protocol: int = PROTOCOL_VERSION  # the version of probes.iut.protocol it was written for
     # (probe or probe/kind, why it does not apply): cases this IUT cannot exercise, never run for it
     not_applicable: tuple[tuple[str, str], ...] = ()
+    # (dtype, why): caches of these element types are never made for it (no shape probe runs on them)
+    unheld_dtypes: tuple[tuple[str, str], ...] = ()
 
     def applies(self, probe: str, kind: str = "") -> bool:
         declared = dict(self.not_applicable)
@@ -56,6 +58,10 @@ class IUT:
             raise ValueError(f"{self.name}'s arrays make every cache on one device; {sharding} needs "
                              "arrays that provide probes.iut.protocol.ShardedArrays")
         return self.arrays.sharded_layout_of(generation, key, sharding)
+
+    def holds(self, dtype: str) -> bool:
+        """Whether caches of this element type are made for it."""
+        return dtype not in dict(self.unheld_dtypes)
 
     def check_target(self, generation: str) -> None:
         if generation in self.targets:

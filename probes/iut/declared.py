@@ -51,6 +51,9 @@ NO_TORCH_WORKER = ("worker_registration", "the TorchTPU adapter builds tpu-sync-
                                           "settings")
 # JAX CPU workers get enough devices for the sharded probes and the serving matrix (TP 8).
 JAX_CPU_MESH = ("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# kvref holds an XLA tensor's buffer alive through DLPack, which has no f8 types in torch_xla.
+XLA_NO_F8 = (("f8e4m3fn", "torch_xla's DLPack has no f8 types, so kvref cannot hold such a cache's buffer alive "
+                          "while blocks move, and refuses it"),)
 LANDS_AT_ONCE = ("host_transferred_construction",
                  "a TPU lands a host->device copy of a few MiB in about a millisecond, before it can be "
                  "seen in flight")
@@ -70,7 +73,8 @@ KVREF_COMPAT = IUT("kvref-compat", JaxCpuArrays, CompatLibrary, targets=("cpu",)
 KVREF_TORCH_XLA = IUT("kvref-torch-xla", TorchXlaArrays, KvrefLibrary, targets=("cpu",), interpreter="xla",
                       preload=("torch_xla",), environment=(("PJRT_DEVICE", "CPU"),),
                       not_applicable=(*NO_TORCH_MESH, *LANDS_BEFORE_RETURN, *NO_XLA_ALIASING, *NO_FORKED_CACHES,
-                                      NO_WORKER))
+                                      NO_WORKER),
+                      unheld_dtypes=XLA_NO_F8)
 TPU_SYNC_JAX_TPU = IUT("tpu-sync-jax-tpu", JaxTpuArrays, TpuSyncJaxLibrary, targets=kvref.GENERATIONS,
                        interpreter="jax", jax_platforms=None, owns_device=True, startup_seconds=300.0,
                        any_tpu_type=True, loopback_only=True,

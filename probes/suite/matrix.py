@@ -134,7 +134,8 @@ def not_applicable(declared) -> tuple[tuple[str, str], ...]:
     declares, and the two-process probes where its worker owns the device."""
     derived = tuple((name, ONE_HOLDER) for name, p in PROBES.items()
                     if p.two_process and declared.owns_device and declared.applies(name))
-    return (*declared.not_applicable, *derived)
+    dtypes = tuple((f"shape probes on {dtype} caches", why) for dtype, why in declared.unheld_dtypes)
+    return (*declared.not_applicable, *derived, *dtypes)
 
 
 def applies(declared, probe_name: str) -> bool:
@@ -184,6 +185,8 @@ def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut
             for row in matrix:
                 if row.sharding and (not declared.shards or (devices is not None and row.sharding.devices > devices)):
                     continue  # arrays that make every cache on one device, or too few devices
+                if not declared.holds(row.shape.dtype):
+                    continue  # an element type it declares it cannot hold
                 cases += [Case(p, gen, iut, row.name, row.shape, sharding=str(row.sharding or ""), **common)
                           for p in row.probes if p in probes]
             for name, p in PROBES.items():

@@ -27,9 +27,11 @@ REPO = Path(__file__).resolve().parent.parent
 # Each corruption the output must show, as a kvref fault model under the facade.
 TEETH = ("loads_neighbouring_chunk", "saves_neighbouring_block")
 PULL_TEETH = ("pull_written_one_block_off",)
+# Tensor parallelism over two CPU devices: each cache split over both, on every path.
+TP = ("baseline@tp2", "offload@tp2", "disagg@tp2")
 MODES = ("baseline", "offload", *(f"offload+{fault}" for fault in TEETH),
-         "disagg", *(f"disagg+{fault}" for fault in PULL_TEETH))
-ENGINE_SECONDS = 2400  # every mode, one at a time; one takes 40-150 s as the machine is loaded, disagg twice that
+         "disagg", *(f"disagg+{fault}" for fault in PULL_TEETH), *TP)
+ENGINE_SECONDS = 3000  # every mode, one at a time; one takes 20-150 s as the machine is loaded, disagg twice that
 MIN_DISTINCT_TOKENS = 20  # random weights: a cache read wrongly changes what follows
 
 pytestmark = pytest.mark.timeout(ENGINE_SECONDS + 120)
@@ -108,3 +110,13 @@ def test_a_facade_that_writes_a_pull_wrongly_changes_the_consumers_tokens(runs, 
     run = runs["runs"][f"disagg+{fault}"]
     assert run["facade_calls"].get("KVCacheManager.start_read", 0) > 0, run["facade_calls"]
     assert tokens(runs, f"disagg+{fault}") != tokens(runs, "baseline")
+
+
+@pytest.mark.parametrize("mode", TP[1:])
+def test_with_tensor_parallelism_over_two_devices_each_path_gives_that_baselines_tokens(runs, mode):
+    run = runs["runs"][mode]
+    caches = run["caches"] + run.get("producer", {}).get("caches", [])
+    assert caches and all(c["devices"] == 2 for c in caches), caches  # each manager's caches split over both
+    assert tokens(runs, mode) == tokens(runs, "baseline@tp2")
+    moved = ("KVCacheManager.h2d", "KVCacheManager.start_read")  # a load served, a pull made
+    assert any(run["facade_calls"].get(call, 0) > 0 for call in moved), run["facade_calls"]

@@ -52,32 +52,32 @@ def environment(port: int) -> None:
     os.environ["RAIDEN_UNSAFE_SKIP_BUFFER_LOCK"] = "false"  # the donation path a serving engine takes
 
 
-def side(model: Path, fault: str, role: str, port: int):
+def side(model: Path, mode: driver.Mode, role: str, port: int):
     """An engine of `role` with the disaggregated connector over the facade:
     (llm, tally of the facade's calls, stand-ins, external hits)."""
     environment(port)
-    tally, applied = driver.prepare(fault, facade=True)
+    tally, applied = driver.prepare(mode)
     from vllm.config import KVTransferConfig
     from tpu_inference.distributed import tpu_raiden_connector
     hits: list[dict] = []
     driver.count_hits(tpu_raiden_connector.TPUConnector, hits)
-    llm = driver.engine(model, kv_transfer_config=KVTransferConfig(kv_role=role, **CONNECTOR))
+    llm = driver.engine(model, mode, kv_transfer_config=KVTransferConfig(kv_role=role, **CONNECTOR))
     return llm, tally, applied, hits
 
 
-def produce(model: Path, fault: str, port: int) -> int:
+def produce(model: Path, mode: driver.Mode, port: int) -> int:
     """The producer's process: a round of prompts per stdin line (null ends
     it), its outputs and kv_transfer_params per stdout line."""
     # The reply channel is stdout as it was; the engine's own output (Python's
     # and its libraries') goes to stderr from here on.
     reply = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    llm, tally, _, _ = side(model, fault, "kv_producer", port)
+    llm, tally, _, _ = side(model, mode, "kv_producer", port)
     print(json.dumps({"ready": True}), file=reply, flush=True)
     while True:
         batch = json.loads(sys.stdin.readline() or "null")
         if batch is None:
-            print(json.dumps({"facade_calls": dict(tally.calls)}), file=reply, flush=True)
+            print(json.dumps({"facade_calls": dict(tally.calls), "caches": tally.caches}), file=reply, flush=True)
             return 0
         registered = tally.calls["KVCacheManager.register_read"]
         outs = llm.generate([{"prompt_token_ids": p} for p in batch], driver.greedy(1), use_tqdm=False)
@@ -91,17 +91,17 @@ def produce(model: Path, fault: str, port: int) -> int:
               file=reply, flush=True)
 
 
-def consume(model: Path, fault: str, started: float) -> dict:
+def consume(model: Path, mode: driver.Mode, started: float) -> dict:
     """The consumer's run, in this process, against a producer it starts."""
     producer_port, consumer_port = free_port(), free_port()
     while consumer_port == producer_port:
         consumer_port = free_port()
     producer = subprocess.Popen([sys.executable, "-m", "tests.engine.disagg", "--produce", str(model),
-                                 "--fault", fault, "--port", str(producer_port)],
+                                 "--mode", mode.text, "--port", str(producer_port)],
                                 cwd=driver.REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         faulthandler.dump_traceback_later(ROUND_SECONDS, exit=True)
-        llm, tally, applied, hits = side(model, fault, "kv_consumer", consumer_port)
+        llm, tally, applied, hits = side(model, mode, "kv_consumer", consumer_port)
         up = time.monotonic() - started
         ask(producer, None)  # the producer is up too
         rounds, prefills = [], []
@@ -114,10 +114,10 @@ def consume(model: Path, fault: str, started: float) -> dict:
                                                       use_tqdm=False)))
         produced = ask(producer, "end")
         faulthandler.cancel_dump_traceback_later()
-        return {"mode": "disagg", "fault": fault, "startup_s": round(up, 1),
+        return {"mode": mode.text, "startup_s": round(up, 1),
                 "run_s": round(time.monotonic() - started, 1), "standins": applied, "rounds": rounds,
-                "external_hits": hits, "facade_calls": dict(tally.calls),
-                "producer": {"facade_calls": produced["facade_calls"], "prefills": prefills}}
+                "external_hits": hits, "facade_calls": dict(tally.calls), "caches": tally.caches,
+                "producer": {**produced, "prefills": prefills}}
     finally:
         producer.kill()
         producer.wait()
@@ -137,10 +137,10 @@ def ask(producer: subprocess.Popen, batch) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="The producer's side of the disaggregated mode.")
     parser.add_argument("--produce", type=Path, required=True, metavar="MODEL")
-    parser.add_argument("--fault", default="")
+    parser.add_argument("--mode", type=driver.Mode.parse, required=True, help="KIND[@tpN][+FAULT], as the consumer's")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
-    return produce(args.produce, args.fault, args.port)
+    return produce(args.produce, args.mode, args.port)
 
 
 if __name__ == "__main__":

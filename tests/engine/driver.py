@@ -15,7 +15,10 @@ namespace (`unshare -rn ... -m probes.run.netns`):
   tpu-inference's TPUConnector over the facade, the consumer decoding from
   the blocks it pulled from the producer (tests/engine/disagg.py);
 - offload+FAULT, disagg+FAULT: the same with kvref's fault model FAULT
-  switched on ($KVREF_FAULTS), to show the comparison catches it.
+  switched on ($KVREF_FAULTS), to show the comparison catches it;
+- any of them @tpN (baseline@tp2, offload@tp2+FAULT): tensor parallelism
+  over N JAX CPU devices, each cache split over them; compared with the
+  baseline of the same N.
 
 Both run the same rounds of prompts (prompts that repeat and share prefixes,
 greedy, local prefix caching off so that repeats can only hit the
@@ -29,10 +32,12 @@ import argparse
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,11 +69,51 @@ def prompts(vocab: int, seed: int = 7) -> list[list[list[int]]]:
     return [first, second, third]
 
 
+@dataclass(frozen=True)
+class Mode:
+    """A mode as written: KIND[@tpN][+FAULT]."""
+
+    kind: str
+    tp: int = 1
+    fault: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> "Mode":
+        rest, _, fault = text.partition("+")
+        kind, _, config = rest.partition("@")
+        if kind not in MODES or (config and not re.fullmatch(r"tp[1-8]", config)) or (fault and kind == "baseline"):
+            raise ValueError(f"mode {text!r}: expected KIND[@tpN][+FAULT], KIND one of {', '.join(MODES)} "
+                             "(a FAULT for offload or disagg), N from 1 to 8")
+        return cls(kind, int(config[2:]) if config else 1, fault)
+
+    @property
+    def text(self) -> str:
+        return self.kind + (f"@tp{self.tp}" if self.tp > 1 else "") + (f"+{self.fault}" if self.fault else "")
+
+    @property
+    def baseline(self) -> str:
+        """The mode whose tokens this one's must equal."""
+        return Mode("baseline", self.tp).text
+
+
 class Tally:
-    """Calls to the facade's classes, by Class.method, in this process."""
+    """Calls to the facade's classes, by Class.method, and the caches its
+    managers were built over, in this process."""
 
     def __init__(self):
         self.calls = collections.Counter()
+        self.caches: list[dict] = []
+
+    def note_caches(self, manager_class) -> None:
+        real = manager_class.__init__
+
+        def init(manager, *args, **kwargs):
+            caches = kwargs.get("kv_caches", args[0] if args else None)
+            first = caches[0]
+            self.caches.append({"layers": len(caches), "shape": list(first.shape), "dtype": str(first.dtype),
+                                "devices": len(first.sharding.device_set)})
+            real(manager, *args, **kwargs)
+        manager_class.__init__ = init
 
     def wrap(self, cls) -> None:
         for name, value in list(vars(cls).items()):
@@ -83,30 +128,34 @@ class Tally:
         return counted
 
 
-def prepare(fault: str, facade: bool) -> tuple[Tally, list[str]]:
-    """This process made ready for an engine: the environment, kvref's fault
-    model FAULT, the facade installed as `tpu_raiden` with its calls counted
-    (with `facade`), and the stand-ins."""
+def prepare(mode: Mode) -> tuple[Tally, list[str]]:
+    """This process made ready for an engine before JAX starts: the
+    environment, the mode's CPU devices and kvref fault model, the facade
+    installed as `tpu_raiden` with its calls counted (but for the
+    baseline), and the stand-ins."""
     for key, value in ENVIRONMENT.items():
         os.environ.setdefault(key, value)
-    if fault:
-        os.environ["KVREF_FAULTS"] = fault
+    if mode.tp > 1:
+        os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={mode.tp}"
+    if mode.fault:
+        os.environ["KVREF_FAULTS"] = mode.fault
     from tests.engine import standins
     tally = Tally()
-    if facade:
+    if mode.kind != "baseline":
         from kvref.compat import tpu_sync
         tpu_sync.install("tpu_raiden")
+        tally.note_caches(tpu_sync.KVCacheManager)
         for cls in (tpu_sync.KVCacheManager, tpu_sync.KVCacheStore, tpu_sync.TransferFuture):
             tally.wrap(cls)
     return tally, standins.install()
 
 
-def engine(model: Path, **kwargs):
+def engine(model: Path, mode: Mode, **kwargs):
     """vLLM's `LLM` over the tiny model, greedy-ready, prefix caching off."""
     from vllm import LLM
     return LLM(model=str(model), skip_tokenizer_init=True, dtype="float32", block_size=BLOCK, max_model_len=256,
                max_num_seqs=4, max_num_batched_tokens=256, enable_prefix_caching=False, async_scheduling=False,
-               enforce_eager=True, seed=0, load_format="safetensors", **kwargs)
+               enforce_eager=True, seed=0, load_format="safetensors", tensor_parallel_size=mode.tp, **kwargs)
 
 
 def greedy(max_tokens: int = MAX_TOKENS, kv_transfer_params: dict | None = None):
@@ -124,29 +173,29 @@ def vocab_of(model: Path) -> int:
     return json.loads((model / "config.json").read_text())["vocab_size"]
 
 
-def run_one(mode: str, model: Path) -> dict:
+def run_one(text: str, model: Path) -> dict:
     """One engine run in this process (already inside the namespace)."""
-    started = time.monotonic()
-    mode, _, fault = mode.partition("+")
-    if mode == "disagg":
+    started, mode = time.monotonic(), Mode.parse(text)
+    if mode.kind == "disagg":
         from tests.engine import disagg
-        return disagg.consume(model, fault, started)
-    tally, applied = prepare(fault, facade=mode == "offload")
+        return disagg.consume(model, mode, started)
+    tally, applied = prepare(mode)
     hits = []
     kwargs = {}
-    if mode == "offload":
+    if mode.kind == "offload":
         from vllm.config import KVTransferConfig
         from tpu_inference.offload import raiden_offload_connector as roc
         count_hits(roc.RaidenOffloadConnector, hits)
         kwargs["kv_transfer_config"] = KVTransferConfig(
             kv_connector="RaidenOffloadConnector", kv_role="kv_both",
             kv_connector_module_path="tpu_inference.offload.raiden_offload_connector")
-    llm = engine(model, **kwargs)
+    llm = engine(model, mode, **kwargs)
     up = time.monotonic() - started
     rounds = [outputs(llm.generate([{"prompt_token_ids": p} for p in batch], greedy(), use_tqdm=False))
               for batch in prompts(vocab_of(model))]
-    return {"mode": mode, "fault": fault, "startup_s": round(up, 1), "run_s": round(time.monotonic() - started, 1),
-            "standins": applied, "rounds": rounds, "external_hits": hits, "facade_calls": dict(tally.calls)}
+    return {"mode": mode.text, "startup_s": round(up, 1), "run_s": round(time.monotonic() - started, 1),
+            "standins": applied, "rounds": rounds, "external_hits": hits, "facade_calls": dict(tally.calls),
+            "caches": tally.caches}
 
 
 def count_hits(connector, hits: list) -> None:
@@ -175,14 +224,17 @@ def in_namespace(python: str, mode: str, model: Path, out: Path) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=REPO / "reports/cpu/engine.json")
-    parser.add_argument("--one", help="one mode: baseline, offload, disagg, or either of the last two +FAULT")
+    parser.add_argument("--one", help="one mode, KIND[@tpN][+FAULT]")
     parser.add_argument("--model", type=Path, default=REPO / "build/engine-model")
-    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated; the first is the baseline")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="comma-separated, each KIND[@tpN][+FAULT]; each is compared with baseline[@tpN]")
     parser.add_argument("--jobs", type=int, default=1, help="modes run at once")
     args = parser.parse_args(argv)
     for mode in (args.one or args.modes).split(","):
-        if mode.partition("+")[0] not in MODES:
-            parser.error(f"mode {mode!r}: expected one of {MODES}, or offload+FAULT or disagg+FAULT")
+        try:
+            Mode.parse(mode)
+        except ValueError as e:
+            parser.error(str(e))
     if args.one:
         args.out.write_text(json.dumps(run_one(args.one, args.model), indent=1))
         return 0
@@ -194,12 +246,11 @@ def main(argv=None) -> int:
                         modes)
         runs = dict(zip(modes, done))
     tokens = {m: [[o["tokens"] for o in r] for r in run.get("rounds", [])] for m, run in runs.items()}
-    first = next(iter(tokens))
-    same = {m: bool(t) and t == tokens[first] for m, t in tokens.items()}
-    summary = {"identical": all(same.values()), "same_as_first": same, "tokens": tokens, "runs": runs}
+    same = {m: bool(t) and t == tokens.get(Mode.parse(m).baseline) for m, t in tokens.items()}
+    summary = {"identical": all(same.values()), "same_as_baseline": same, "tokens": tokens, "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=1))
-    print(json.dumps({"same_as_first": same,
+    print(json.dumps({"same_as_baseline": same,
                       **{m: {k: r.get(k) for k in ("startup_s", "run_s", "wall_s", "facade_calls", "error")}
                          for m, r in runs.items()}}, indent=1)[:4000])
     return 0 if summary["identical"] else 1

@@ -1,5 +1,6 @@
-"""Each finding's reproducer (reports/<generation>/findings/*.py) stands
-alone: it starts with the one opening that puts it in a loopback-only network
+"""Each finding's reproducer stands alone, hand-written
+(reports/<generation>/findings/*.py) or rendered from a finding kept as data
+(findings/fuzz-*.json, `kvprobe fuzz --reproducer`): it starts with the one opening that puts it in a loopback-only network
 namespace (probes.run.reproducers.opening, from probes.run.netns), imports
 nothing but the library, jax, numpy and the standard library, prints SKIP and
 exits 77 having imported nothing of the library where no namespace can be
@@ -20,7 +21,9 @@ from probes.run import netns, reproducers
 from tests.batch import BATCH_SECONDS, selected
 from tests.peer_python import peer_python_or_skip
 
-SCRIPTS = sorted(REPO.glob("reports/*/findings/*.py"))
+HAND_WRITTEN = sorted(REPO.glob("reports/*/findings/*.py"))
+KEPT = sorted(REPO.glob("reports/*/findings/fuzz-*.json"))  # findings of `kvprobe fuzz --model blocks`
+SCRIPTS = HAND_WRITTEN + KEPT  # a reproducer, or the finding it is rendered from
 LIBRARY = {"tpu_sync", "jax", "numpy"}  # what a reproducer may import besides the standard library
 # Put first on a reproducer's path: every import of the library or of this
 # project says so and fails, so a test that runs one outside a namespace can
@@ -37,6 +40,21 @@ class _Blocked:
 
 sys.meta_path.insert(0, _Blocked())
 """
+
+
+@pytest.fixture(scope="module")
+def script_of(tmp_path_factory):
+    """The reproducer of each of SCRIPTS: itself, or the one its finding renders."""
+    folder = tmp_path_factory.mktemp("rendered")
+
+    def script(source: Path) -> Path:
+        if source.suffix != ".json":
+            return source
+        rendered = folder / f"{source.stem}.py"
+        if not rendered.exists():
+            rendered.write_text(reproducers.render(source))
+        return rendered
+    return script
 
 
 def code_of(script: Path) -> str:
@@ -63,20 +81,20 @@ def imported(source: str) -> set[str]:
 
 
 def test_there_are_reproducers():
-    assert len(SCRIPTS) >= 30 and all(s.parent.name == "findings" for s in SCRIPTS)
+    assert len(HAND_WRITTEN) >= 20 and len(KEPT) >= 6 and all(s.parent.name == "findings" for s in SCRIPTS)
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
-def test_a_reproducer_starts_with_the_one_opening(script):
+def test_a_reproducer_starts_with_the_one_opening(script_of, script):
     """The same lines open every reproducer, word for word, as
     probes.run.netns declares them: they cannot drift apart."""
-    assert code_of(script).startswith("\n" + reproducers.opening()), \
+    assert code_of(script_of(script)).startswith("\n" + reproducers.opening()), \
         f"{script.name} does not start with the opening: `.venv/bin/python -m probes.run.reproducers {script}`"
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
-def test_a_reproducer_imports_only_the_library_jax_numpy_and_the_standard_library(script):
-    found = imported(script.read_text())
+def test_a_reproducer_imports_only_the_library_jax_numpy_and_the_standard_library(script_of, script):
+    found = imported(script_of(script).read_text())
     others = found - LIBRARY - sys.stdlib_module_names
     assert "tpu_sync" in found and not others, (script.name, sorted(others))
 
@@ -108,9 +126,9 @@ def modules(importtime: str) -> set[str]:
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
-def test_without_unshare_a_reproducer_skips_having_imported_nothing_of_the_library(script, tmp_path):
+def test_without_unshare_a_reproducer_skips_having_imported_nothing_of_the_library(script_of, script, tmp_path):
     (tmp_path / "bin").mkdir()  # a PATH with no unshare on it
-    done = run_outside(script, tmp_path, str(tmp_path / "bin"))
+    done = run_outside(script_of(script), tmp_path, str(tmp_path / "bin"))
     assert done.returncode == netns.SKIP_EXIT, done.stdout + done.stderr[-2000:]
     assert done.stdout == "SKIP no loopback-only network namespace can be made here: " \
                           "`unshare` (util-linux) is not installed\n"
@@ -159,11 +177,11 @@ def reproduce(peer_python, script) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def reproduced(request, peer_python):
+def reproduced(request, peer_python, script_of):
     """Each selected reproducer's run, two at a time (most of a run is a wait)."""
     scripts = [params["script"] for params in selected(request, "test_each_finding_reproduces_alone")]
     with ThreadPoolExecutor(2) as pool:
-        return dict(zip(scripts, pool.map(functools.partial(reproduce, peer_python), scripts)))
+        return dict(zip(scripts, pool.map(functools.partial(reproduce, peer_python), map(script_of, scripts))))
 
 
 @pytest.mark.peer

@@ -1,11 +1,18 @@
 """`kvprobe fuzz`: random call sequences find nothing in the reference, and
-with a fault model on they find it, shrink it and write a reproducer that
-fails the same way when run alone."""
+with a fault model on they find it, shrink it and keep it as data, whose
+rendered reproducer fails the same way when run alone."""
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
 
 import pytest
 
 import kvref
-from probes.run import cli, fuzz_command
+from probes.run import cli, fuzz_command, reproducers
+from probes.suite.cases import Case
+from probes.suite.verdicts import Outcome
 
 
 def test_the_reference_survives_random_sequences(tmp_path, capsys):
@@ -15,18 +22,53 @@ def test_the_reference_survives_random_sequences(tmp_path, capsys):
     assert not (tmp_path / "tpu7x" / "findings").exists()
 
 
-def test_a_fault_is_found_shrunk_and_reproduced_alone(tmp_path):
+def test_a_fault_is_found_shrunk_kept_as_data_and_reproduced_alone(tmp_path, capsys):
     results, findings = fuzz_command.fuzz_iut(
         "kvref-sim", "tpu7x", sequences=4, seed=1,
         faults=kvref.Faults(no_await_before_transfer=True), out=tmp_path)
     assert findings and all(f.result.outcome.verdict != "PASS" for f in findings)
     finding = findings[0]
     assert len(finding.result.case.calls["calls"]) <= 2  # shrunk from 10 calls
-    assert finding.script.parent == tmp_path / "tpu7x" / "findings"
-    status, printed = fuzz_command.reproduces(finding.script)
-    assert status == 1, printed[-2000:]
+    assert finding.path.parent == tmp_path / "tpu7x" / "findings" and finding.path.suffix == ".json"
+    kept = json.loads(finding.path.read_text())
+    assert kept["case"]["calls"] == finding.result.case.calls and kept["verdict"] == finding.result.outcome.verdict
+    capsys.readouterr()
+    assert cli.main(["fuzz", "--reproducer", str(finding.path)]) == 0
+    script = tmp_path / "reproducer.py"
+    script.write_text(capsys.readouterr().out)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    printed = done.stdout + done.stderr
+    assert done.returncode == 1, printed[-2000:]
     assert printed.startswith(finding.result.outcome.verdict) or \
         f"\n{finding.result.outcome.verdict} " in printed
+
+
+def test_a_finding_seen_under_two_option_sets_is_kept_once(tmp_path):
+    """The same sequence failing alike under two ways of building the
+    manager is one finding listing both; a sequence that fails otherwise is
+    a finding of its own."""
+    case = Case("call_sequence", "cpu", "tpu-sync-jax", "fuzz-0-0", kvref.ShapeKey.parse("bf16[64,2,32,640]"),
+                calls={"shape": "bf16[64,2,32,640]", "layers": 1, "host_blocks": 4, "mode": "ready",
+                       "calls": [{"d2h": True, "src": [0], "dst": [9], "sizes": [1]}]})
+    crash = Outcome("CRASH", "killed by SIGSEGV\nI1204 10:00:00.000000 7107 tpu_utils.cc:630] Detected eth0")
+    first = reproducers.write_finding(case, crash, "cpu/call_sequence/fuzz-0-0", tmp_path)
+    again = reproducers.write_finding(replace(case, iut_options=(("RAIDEN_ENABLE_ASYNC_DISPATCH", "1"),)), crash,
+                                      "cpu/call_sequence/fuzz-0-0", tmp_path)
+    other = reproducers.write_finding(replace(case, calls={**case.calls, "layers": 2}), crash, "x", tmp_path)
+    assert first == again != other
+    kept = json.loads(first.read_text())
+    assert kept["option_sets"] == [[], [["RAIDEN_ENABLE_ASYNC_DISPATCH", "1"]]]
+    assert kept["detail"] == "killed by SIGSEGV"  # the library's log lines taken out
+    assert "failed alike built with RAIDEN_ENABLE_ASYNC_DISPATCH='1'" in reproducers.render(first)
+    with pytest.raises(ValueError, match="option set 2; it has 2"):
+        reproducers.render(first, 2)
+
+
+def test_a_file_that_is_no_finding_is_refused_naming_it(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text('{"sequence": {}}')
+    with pytest.raises(ValueError, match="x.json: expected a finding of `kvprobe fuzz --model blocks`"):
+        reproducers.render(path)
 
 
 def test_sequences_need_a_layout_whose_rows_are_ranges():

@@ -17,9 +17,8 @@ from kvref import ShapeKey
 from probes.fuzz.sequences import addressable_shapes, random_sequence
 from probes.iut import registry
 from probes.iut.peer_env import PEER_ENVS
-from probes.run import fuzz_command, netns, reproducers, runner
-from probes.run.fuzz_command import Finding
-from probes.run.runner import CaseResult, run_case
+from probes.run import netns, reproducers, runner
+from probes.run.runner import run_case
 from probes.suite.cases import Case
 from probes.suite.matrix import build_cases, load_matrix
 from probes.suite.verdicts import SKIP, Outcome
@@ -166,10 +165,13 @@ def sequence_case(name: str, generation: str, calls: list | None = None) -> Case
                 timeout=30.0, startup_timeout=registry.iut(name).startup_seconds, calls=spec)
 
 
-def reproducer(tmp_path, case: Case) -> str:
-    """The reproducer `kvprobe fuzz` would write for `case`."""
-    finding = Finding(CaseResult(case, Outcome("CORRUPT", "planted"), 0.0), case.case_id)
-    return fuzz_command.write_reproducer(finding, tmp_path / "findings")
+def reproducer(tmp_path, case: Case) -> Path:
+    """The reproducer `kvprobe fuzz --reproducer` renders of the finding
+    `kvprobe fuzz` would keep for `case`."""
+    finding = reproducers.write_finding(case, Outcome("CORRUPT", "planted"), case.case_id, tmp_path / "findings")
+    script = tmp_path / "reproducer.py"
+    script.write_text(reproducers.render(finding))
+    return script
 
 
 def test_a_reproducer_enters_the_namespace_before_anything_else(monkeypatch, tmp_path):

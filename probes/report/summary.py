@@ -115,16 +115,26 @@ def remedy_cell(layout_text: str, generation: str) -> str:
 
 
 def findings(gen_dir: Path) -> list[str]:
-    """The standalone reproducers kept in <generation>/findings/, each with the
-    first line of its docstring."""
+    """What <generation>/findings/ keeps: hand-written reproducers, each with
+    the first paragraph of its docstring, and findings kept as data (JSON),
+    each with its verdict and reason."""
     scripts = sorted((gen_dir / "findings").glob("*.py"))
-    if not scripts:
+    kept = sorted((gen_dir / "findings").glob("*.json"))
+    if not scripts and not kept:
         return []
-    lines = ["## Findings", "", "Each has a standalone reproducer that fails the same way when run "
-             "alone (`python findings/NAME.py`).", ""]
+    lines = ["## Findings", "", "Each fails the same way when run alone: a script (`python findings/NAME.py`), or "
+             "a finding kept as data, replayed with `kvprobe fuzz --replay` (a contract sequence) or rendered as "
+             "a standalone script with `kvprobe fuzz --reproducer findings/NAME.json`.", ""]
     for script in scripts:
         summary = ast.get_docstring(ast.parse(script.read_text())) or ""
         lines.append(f"- [`{script.name}`](findings/{script.name}): {' '.join(summary.split(chr(10) + chr(10))[0].split())}")
+    for path in kept:
+        try:
+            finding = json.loads(path.read_text())
+            said = f"{finding['iut']}: {finding['verdict']}: {finding['detail'].splitlines()[0] if finding['detail'] else ''}"
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+            said = f"not a readable finding ({type(e).__name__})"
+        lines.append(f"- [`{path.name}`](findings/{path.name}): {' '.join(said.split())[:400]}")
     return lines + [""]
 
 

@@ -8,15 +8,16 @@ data, `<out>/<generation>/findings/contract-<iut>-<verdict>-<n>.json`,
 with its shrunk sequence (shrunk in the worker; a crash or a hang, which
 ends the worker, is shrunk here by replays in workers), and `--replay
 FILE` runs one such sequence on any IUT. `--model blocks` runs the older
-d2h/h2d sequences against the block model, each failure written as a
-standalone reproducer script."""
+d2h/h2d sequences against the block model, each kind of failure written as
+data (`fuzz-<iut>-<verdict>-<n>.json`, one per sequence across the ways
+the manager is built), and `--reproducer FILE` renders one as a standalone
+script (probes.run.reproducers)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import re
-import subprocess
 import time
 import sys
 from dataclasses import dataclass, replace
@@ -42,7 +43,7 @@ MAX_SHRINK_RUNS = 40
 class Finding:
     result: CaseResult  # the shrunk case and what it earned
     found_in: str  # the sequence it was first seen in
-    script: Path | None = None
+    path: Path | None = None  # where it is kept, as data
 
 
 def fuzz_iut(name: str, generation: str, sequences: int, seed: int = 0,
@@ -72,7 +73,8 @@ def fuzz_iut(name: str, generation: str, sequences: int, seed: int = 0,
             findings[key] = Finding(shrink(result), result.case.case_id)
     directory = Path(out) / generation / "findings"
     for finding in findings.values():
-        finding.script = write_reproducer(finding, directory)
+        finding.path = reproducers.write_finding(finding.result.case, finding.result.outcome, finding.found_in,
+                                                 directory)
     return results, list(findings.values())
 
 
@@ -115,18 +117,6 @@ def shrink(result: CaseResult) -> CaseResult:
     return best
 
 
-def write_reproducer(finding: Finding, directory: Path) -> Path:
-    """The finding's standalone reproducer, under `directory` (probes.run.reproducers)."""
-    return reproducers.write_reproducer(finding.result.case, finding.result.outcome, finding.found_in, directory)
-
-
-def reproduces(script: Path, python: str | None = None) -> tuple[int, str]:
-    """Run a reproducer alone: (exit status, what it printed)."""
-    done = subprocess.run([python or sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=600)
-    return done.returncode, done.stdout + done.stderr
-
-
 def summary(results: list[CaseResult], findings: list[Finding]) -> str:
     counts: dict[str, int] = {}
     for r in results:
@@ -135,7 +125,7 @@ def summary(results: list[CaseResult], findings: list[Finding]) -> str:
     for f in findings:
         o = f.result.outcome
         lines.append(f"  {o.verdict} [{f.result.case.options_text}] in {len(f.result.case.calls['calls'])} "
-                     f"call(s): {o.detail.strip().splitlines()[0][:200]}\n    -> {f.script}")
+                     f"call(s): {o.detail.strip().splitlines()[0][:200]}\n    -> {f.path}")
     return "\n".join(lines)
 
 
@@ -279,7 +269,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     options.add_one(parser, "generation", None, "its target (default: the IUT's first, e.g. cpu for tpu-sync-jax)")
     parser.add_argument("--model", choices=("contract", "blocks"), default="contract",
                         help="contract: sequences of every offload call held to the contract's model (default); "
-                             "blocks: d2h/h2d sequences held to the block model, with reproducer scripts")
+                             "blocks: d2h/h2d sequences held to the block model, findings kept as JSON (--reproducer renders one)")
     parser.add_argument("--sequences", type=options.positive, default=None,
                         help="workers (contract; default 2) or sequences (blocks; default 40) per way the manager "
                              "is built")
@@ -291,6 +281,10 @@ def arguments(parser: argparse.ArgumentParser) -> None:
                              "back to its baseline")
     parser.add_argument("--replay", type=Path, default=None,
                         help="contract: replay the sequence of a finding (or a bare sequence) from this JSON file")
+    parser.add_argument("--reproducer", type=Path, default=None, metavar="FINDING",
+                        help="blocks: print the standalone reproducer script of this finding (JSON)")
+    parser.add_argument("--option-set", type=int, default=0, metavar="N",
+                        help="blocks: with --reproducer, the finding's Nth way of building the manager (from 0)")
     parser.add_argument("--seed", type=int, default=0)
     options.add_one(parser, "timeout", 60.0, "blocks: seconds per sequence")
     options.add(parser, "faults", "jobs", "out")
@@ -299,6 +293,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     """1 when any sequence found a failure (its finding is written), else 0."""
     faults = kvref.Faults.parse(args.faults, environ={})
+    if args.reproducer is not None:
+        print(reproducers.render(args.reproducer, args.option_set), end="")
+        return 0
     if args.replay is not None:
         result = replay(args.replay, args.iut if args.iut != "kvref-sim" or not args.replay else None,
                         args.generation, faults, args.seconds)

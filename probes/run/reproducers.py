@@ -1,29 +1,33 @@
-"""The text of a finding's reproducer (reports/<generation>/findings/*.py): a
-script that replays the finding alone and fails as it did then.
+"""Findings of `kvprobe fuzz --model blocks` kept as data, and the
+reproducer script each renders on demand.
+
+A finding is one JSON file (reports/<generation>/findings/fuzz-*.json): the
+case that failed, shrunk (its call sequence), the verdict and its reason
+with the library's log lines taken out, and every way the manager was built
+(option set) it failed alike under. `kvprobe fuzz --reproducer FILE` renders
+its script; nothing generated is committed.
 
 Every reproducer starts, after its docstring, with `opening()`: the lines of
 probes.run.netns that put it in a loopback-only network namespace (standard
 library only), then the call that prints SKIP and exits 77 where none can be
-made. The production library's reproducers import nothing else but the
-library, jax and numpy: handed to the library's authors, they run without
-this harness.
+made. A call sequence against tpu-sync-jax on JAX CPU arrays replays against
+the library alone (handed to the library's authors, it runs without this
+harness): the block model, the sequence's one runner
+(probes.suite.call_sequence.held), the reading of the library's refusals and
+the computation that keeps a cache pending are the harness's own
+definitions, copied in (`copied`). Any other IUT's replays through the
+harness's worker code (`probes.run.probe_case`), which its library (kvref)
+ships with.
 
-`kvprobe fuzz` writes one per kind of failure (`write_reproducer`). A call
-sequence against tpu-sync-jax on JAX CPU arrays replays against the library
-alone: the block model, the reading of the library's refusals and the
-computation that keeps a cache pending are the harness's own definitions,
-copied in (`copied`); the loop makes the calls probes.suite.call_sequence makes
-through the adapter, with the sequence's lists as they are. Any other IUT's
-replays through the harness's worker code (`probes.run.probe_case`), which
-its library (kvref) ships with.
-
-`python -m probes.run.reproducers SCRIPT...` gives committed reproducers the
-current opening (`--replays`: and writes a sequence's replay anew)."""
+The hand-written reproducers beside them (reports/cpu/findings/*.py) start
+with the same opening: `python -m probes.run.reproducers SCRIPT...` gives
+them the current one."""
 
 from __future__ import annotations
 
 import argparse
 import ast
+import json
 import re
 import sys
 from pathlib import Path
@@ -36,8 +40,10 @@ from probes.iut.peer_env import REPO, declared_env
 from probes.iut.registry import iut
 from probes.report.paths import file_safe
 from probes.run import netns
-from probes.suite import block_model, refusals
+from probes.run.worker import PHASE_PROBE
+from probes.suite import block_model, call_sequence, refusals
 from probes.suite.cases import Case
+from probes.suite.verdicts import CORRUPT, ERROR, PASS
 
 # After the opening: where no namespace can be made, nothing of the library runs.
 ENTER = '''
@@ -51,8 +57,9 @@ DOCSTRING = '''"""{title}
 
 Found by `kvprobe fuzz --iut {iut}` (in {found_in}) and shrunk to {calls} call(s):
 {detail}
-
-Run: {python} {path}
+{also}
+Rendered from {finding} (`kvprobe fuzz --reproducer {finding}`);
+run with {python}.
 {how}"""
 
 '''
@@ -62,9 +69,10 @@ It replays the sequence through the harness's own adapter, prints the verdict
 and exits non-zero (or crashes, or hangs until its watchdog), as it did then."""
 
 ALONE = """\
-It replays the sequence against the library alone (the harness's block model
-and reading of the library's refusals copied in), prints the verdict and
-exits non-zero (or crashes, or hangs until its watchdog), as it did then."""
+It replays the sequence against the library alone (the harness's block model,
+its sequence runner and its reading of the library's refusals copied in),
+prints the verdict and exits non-zero (or crashes, or hangs until its
+watchdog), as it did then."""
 
 HARNESS_REPLAY = '''
 import faulthandler  # noqa: E402
@@ -110,13 +118,14 @@ import numpy as np  # noqa: E402
 from tpu_sync.api.jax.kv_cache_manager import KVCacheManager  # noqa: E402
 
 DIMS, DTYPE = {dims!r}, jnp.dtype({dtype!r})  # SEQUENCE["shape"]
+PASS, CORRUPT, ERROR = {verdicts}  # the harness's verdicts
 
 {copied}
 
 
 def finish(verdict: str, detail: str):
     print(verdict, detail)
-    sys.exit(0 if verdict == "PASS" else 1)
+    sys.exit(0 if verdict == PASS else 1)
 
 
 # Each layer's contents: small integers, which survive the library's float32 reads of its pool.
@@ -132,7 +141,7 @@ try:
     manager = KVCacheManager(caches, 0, host_blocks_to_allocate=SEQUENCE["host_blocks"],
                              **{{name: value for name, value in OPTIONS.items() if not name.isupper()}})
 except Exception as e:  # a clean refusal here is a finding too: these layouts are addressable
-    finish("ERROR", f"construction refused or failed: {{first_line(e)}}")
+    finish(ERROR, f"construction refused or failed: {{first_line(e)}}")
 block_bytes = layer_block_sizes(manager._impl, int(manager._impl.num_layers))
 
 
@@ -155,67 +164,18 @@ def transfer(request: dict) -> None:
     SyncPending(move(request["src"], request["dst"], request["sizes"])).wait()
 
 
-def one(call: dict):
-    """What is wrong with one call (a request, or two at once on two threads), or None."""
-    if "concurrent" in call:
-        errors = []
-
-        def run(request):
-            try:
-                transfer(request)
-            except Exception as e:  # collected: a valid request must not fail
-                errors.append(first_line(e))
-
-        threads = [threading.Thread(target=run, args=(r,)) for r in call["concurrent"]]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            return "ERROR", f"a valid request on one of two threads failed: {{errors[0]}}"
-        for request in call["concurrent"]:
-            model.apply(request["d2h"], request["src"], request["dst"], request["sizes"])
-        return None
-    problem = model.problem(call["d2h"], call["src"], call["dst"], call["sizes"])
-    try:
-        transfer(call)
-    except Exception as e:  # a refusal, judged against the model
-        if problem is None:
-            return "ERROR", f"a valid request was refused: {{first_line(e)}}"
-        if not refuses(e):
-            return "ERROR", f"refused with a failure, not a clean refusal: {{first_line(e)}}"
-        return None
-    if problem is not None:
-        return "ERROR", f"accepted silently; it should be refused: {{problem}}"
-    model.apply(call["d2h"], call["src"], call["dst"], call["sizes"])
-    return None
-
-
-def check():
-    """Every device block and every host block written so far, against the model, or None."""
-    for layer, cache in enumerate(caches):
-        wrong = [i for i, (got, want) in enumerate(zip(blocks(np.asarray(cache)), model.device[layer]))
-                 if want is not None and got != want]
-        if wrong:
-            return "CORRUPT", f"layer {{layer}}: device blocks {{wrong[:8]}} differ from the model"
-        host = [i for i in range(model.host_blocks)
-                if model.host[layer][i] is not None and host_block(layer, i) != model.host[layer][i]]
-        if host:
-            return "CORRUPT", f"layer {{layer}}: host blocks {{host[:8]}} differ from the model"
-    return None
-
-
 model = BlockModel([blocks(host) for host in hosts], host_blocks=SEQUENCE["host_blocks"], zeroed_pool=False)
-for index, call in enumerate(SEQUENCE["calls"]):
-    wrong = one(call) or check()
-    if wrong:
-        finish(wrong[0], f"call {{index}} {{call}}: {{wrong[1]}}")
-finish("PASS", f"{{len(SEQUENCE['calls'])}} calls held to the model")
+wrong = held(SEQUENCE["calls"], model, transfer=transfer, refuses=refuses,
+             device_blocks=lambda: [blocks(np.asarray(cache)) for cache in caches], host_block=host_block)
+if wrong is not None:
+    finish(*wrong)
+finish(PASS, f"{{len(SEQUENCE['calls'])}} calls held to the model")
 '''
 
 # What TPU_SYNC_JAX_REPLAY copies from the harness: (module, top-level names).
 COPIED = (
     (block_model, ("INT64_MIN", "BlockModel")),
+    (call_sequence, ("held", "_one", "_check")),
     (tpu_sync, ("AsyncFailure", "REFUSAL_CODES", "POOL_FULL", "JAX_STATUS", "UNCODED", "TORCH_WRAPPED", "RUNTIME_FAILURES",
                 "CHECKS", "PYTHON_REFUSALS", "refuses", "layer_block_sizes", "SyncPending")),
     (refusals, ("first_line",)),
@@ -267,16 +227,16 @@ def replays_alone(case: Case) -> bool:
         issubclass(declared.arrays, jax_arrays.JaxCpuArrays)
 
 
-def replay(case: Case, case_text: str | None = None) -> str:
-    """The code of a call sequence's reproducer, after its docstring (with
-    `case_text`, the case as a committed reproducer spells it)."""
+def replay(case: Case) -> str:
+    """The code of a call sequence's reproducer, after its docstring."""
     declared = iut(case.iut)
     fields = dict(platforms=declared.jax_platforms or "", timeout=case.startup_timeout + case.timeout,
-                  case=case_text or case.to_json())
+                  case=case.to_json())
     if replays_alone(case):
         key = kvref.ShapeKey.parse(case.calls["shape"])
         return opening() + TPU_SYNC_JAX_REPLAY.format(
-            dims=key.dims, dtype=np.dtype(kvref.element_type(key.dtype).numpy).name, copied=copied(), **fields)
+            dims=key.dims, dtype=np.dtype(kvref.element_type(key.dtype).numpy).name, copied=copied(),
+            verdicts=", ".join(repr(str(v)) for v in (PASS, CORRUPT, ERROR)), **fields)
     text = HARNESS_REPLAY.format(**fields)
     return opening() + text if declared.loopback_only else text.replace("  # noqa: E402", "").lstrip("\n")
 
@@ -290,53 +250,90 @@ def _reproducer_python(interpreter) -> str:
     return str(python.relative_to(REPO)) if python.is_relative_to(REPO) else str(python)
 
 
-def write_reproducer(case: Case, outcome, found_in: str, directory: Path) -> Path:
-    """The reproducer of `case`'s failure (`outcome`), as directory/fuzz-<iut>-<verdict>-<n>.py."""
+# The library's log lines (glog's prefix), where a worker's output tail follows a reason.
+LOG_LINE = re.compile(r"^([IWEF]\d{4} \d\d:\d\d:\d\d|WARNING: All log messages before absl)")
+DETAIL_CHARS = 1500
+
+
+def stripped(detail: str) -> str:
+    """A failure's reason, without the worker's output after it (which starts
+    at the worker's phase marker) or the library's log lines, at most DETAIL_CHARS."""
+    reason = detail.strip().split(PHASE_PROBE, 1)[0]
+    return "\n".join(line for line in reason.strip().splitlines() if not LOG_LINE.match(line))[:DETAIL_CHARS]
+
+
+def write_finding(case: Case, outcome, found_in: str, directory: Path) -> Path:
+    """`case`'s failure (`outcome`) as data: a new directory/fuzz-<iut>-<verdict>-<n>.json,
+    or, where a finding of the same sequence failing alike is there already
+    under another way the manager is built, that one with this option set added."""
     directory.mkdir(parents=True, exist_ok=True)
     stem = f"fuzz-{file_safe(case.iut)}-{outcome.verdict.lower()}"
-    path = directory / f"{stem}-{len(list(directory.glob(f'{stem}-*.py'))) + 1}.py"
-    first = outcome.detail.strip().splitlines()[0] if outcome.detail.strip() else outcome.verdict
-    title = f"{case.iut} {outcome.iut_version} ({case.options_text}): {outcome.verdict}: {first}"[:300]
-    path.write_text(DOCSTRING.format(
-        title=title.replace('"""', "'''"), iut=case.iut, found_in=found_in, calls=len(case.calls["calls"]),
-        detail=outcome.detail.strip()[:1500].replace('"""', "'''"),
-        python=_reproducer_python(iut(case.iut).interpreter), path=path,
-        how=ALONE if replays_alone(case) else THROUGH_THE_HARNESS) + replay(case))
+    detail = stripped(outcome.detail)
+    options = [list(pair) for pair in case.iut_options]
+    plain = json.loads(case.to_json())
+    for path in sorted(directory.glob(f"{stem}-*.json")):
+        known = json.loads(path.read_text())
+        if {**known["case"], "iut_options": []} == {**plain, "iut_options": []} and known["detail"] == detail:
+            if options not in known["option_sets"]:
+                known["option_sets"].append(options)
+                path.write_text(json.dumps(known, indent=1) + "\n")
+            return path
+    path = directory / f"{stem}-{len(list(directory.glob(f'{stem}-*.json'))) + 1}.json"
+    path.write_text(json.dumps({"model": "blocks", "iut": case.iut, "iut_version": outcome.iut_version,
+                                "verdict": str(outcome.verdict), "detail": detail, "found_in": found_in,
+                                "option_sets": [options], "case": plain}, indent=1) + "\n")
     return path
 
 
-FOUND = re.compile(r"^CASE = (?P<case>.+)$", re.MULTILINE)
-HOW = re.compile(f"({re.escape(THROUGH_THE_HARNESS)}|{re.escape(ALONE)})\"\"\"\n$")
+def read_finding(path: Path) -> dict:
+    """A finding written by write_finding, or ValueError naming what is wrong with it."""
+    try:
+        finding = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable JSON finding ({e})") from None
+    wanted = {"model", "iut", "iut_version", "verdict", "detail", "found_in", "option_sets", "case"}
+    if not isinstance(finding, dict) or finding.get("model") != "blocks" or not wanted <= set(finding):
+        raise ValueError(f"{path}: expected a finding of `kvprobe fuzz --model blocks` with {sorted(wanted)}")
+    return finding
 
 
-def rewrite(text: str, replays: bool = False) -> str:
-    """A committed reproducer with the current opening, its own code kept;
-    with `replays`, a call sequence's (it holds its CASE) written anew from
-    its case by the current writer, its docstring kept but for the paragraph
-    on how it replays."""
+def render(path: Path, option_set: int = 0) -> str:
+    """The standalone reproducer of the finding at `path`, under its
+    `option_set`-th way of building the manager."""
+    finding = read_finding(path)
+    sets = finding["option_sets"]
+    if not 0 <= option_set < len(sets):
+        raise ValueError(f"{path}: option set {option_set}; it has {len(sets)} (0 to {len(sets) - 1})")
+    case = Case.from_json(json.dumps({**finding["case"], "iut_options": sets[option_set]}))
+    first = finding["detail"].splitlines()[0] if finding["detail"] else finding["verdict"]
+    title = f"{case.iut} {finding['iut_version']} ({case.options_text}): {finding['verdict']}: {first}"[:300]
+    others = [Case.from_json(json.dumps({**finding["case"], "iut_options": s})).options_text
+              for i, s in enumerate(sets) if i != option_set]
+    also = f"It failed alike built with {'; '.join(others)}.\n" if others else ""
+    return DOCSTRING.format(
+        title=title.replace('"""', "'''"), iut=case.iut, found_in=finding["found_in"],
+        calls=len(case.calls["calls"]), detail=finding["detail"].replace('"""', "'''"), also=also,
+        finding=path, python=_reproducer_python(iut(case.iut).interpreter),
+        how=ALONE if replays_alone(case) else THROUGH_THE_HARNESS) + replay(case)
+
+
+def rewrite(text: str) -> str:
+    """A hand-written reproducer with the current opening, its own code kept."""
     lines = text.splitlines(keepends=True)
     docstring = ast.parse(text).body[0]
     head, code = "".join(lines[:docstring.end_lineno]) + "\n", "".join(lines[docstring.end_lineno:])
-    found = FOUND.search(code)
-    if replays and found and HOW.search(head):
-        case_text = ast.literal_eval(found["case"])
-        case = Case.from_json(case_text)
-        how = ALONE if replays_alone(case) else THROUGH_THE_HARNESS
-        return HOW.sub(lambda _: f'{how}"""\n', head) + replay(case, case_text)
     if ENTER.strip() not in code:
         raise ValueError("no opening to replace: it does not end with the call of ENTER")
     return head + opening() + code[code.index(ENTER.strip()) + len(ENTER.strip()) + 1:]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Give committed reproducers the current opening.")
+    parser = argparse.ArgumentParser(description="Give hand-written reproducers the current opening.")
     parser.add_argument("scripts", nargs="+", type=Path)
-    parser.add_argument("--replays", action="store_true",
-                        help="also write each call sequence's replay anew from its case")
     args = parser.parse_args(argv)
     for script in args.scripts:
         text = script.read_text()
-        new = rewrite(text, args.replays)
+        new = rewrite(text)
         if new != text:
             script.write_text(new)
             print("rewrote", script)

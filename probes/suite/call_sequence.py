@@ -41,22 +41,39 @@ def call_sequence(case: Case, iut: Adapter) -> Outcome:
     # From what the caches were made of: reading them now would wait for them.
     model = BlockModel([_physical_blocks(host, layout, block) for _, host in pairs],
                        host_blocks=spec["host_blocks"], zeroed_pool=False)
-    for index, call in enumerate(spec["calls"]):
-        verdict = _one(iut, manager, model, call)
-        if verdict is None:
-            verdict = _check(iut, manager, model, caches, layout, block)
-        if verdict is not None:
-            return Outcome(verdict[0], f"call {index} {call}: {verdict[1]}")
+    wrong = held(spec["calls"], model,
+                 transfer=lambda r: iut.transfer(manager, r["d2h"], r["src"], r["dst"], r["sizes"]),
+                 refuses=iut.refuses,
+                 device_blocks=lambda: [_physical_blocks(iut.fetch(cache), layout, block) for cache in caches],
+                 host_block=manager.read_block_bytes)
+    if wrong is not None:
+        return Outcome(*wrong)
     return Outcome(PASS, f"{len(spec['calls'])} calls held to the model")
 
 
-def _one(iut, manager, model, call) -> tuple[str, str] | None:
+# The sequence's one runner: call_sequence's, and (copied by
+# probes.run.reproducers) a reproducer's against the library alone. It knows
+# the manager only through the four functions it is given.
+def held(calls: list, model, transfer, refuses, device_blocks, host_block) -> tuple[str, str] | None:
+    """Each call made (`transfer(request)`) and held to `model`, then every
+    device block (`device_blocks()`: per layer, its blocks' bytes) and every
+    host block written so far (`host_block(layer, block)`); the verdict and
+    why for the first call that breaks it, or None."""
+    for index, call in enumerate(calls):
+        wrong = _one(call, model, transfer, refuses) or _check(model, device_blocks, host_block)
+        if wrong is not None:
+            return wrong[0], f"call {index} {call}: {wrong[1]}"
+    return None
+
+
+def _one(call: dict, model, transfer, refuses) -> tuple[str, str] | None:
+    """What is wrong with one call (a request, or two at once on two threads), or None."""
     if "concurrent" in call:
         errors = []
 
         def run(request):
             try:
-                iut.transfer(manager, request["d2h"], request["src"], request["dst"], request["sizes"])
+                transfer(request)
             except Exception as e:  # collected: a valid request must not fail
                 errors.append(first_line(e))
 
@@ -72,11 +89,11 @@ def _one(iut, manager, model, call) -> tuple[str, str] | None:
         return None
     problem = model.problem(call["d2h"], call["src"], call["dst"], call["sizes"])
     try:
-        iut.transfer(manager, call["d2h"], call["src"], call["dst"], call["sizes"])
+        transfer(call)
     except Exception as e:  # a refusal, judged against the model
         if problem is None:
             return ERROR, f"a valid request was refused: {first_line(e)}"
-        if not iut.refuses(e):
+        if not refuses(e):
             return ERROR, f"refused with a failure, not a clean refusal: {first_line(e)}"
         return None
     if problem is not None:
@@ -85,15 +102,15 @@ def _one(iut, manager, model, call) -> tuple[str, str] | None:
     return None
 
 
-def _check(iut, manager, model, caches, layout, block) -> tuple[str, str] | None:
-    for layer, cache in enumerate(caches):
-        device = _physical_blocks(iut.fetch(cache), layout, block)
+def _check(model, device_blocks, host_block) -> tuple[str, str] | None:
+    """Every device block and every host block written so far, against the model, or None."""
+    for layer, device in enumerate(device_blocks()):
         wrong = [i for i, (got, want) in enumerate(zip(device, model.device[layer]))
                  if want is not None and got != want]
         if wrong:
             return CORRUPT, f"layer {layer}: device blocks {wrong[:8]} differ from the model"
-        host = [i for i in range(model.host_blocks) if model.host[layer][i] is not None
-                and manager.read_block_bytes(layer, i) != model.host[layer][i]]
+        host = [i for i in range(model.host_blocks)
+                if model.host[layer][i] is not None and host_block(layer, i) != model.host[layer][i]]
         if host:
             return CORRUPT, f"layer {layer}: host blocks {host[:8]} differ from the model"
     return None

@@ -1,11 +1,13 @@
 // Bindings of the simulated device and its buffers.
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <chrono>
 #include <cstring>
 #include <thread>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "bindings.h"
@@ -36,6 +38,29 @@ DeviceBuffer::Op pack_op(const kvref::TiledLayout& layout, ReadOnlyBytes logical
   auto data = std::make_shared<kvref::PageBuffer>(static_cast<int64_t>(logical.size()));
   if (logical.size()) std::memcpy(data->data(), logical.data(), logical.size());
   return [layout, data, itemsize](uint8_t* dst) { kvref::pack(layout, data->data(), dst, itemsize); };
+}
+
+// An op that writes whole rows of physical bytes (`data`: each row's
+// `row_bytes`, in the order of `rows`) at row * row_bytes, nothing else.
+DeviceBuffer::Op rows_op(int64_t buffer_bytes, int64_t row_bytes, const std::vector<int64_t>& rows,
+                         ReadOnlyBytes data) {
+  if (row_bytes <= 0) throw std::invalid_argument("row_bytes must be positive");
+  check_size("row bytes", data.size(),
+             kvref::checked_mul(static_cast<int64_t>(rows.size()), row_bytes, "row byte count"));
+  for (int64_t row : rows) {
+    if (row < 0 || row >= buffer_bytes / row_bytes) {
+      throw std::out_of_range("row " + std::to_string(row) + " is outside the buffer's " +
+                              std::to_string(buffer_bytes / row_bytes) + " rows");
+    }
+  }
+  auto bytes = std::make_shared<kvref::PageBuffer>(static_cast<int64_t>(data.size()));
+  if (data.size()) std::memcpy(bytes->data(), data.data(), data.size());
+  return [rows, row_bytes, bytes](uint8_t* dst) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::memcpy(dst + rows[i] * row_bytes, bytes->data() + static_cast<int64_t>(i) * row_bytes,
+                  static_cast<size_t>(row_bytes));
+    }
+  };
 }
 
 // An op's computation before it writes: `us`, or until the device's results
@@ -122,6 +147,20 @@ void bind_device(nb::module_& m) {
            },
            nb::arg("layout"), nb::arg("logical"), nb::arg("itemsize"), nb::arg("defer"),
            nb::arg("run_us") = 0, nb::arg("until_needed") = false, "An in-place device op writing new contents.")
+      .def("overwrite_rows",
+           [](DeviceBuffer& b, int64_t row_bytes, const std::vector<int64_t>& rows, ReadOnlyBytes data,
+              int64_t run_us, bool until_needed) {
+             if (run_us < 0) throw std::invalid_argument("run_us must not be negative");
+             auto write = rows_op(b.size(), row_bytes, rows, data);
+             std::shared_ptr<SimDevice> device = b.device().shared_from_this();
+             const int64_t since = device->demands();
+             b.launch([write, run_us, until_needed, device, since](uint8_t* dst) {
+               compute(*device, run_us, until_needed, since);
+               write(dst);
+             }, BufferState::kExecuting);
+           },
+           nb::arg("row_bytes"), nb::arg("rows"), nb::arg("data"), nb::arg("run_us") = 0,
+           nb::arg("until_needed") = false, "An in-place device op writing some rows' physical bytes alone.")
       .def("zero",
            [](DeviceBuffer& b, bool defer) {
              DeviceBuffer::Op op = [bytes = b.size()](uint8_t* dst) {

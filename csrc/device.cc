@@ -265,8 +265,8 @@ void DeviceBuffer::release_dma_hold() {
 void DeviceBuffer::begin_dma(bool write) {
   std::lock_guard<std::mutex> lock(mu_);
   if (state_ != BufferState::kMaterialized)
-    throw DeviceError(std::string(write ? "host-to-device" : "device-to-host") +
-                      " copy of a buffer that is not materialized");
+    throw BufferNotReady(std::string(write ? "host-to-device" : "device-to-host") +
+                         " copy of a buffer that is not materialized");
   ++(write ? dma_writes_ : dma_reads_);
 }
 
@@ -289,7 +289,7 @@ void DeviceBuffer::check_dma(int64_t offset, int64_t size, const char* what, boo
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (!fenced && state_ != BufferState::kMaterialized)
-      throw DeviceError(std::string(what) + " of a buffer that is not materialized");
+      throw BufferNotReady(std::string(what) + " of a buffer that is not materialized");
     if (offset < 0 || size < 0 || offset + size > bytes_.size())
       throw std::out_of_range(std::string(what) + " range is outside the buffer");
     for (const auto& [start, end] : failing_ranges_)

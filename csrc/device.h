@@ -35,6 +35,13 @@ class DeviceError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A copy issued while the buffer is not materialized (an op still computing
+// it): nothing was copied, and the same copy can be made once it is.
+class BufferNotReady : public DeviceError {
+ public:
+  using DeviceError::DeviceError;
+};
+
 // Page-aligned, zero-filled memory that is only committed when touched.
 class PageBuffer {
  public:

@@ -25,7 +25,8 @@ NB_MODULE(_core, m) {
   // threads still hold; the process frees them, and a report of each in the
   // user's terminal would say nothing they can act on.
   nanobind::set_leak_warnings(false);
-  nanobind::exception<kvref::DeviceError>(m, "DeviceError", PyExc_RuntimeError);
+  nanobind::exception<kvref::DeviceError> device_error(m, "DeviceError", PyExc_RuntimeError);
+  nanobind::exception<kvref::BufferNotReady>(m, "BufferNotReady", device_error.ptr());
   nanobind::exception<kvref::PoolExhausted>(m, "HostPoolExhausted", PyExc_ValueError);
   kvref_bind::bind_layout(m);
   kvref_bind::bind_device(m);

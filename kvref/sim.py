@@ -14,9 +14,10 @@ from kvref.dtypes import element_type
 from kvref.generations import DEFAULT_GENERATION, check_generation
 from kvref.limits import check_allocation
 from kvref.oracle import tpu_layout
-from kvref.placement import new_logical
+from kvref.placement import new_logical, pack
 from kvref.shape import Shape
 from kvref.shape_key import ShapeKey
+from kvref.slices import validate_major_slice_addressable
 from kvref.torch_interop import as_numpy
 from kvref.values import flag, integer
 
@@ -65,6 +66,31 @@ class DeviceArray:
         buffer.overwrite(self.shape._tiled, logical, self.shape.element.numpy.itemsize, False, run_us, until_needed)
         output = DeviceArray(self.device, self.shape, buffer)
         self._deleted = True  # after the output is live: whoever sees this deleted finds the output
+        return output
+
+    def donate_rows(self, rows, values, *, run_us: int = 0, until_needed: bool = False) -> "DeviceArray":
+        """A step that takes this array donated and writes `values` into its
+        dim-0 `rows` alone, in place (the output aliases this storage), after
+        every copy issued on it before: a serving step that updates some
+        blocks of a cache. `run_us`, `until_needed`: as for donate. The rows
+        must be contiguous byte ranges in this layout. This array is deleted."""
+        self._check_live()
+        row_bytes = validate_major_slice_addressable(self.shape)
+        rows = [integer(r, "row", 0) for r in rows]
+        if len(set(rows)) != len(rows) or any(r >= self.dims[0] for r in rows):
+            raise ValueError(f"rows {rows}: each must be below {self.dims[0]} and named once")
+        values = np.asarray(values)
+        if values.shape != (len(rows), *self.dims[1:]):
+            raise ValueError(f"values of shape {values.shape} for rows {rows}; expected "
+                             f"{(len(rows), *self.dims[1:])}")
+        run_us, until_needed = integer(run_us, "run_us", 0), flag(until_needed, "until_needed")
+        logical = np.zeros(self.dims, self.shape.element.numpy)
+        logical[rows] = values
+        physical = pack(logical, self.shape)  # rows are byte ranges: each row's bytes are its own
+        data = np.concatenate([physical[r * row_bytes:(r + 1) * row_bytes] for r in rows]) if rows else physical[:0]
+        self._buffer.overwrite_rows(row_bytes, rows, data, run_us, until_needed)
+        output = DeviceArray(self.device, self.shape, self._buffer)
+        self._deleted = True  # after the output is live, as for donate
         return output
 
     def holds_storage_of(self, other: "DeviceArray") -> bool:

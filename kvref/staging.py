@@ -97,7 +97,9 @@ class Staging:
         each live and ready, hold the caches before and after it; otherwise it
         is made again once they are. (A step run inline on the dispatching
         thread shows only once it has ended: kvref.pulls reads a landed pull
-        back before reporting it.)"""
+        back before reporting it. A simulated step dispatched between the look
+        and the copy still computes the caches: the copy cannot be made then,
+        and is made again in the same way.)"""
         device = np.asarray(piece, dtype=np.int64)
         host = np.arange(base, base + len(piece), dtype=np.int64)
         src, dst = (device, host) if direction == _core.Direction.DEVICE_TO_HOST else (host, device)
@@ -106,7 +108,10 @@ class Staging:
             before = None if time.monotonic() > deadline else self._still()
             if before is None:
                 return False
-            core = self._mover().copy(direction, src, dst, np.ones_like(device))
+            try:
+                core = self._mover().copy(direction, src, dst, np.ones_like(device))
+            except _core.BufferNotReady:  # a simulated step, dispatched since the look, computes them now
+                return False
             TransferFuture(core).result(timeout=max(0.001, deadline - time.monotonic()))
             after = self._still()
             return after is not None and len(after) == len(before) and all(map(operator.is_, after, before))

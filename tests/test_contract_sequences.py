@@ -17,7 +17,7 @@ from probes.iut.protocol import (HostTransferLibrary, Library, ManagerView, Pull
 from probes.iut.registry import adapter_for
 from probes.run import cli, fuzz_command
 from probes.run.runner import run_cases
-from probes.suite import contract_hosts, contract_pulls, contract_rules
+from probes.suite import contract_hosts, contract_pulls, contract_rules, contract_sequences
 from probes.suite.block_model import BlockModel
 from probes.suite.cases import Case
 from probes.suite.contract import ContractModel, Must
@@ -336,7 +336,8 @@ def test_crashes_of_one_kind_are_shrunk_once_and_all_shrinking_within_its_budget
     assert all(started + 30.0 <= until <= time.monotonic() + 30.0 for until in shrunk)
 
 
-def test_serving_steps_beside_pulls_hold_a_manager_to_its_pulls():
+@pytest.mark.parametrize("name, generation", [("kvref-jax", "cpu"), ("kvref-sim", "v5e")])
+def test_serving_steps_beside_pulls_hold_a_manager_to_its_pulls(name, generation):
     """A serving step (contract_pulls.serve) writes other blocks of the
     consumer's caches, donated in place, while its pull is in flight: the
     pull must land all the same. A manager that refuses donated storage fails
@@ -353,7 +354,38 @@ def test_serving_steps_beside_pulls_hold_a_manager_to_its_pulls():
               "parallelism": 1},
              {"rule": "settle"}]
     calls = {"spec": spec, "seed": 0, "steps": steps}
-    clean, refusing = run_cases([fuzz_command.contract_case("kvref-jax", "cpu", faults, 20.0, 0, calls=calls)
+    clean, refusing = run_cases([fuzz_command.contract_case(name, generation, faults, 20.0, 0, calls=calls)
                                  for faults in (kvref.Faults(), kvref.Faults(refuses_donated_storage=True))], jobs=2)
     assert clean.outcome.verdict == "PASS", clean.outcome.detail[:3000]
     assert refusing.outcome.verdict == "ERROR" and "req-1" in refusing.outcome.detail, refusing.outcome.detail[:3000]
+
+
+def test_a_producer_serves_its_pulls_beside_its_own_serving_steps():
+    """Serving steps on the producer's caches (blocks no registration names)
+    while its listener copies a pull's blocks out: on the simulated device
+    a step dispatched between the listener's look at the caches and its copy
+    still computes them, so the copy cannot be made then. It is made again
+    once the caches are still, and the pull lands (kvref-sim failed it: a
+    device-to-host copy of a buffer that is not materialized)."""
+    spec = {"shape": "bf16[32,8,128]", "layers": 1, "host_blocks": 8, "mode": "put", "store": 0, "serves": True}
+    steps = [{"rule": "register", "req": "req-1", "uuid": 7, "blocks": [12, 7, 5, 11, 14, 6, 1, 8]},
+             {"rule": "pull", "req": "req-1", "uuid": 7, "pick": [0, 1, 4, 7, 5, 3, 6, 2],
+              "remote": [12, 7, 14, 8, 6, 11, 1, 5], "local": [4, 6, 5, 11, 13, 8, 15, 3], "consumer": 0,
+              "parallelism": 3},
+             {"rule": "serve", "manager": 0, "blocks": [4, 20, 21], "seed": 5, "steps": 4},
+             {"rule": "settle"}]
+    [result] = run_cases([fuzz_command.contract_case("kvref-sim", "v5e", kvref.Faults(), 20.0, 0,
+                                                     calls={"spec": spec, "seed": 0, "steps": steps})], jobs=1)
+    assert result.outcome.verdict == "PASS", result.outcome.detail[:3000]
+
+
+def test_dropping_steps_keeps_every_later_reference_to_the_step_it_named():
+    """A shrunk sequence's steps name earlier steps by index (`of`): dropping
+    steps renumbers them, and a reference to a dropped step names none."""
+    steps = [{"rule": "save", "blocks": [1]}, {"rule": "model_step"}, {"rule": "save", "blocks": [2]},
+             {"rule": "unlock", "of": 2}, {"rule": "load", "of": 0}, {"rule": "wait", "of": 1}]
+    assert contract_sequences.without(steps, 1, 1) == [
+        {"rule": "save", "blocks": [1]}, {"rule": "save", "blocks": [2]}, {"rule": "unlock", "of": 1},
+        {"rule": "load", "of": 0}, {"rule": "wait", "of": -1}]
+    assert contract_sequences.without(steps, 0, 3) == [{"rule": "unlock", "of": -1}, {"rule": "load", "of": -1},
+                                                       {"rule": "wait", "of": -1}]

@@ -626,3 +626,31 @@ def test_a_forked_child_cannot_register_what_only_its_parents_listener_serves(de
     os.waitpid(pid, 0)
     assert f"serves pulls from process {os.getpid()}, which this process was forked from" in said, said
     assert producer.register_read("r", 3, [4, 6])  # the parent still serves
+
+
+def test_a_pull_copy_issued_while_a_simulated_step_computes_the_caches_is_made_again():
+    """The serving thread may dispatch a step between a pull thread's look at
+    the caches and its copy: on the simulated device the copy cannot be made
+    then (the step still computes the caches), so it is made again once they
+    are still, never failed for it."""
+    from kvref.staging import Staging
+
+    device = kvref.SimDevice("v5e")
+    host = np.arange(32 * 8 * 128, dtype=np.float32).reshape(32, 8, 128).astype(ml_dtypes.bfloat16)
+    cache = device.put(host)
+    manager = kvref.KVCacheManager([cache], 4)
+    looks, outputs = [], []
+
+    def still():
+        arrays = manager._still_arrays()
+        if not looks:  # the serving thread dispatches a step, computing until needed, right after the first look
+            outputs.append(arrays[0].donate_rows([20], np.ones((1, 8, 128), ml_dtypes.bfloat16), run_us=5_000_000,
+                                                 until_needed=True))
+        looks.append(arrays)
+        return arrays
+
+    staging = Staging(manager._pull_mover, still, slots=1, slot_blocks=4, layer_parts=(1,))
+    [(where, data)] = list(staging.read([3, 5], None, time.monotonic() + 20))
+    physical, row = kvref.pack(host, cache.shape), manager.layer_bytes_per_block[0]
+    assert where == (0, 0, 0) and data == bytes(physical[3 * row:4 * row]) + bytes(physical[5 * row:6 * row])
+    assert len(looks) >= 3  # the copy at the first look could not be made; the next looks followed the step

@@ -237,3 +237,23 @@ def test_a_held_copy_is_let_go_when_its_hold_is_released():
     cache.hold_next_dma(BOUND_US)
     cache.release_dma_hold()
     m.d2h([1], [1]).result(timeout=30)
+
+
+def test_a_step_that_writes_some_rows_writes_them_alone_in_place():
+    """donate_rows: a serving step that updates some blocks of a cache,
+    donated and written in place; every other byte stays, copies issued
+    before it end first, and rows that are not byte ranges are refused."""
+    device = kvref.SimDevice("v5e")
+    host = np.arange(16 * 8 * 128, dtype=np.float32).reshape(16, 8, 128)
+    cache = device.put(host)
+    out = cache.donate_rows([2, 9], np.full((2, 8, 128), -1, np.float32), run_us=1000)
+    want = host.copy()
+    want[[2, 9]] = -1
+    assert cache.is_deleted() and out.holds_storage_of(cache) and np.array_equal(device.fetch(out), want)
+    for rows, values, why in (([16], np.zeros((1, 8, 128)), "below 16"), ([3, 3], np.zeros((2, 8, 128)), "once"),
+                              ([3], np.zeros((2, 8, 128)), "expected")):
+        with pytest.raises(ValueError, match=why):
+            out.donate_rows(rows, values)
+    interleaved = device.put(np.zeros((512, 1024), np.float32))  # v5e tiles rows 8 at a time
+    with pytest.raises(kvref.LayoutError, match="not contiguous byte ranges"):
+        interleaved.donate_rows([0], np.zeros((1, 1024), np.float32))

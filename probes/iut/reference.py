@@ -230,6 +230,11 @@ class SimArrays:
         """Still running when the save after it is issued."""
         return cache.donate(new, aliased=in_place, run_us=self.IN_FLIGHT_US, until_needed=True)
 
+    def update_blocks(self, cache, blocks, values):
+        """A serving step writing some blocks alone, the cache donated and
+        written in place, still running until a result is needed."""
+        return cache.donate_rows(blocks, values, run_us=self.IN_FLIGHT_US, until_needed=True)
+
     def hold_copies(self, cache, seconds, until_step=False):
         cache.hold_next_dma(int(seconds * 1e6), until_next_op=until_step)
         return True

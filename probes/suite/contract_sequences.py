@@ -216,8 +216,7 @@ def shorter(sequence: dict, fails_alike, deadline: float, max_replays: int = MAX
     while chunk >= 1 and replays < max_replays and time.monotonic() < deadline:
         start, progressed = 0, False
         while start < len(best["steps"]):
-            steps = best["steps"]
-            trial = attempt({**best, "steps": steps[:start] + steps[start + chunk:]})
+            trial = attempt({**best, "steps": without(best["steps"], start, chunk)})
             if trial is not None:
                 best, progressed = trial, True
             else:
@@ -227,6 +226,19 @@ def shorter(sequence: dict, fails_alike, deadline: float, max_replays: int = MAX
     if best["spec"]["layers"] > 1:
         best = attempt({**best, "spec": {**best["spec"], "layers": 1}}) or best
     return best
+
+
+def without(steps: list[dict], start: int, count: int) -> list[dict]:
+    """The steps but [start, start + count), each later step's reference to
+    an earlier one (`of`, a step's index) renumbered to what it names; a
+    reference to a dropped step names none (-1), so that step is skipped."""
+    kept = steps[:start]
+    for step in steps[start + count:]:
+        of = step.get("of")
+        if isinstance(of, int) and not isinstance(of, bool) and of >= start:
+            step = {**step, "of": of - count if of >= start + count else -1}
+        kept.append(step)
+    return kept
 
 
 def findings_in(detail: str, verdict: str, output: str = "") -> list[tuple[str, str, dict | None]]:

@@ -11,6 +11,7 @@ namespace kvref_bind {
 using kvref::PlanRegistry;
 
 void bind_plans(nb::module_& m) {
+  m.attr("MAX_PLAN_BYTES") = kvref::kMaxPlanBytes;  // a plan request's bound, declared in plans.h
   nb::class_<kvref::Plan>(m, "Plan")
       .def_ro("uuid", &kvref::Plan::uuid)
       .def_ro("peer", &kvref::Plan::peer)

@@ -66,8 +66,7 @@ def plan_host(views: list[list[DeviceBufferView]], host_blocks: int, policy: str
         addressing = _core.LayerAddressing(
             shards=[v.region for v in addressed], device_blocks=device_blocks, shard_blocks=shard_blocks,
             block_bytes=slices[i],
-            placements=[_core.ShardPlacement(first_block=p.first_block, host_slot=p.host_slot,
-                                             host_slots=p.host_slots, reads=p.reads) for p in placed],
+            placements=placed,
             host=_core.HostSpan(base=base, blocks=host_blocks, slice=host_slice))
         layers.append(addressing)
         reach = max(reach, addressing.host_end(host_blocks))

@@ -10,7 +10,7 @@ __all__ = ["Plan", "StartTransferRequest", "request_bytes"]
 Plan = _core.Plan  # a registered plan, as the manager parsed it (read-only fields)
 
 
-MAX_PLAN_BYTES = 64 * 2**20  # as csrc/plans.h: a plan is a few block lists
+MAX_PLAN_BYTES = _core.MAX_PLAN_BYTES  # csrc/plans.h: a plan is a few block lists
 
 
 def request_bytes(request) -> bytes:

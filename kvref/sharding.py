@@ -20,6 +20,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from kvref import _core
+
 _AXIS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SIZE = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit takes other scripts' digits too
 _TEXT = re.compile(r"\s*mesh\((?P<mesh>[^()]*)\)\s*spec\((?P<spec>(?:[^()]|\([^()]*\))*)\)\s*")
@@ -125,12 +127,12 @@ class Sharding:
         return self.parts(0) > 1
 
 
-@dataclass(frozen=True)
-class ShardPlacement:
-    first_block: int  # the global id of the device's first block
-    host_slot: int  # which part of a host block its part of a block fills
-    host_slots: int  # the parts a host block holds
-    reads: bool  # the copy a d2h reads: replicas hold the same bytes, and every one is written
+# Where one device's shard of a layer lies (csrc/block_mover.h, declared there
+# once): first_block, the global id of the device's first block; host_slot,
+# which part of a host block its part of a block fills; host_slots, the parts
+# a host block holds; reads, whether it is the copy a d2h reads (replicas hold
+# the same bytes, and every one is written).
+ShardPlacement = _core.ShardPlacement
 
 
 def placements_of(starts: list[tuple[int, ...]]) -> list[ShardPlacement]:
@@ -139,7 +141,8 @@ def placements_of(starts: list[tuple[int, ...]]) -> list[ShardPlacement]:
     slots = sorted({tuple(start[1:]) for start in starts})
     seen, found = set(), []
     for start in map(tuple, starts):
-        found.append(ShardPlacement(start[0], slots.index(start[1:]), len(slots), start not in seen))
+        found.append(ShardPlacement(first_block=start[0], host_slot=slots.index(start[1:]), host_slots=len(slots),
+                                    reads=start not in seen))
         seen.add(start)
     return found
 

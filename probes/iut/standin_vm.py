@@ -18,8 +18,12 @@ behaviour is read from the wheel that has it:
   TPU_ACCELERATOR_TYPE, TPU_WORKER_ID and the bounds from the environment.
   The stand-in's server listens on loopback, so a worker in a network
   namespace of its own cannot reach it, as none reaches the real one.
-- One opener at a time: libtpu's /tmp/libtpu_lockfile, "The TPU is already
-  in use by process with pid ...".
+- One opener at a time: libtpu's /tmp/libtpu_lockfile, locked with lockf
+  (a POSIX record lock, which flock does not see), "The TPU is already in
+  use by process with pid ..."; ALLOW_MULTIPLE_LIBTPU_LOAD set true skips
+  the lock, as libtpu does (libtpu.so 0.0.52: imports lockf, and the text
+  "ALLOW_MULTIPLE_LIBTPU_LOAD is set to True, allowing multiple concurrent
+  libtpu.so loads").
 - A cold runtime: the first start after boot takes a while (compiles,
   loads); later ones do not."""
 
@@ -52,6 +56,7 @@ SKIP_METADATA = "TPU_SKIP_MDS_QUERY"
 RUNTIME_VARIABLES = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
 UNKNOWN_PCI_ID = "0x0099"  # no chip kvref or jax knows has it
 RETRY_SECONDS = 0.5
+MULTIPLE_LOADS = "ALLOW_MULTIPLE_LIBTPU_LOAD"  # libtpu's bypass of its lockfile
 _HELD = []  # the lock file of the runtime this process opened, held until it exits
 
 
@@ -158,10 +163,13 @@ def open_runtime(vm: StandinVm) -> list:
 def _lock(vm: StandinVm) -> None:
     if _HELD:
         return
+    if started_with().get(MULTIPLE_LOADS, "").strip().lower() in ("1", "true"):
+        print(f"{MULTIPLE_LOADS} is set to True, allowing multiple concurrent libtpu.so loads.", file=sys.stderr)
+        return
     handle = open(vm.lockfile, "a+")
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # EACCES or EAGAIN: another process holds the record lock
         handle.seek(0)
         holder = handle.read().strip() or "?"
         handle.close()

@@ -357,11 +357,14 @@ def draw_pull_step(rng, session: Session) -> dict:
     req = f"req-{int(rng.integers(2**31))}" if rng.random() < 0.85 else f'req "{int(rng.integers(2**31))}" \\ \u00e9'
     rows = session.key.dims[0]
     kind = rng.random()
-    if w and session.spec.get("serves") and rng.random() < 0.2:
-        manager = int(rng.integers(3))
-        blocks = [int(b) for b in rng.choice(w.keys[manager].dims[0], int(rng.integers(1, 3)), replace=False)]
-        return {"rule": "serve", "manager": manager, "blocks": blocks, "seed": int(rng.integers(2**31)),
-                "steps": int(rng.integers(1, 9))}
+    # Serving steps are drawn from a stream of their own: where an IUT takes them, every other step is
+    # drawn as where it does not, so a seed means the same sequence of the other rules on every IUT.
+    own = np.random.default_rng([uuid, 7])
+    if w and session.spec.get("serves") and own.random() < 0.2:
+        manager = int(own.integers(3))
+        blocks = [int(b) for b in own.choice(w.keys[manager].dims[0], int(own.integers(1, 3)), replace=False)]
+        return {"rule": "serve", "manager": manager, "blocks": blocks, "seed": int(own.integers(2**31)),
+                "steps": int(own.integers(1, 9))}
     if unsettled and kind < 0.35:
         return {"rule": "settle"} if rng.random() < 0.85 else {"rule": "drop_producer"}
     pulled = sorted(w.pulled) if w else []

@@ -18,7 +18,10 @@ from probes.iut.hardware import STANDIN_VARIABLE
 REPO = Path(__file__).resolve().parents[1]
 REHEARSAL_MATRIX = REPO / "tests" / "matrices" / "rehearsal.csv"
 # What the test's own process set that a fresh shell on a TPU VM would not have.
-NOT_ON_A_VM = ("JAX_PLATFORMS", STANDIN_VARIABLE, "XLA_FLAGS", "TPU_SKIP_MDS_QUERY", "PYTEST_CURRENT_TEST")
+# What this test process (and the libtpu its jax or kvref's compiler loaded) set, which no shell on a VM has:
+# ALLOW_MULTIPLE_LIBTPU_LOAD is libtpu's bypass of its lockfile, a user's choice.
+NOT_ON_A_VM = ("JAX_PLATFORMS", STANDIN_VARIABLE, "XLA_FLAGS", "TPU_SKIP_MDS_QUERY", "PYTEST_CURRENT_TEST",
+               "ALLOW_MULTIPLE_LIBTPU_LOAD")
 
 
 @contextlib.contextmanager

@@ -27,11 +27,13 @@ REPO = Path(__file__).resolve().parent.parent
 # Each corruption the output must show, as a kvref fault model under the facade.
 TEETH = ("loads_neighbouring_chunk", "saves_neighbouring_block")
 PULL_TEETH = ("pull_written_one_block_off",)
-# Tensor parallelism over two CPU devices: each cache split over both, on every path.
-TP = ("baseline@tp2", "offload@tp2", "disagg@tp2")
+# Cache configurations the connectors meet, each on every path: tensor
+# parallelism over two CPU devices (each cache split over both), an fp8 KV cache.
+CONFIGS = {"tp2": lambda cache: cache["devices"] == 2, "fp8": lambda cache: cache["dtype"] == "float8_e4m3fn"}
 MODES = ("baseline", "offload", *(f"offload+{fault}" for fault in TEETH),
-         "disagg", *(f"disagg+{fault}" for fault in PULL_TEETH), *TP)
-ENGINE_SECONDS = 3000  # every mode, one at a time; one takes 20-150 s as the machine is loaded, disagg twice that
+         "disagg", *(f"disagg+{fault}" for fault in PULL_TEETH),
+         *(f"{kind}@{config}" for config in CONFIGS for kind in ("baseline", "offload", "disagg")))
+ENGINE_SECONDS = 3600  # every mode, one at a time; one takes 20-150 s as the machine is loaded, fp8 and disagg more
 MIN_DISTINCT_TOKENS = 20  # random weights: a cache read wrongly changes what follows
 
 pytestmark = pytest.mark.timeout(ENGINE_SECONDS + 120)
@@ -112,11 +114,24 @@ def test_a_facade_that_writes_a_pull_wrongly_changes_the_consumers_tokens(runs, 
     assert tokens(runs, f"disagg+{fault}") != tokens(runs, "baseline")
 
 
-@pytest.mark.parametrize("mode", TP[1:])
-def test_with_tensor_parallelism_over_two_devices_each_path_gives_that_baselines_tokens(runs, mode):
-    run = runs["runs"][mode]
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("kind", ("offload", "disagg"))
+def test_each_cache_configuration_gives_its_baselines_tokens_on_each_path(runs, kind, config):
+    run = runs["runs"][f"{kind}@{config}"]
     caches = run["caches"] + run.get("producer", {}).get("caches", [])
-    assert caches and all(c["devices"] == 2 for c in caches), caches  # each manager's caches split over both
-    assert tokens(runs, mode) == tokens(runs, "baseline@tp2")
-    moved = ("KVCacheManager.h2d", "KVCacheManager.start_read")  # a load served, a pull made
-    assert any(run["facade_calls"].get(call, 0) > 0 for call in moved), run["facade_calls"]
+    assert caches and all(map(CONFIGS[config], caches)), caches  # every manager's caches are so
+    baseline = tokens(runs, f"baseline@{config}")
+    assert len({t for batch in baseline for out in batch for t in out}) >= MIN_DISTINCT_TOKENS, baseline
+    assert tokens(runs, f"{kind}@{config}") == baseline
+    moved = "KVCacheManager.h2d" if kind == "offload" else "KVCacheManager.start_read"  # a load served, a pull made
+    assert run["facade_calls"].get(moved, 0) > 0, run["facade_calls"]
+
+
+def test_a_mode_names_its_path_configuration_and_fault_and_is_refused_otherwise():
+    mode = driver.Mode.parse("disagg@tp2@fp8+pull_written_one_block_off")
+    assert (mode.kind, mode.tp, mode.kv_dtype, mode.fault) == ("disagg", 2, "fp8", "pull_written_one_block_off")
+    assert mode.text == "disagg@tp2@fp8+pull_written_one_block_off" and mode.baseline == "baseline@tp2@fp8"
+    assert driver.Mode.parse("offload").baseline == "baseline"
+    for text in ("baseline+saves_neighbouring_block", "offload@tp9", "offload@fp16", "offload@tp2@tp4", "serve"):
+        with pytest.raises(ValueError, match="expected KIND"):
+            driver.Mode.parse(text)

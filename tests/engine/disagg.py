@@ -23,7 +23,6 @@ import argparse
 import faulthandler
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -37,13 +36,10 @@ CONNECTOR = dict(kv_connector="TPUConnector", kv_connector_module_path="tpu_infe
 # step here takes well under it.
 PULL_TIMEOUT_S = "60"
 ROUND_SECONDS = 600  # a round that has not returned by then ends the process with every thread's stack
+# Where each engine's manager listens. The namespace is the mode's own, so these are free; they lie below
+# the ephemeral range, where vLLM's own free-port picks (its distributed init) cannot take them first.
+PRODUCER_PORT, CONSUMER_PORT = 9100, 9101  # 9100: tpu-inference's default TPU_KV_TRANSFER_PORT
 REGISTER_STEPS = 50  # producer steps after a prefill, at most, until its connector has registered its blocks
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def environment(port: int) -> None:
@@ -93,15 +89,12 @@ def produce(model: Path, mode: driver.Mode, port: int) -> int:
 
 def consume(model: Path, mode: driver.Mode, started: float) -> dict:
     """The consumer's run, in this process, against a producer it starts."""
-    producer_port, consumer_port = free_port(), free_port()
-    while consumer_port == producer_port:
-        consumer_port = free_port()
     producer = subprocess.Popen([sys.executable, "-m", "tests.engine.disagg", "--produce", str(model),
-                                 "--mode", mode.text, "--port", str(producer_port)],
+                                 "--mode", mode.text, "--port", str(PRODUCER_PORT)],
                                 cwd=driver.REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         faulthandler.dump_traceback_later(ROUND_SECONDS, exit=True)
-        llm, tally, applied, hits = side(model, mode, "kv_consumer", consumer_port)
+        llm, tally, applied, hits = side(model, mode, "kv_consumer", CONSUMER_PORT)
         up = time.monotonic() - started
         ask(producer, None)  # the producer is up too
         rounds, prefills = [], []

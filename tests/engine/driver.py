@@ -17,8 +17,8 @@ namespace (`unshare -rn ... -m probes.run.netns`):
 - offload+FAULT, disagg+FAULT: the same with kvref's fault model FAULT
   switched on ($KVREF_FAULTS), to show the comparison catches it;
 - any of them @tpN (baseline@tp2, offload@tp2+FAULT): tensor parallelism
-  over N JAX CPU devices, each cache split over them; compared with the
-  baseline of the same N.
+  over N JAX CPU devices, each cache split over them; @fp8: an fp8 KV cache
+  (both: @tp2@fp8); each compared with the baseline of the same configuration.
 
 Both run the same rounds of prompts (prompts that repeat and share prefixes,
 greedy, local prefix caching off so that repeats can only hit the
@@ -69,31 +69,45 @@ def prompts(vocab: int, seed: int = 7) -> list[list[list[int]]]:
     return [first, second, third]
 
 
+KV_DTYPES = ("fp8",)  # vLLM's kv_cache_dtype values a mode may name; the default is the model's
+
+
 @dataclass(frozen=True)
 class Mode:
-    """A mode as written: KIND[@tpN][+FAULT]."""
+    """A mode as written: KIND[@CONFIG...][+FAULT], each CONFIG tpN (tensor
+    parallelism over N CPU devices) or a KV cache dtype (fp8)."""
 
     kind: str
     tp: int = 1
+    kv_dtype: str = "auto"
     fault: str = ""
 
     @classmethod
     def parse(cls, text: str) -> "Mode":
         rest, _, fault = text.partition("+")
-        kind, _, config = rest.partition("@")
-        if kind not in MODES or (config and not re.fullmatch(r"tp[1-8]", config)) or (fault and kind == "baseline"):
-            raise ValueError(f"mode {text!r}: expected KIND[@tpN][+FAULT], KIND one of {', '.join(MODES)} "
-                             "(a FAULT for offload or disagg), N from 1 to 8")
-        return cls(kind, int(config[2:]) if config else 1, fault)
+        kind, *parts = rest.split("@")
+        tps = [int(c[2:]) for c in parts if re.fullmatch(r"tp[1-8]", c)]
+        dtypes = [c for c in parts if c in KV_DTYPES]
+        if kind not in MODES or len(tps) + len(dtypes) != len(parts) or len(tps) > 1 or len(dtypes) > 1 \
+                or (fault and kind == "baseline"):
+            raise ValueError(f"mode {text!r}: expected KIND[@CONFIG...][+FAULT], KIND one of {', '.join(MODES)} "
+                             f"(a FAULT for offload or disagg), CONFIG tpN (N from 1 to 8) or one of "
+                             f"{', '.join(KV_DTYPES)}")
+        return cls(kind, tps[0] if tps else 1, dtypes[0] if dtypes else "auto", fault)
+
+    @property
+    def config(self) -> str:
+        parts = ([f"tp{self.tp}"] if self.tp > 1 else []) + ([self.kv_dtype] if self.kv_dtype != "auto" else [])
+        return "".join(f"@{part}" for part in parts)
 
     @property
     def text(self) -> str:
-        return self.kind + (f"@tp{self.tp}" if self.tp > 1 else "") + (f"+{self.fault}" if self.fault else "")
+        return self.kind + self.config + (f"+{self.fault}" if self.fault else "")
 
     @property
     def baseline(self) -> str:
-        """The mode whose tokens this one's must equal."""
-        return Mode("baseline", self.tp).text
+        """The mode whose tokens this one's must equal: the baseline of the same configuration."""
+        return Mode("baseline", self.tp, self.kv_dtype).text
 
 
 class Tally:
@@ -155,7 +169,8 @@ def engine(model: Path, mode: Mode, **kwargs):
     from vllm import LLM
     return LLM(model=str(model), skip_tokenizer_init=True, dtype="float32", block_size=BLOCK, max_model_len=256,
                max_num_seqs=4, max_num_batched_tokens=256, enable_prefix_caching=False, async_scheduling=False,
-               enforce_eager=True, seed=0, load_format="safetensors", tensor_parallel_size=mode.tp, **kwargs)
+               enforce_eager=True, seed=0, load_format="safetensors", tensor_parallel_size=mode.tp,
+               kv_cache_dtype=mode.kv_dtype, **kwargs)
 
 
 def greedy(max_tokens: int = MAX_TOKENS, kv_transfer_params: dict | None = None):
@@ -224,10 +239,11 @@ def in_namespace(python: str, mode: str, model: Path, out: Path) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=REPO / "reports/cpu/engine.json")
-    parser.add_argument("--one", help="one mode, KIND[@tpN][+FAULT]")
+    parser.add_argument("--one", help="one mode, KIND[@CONFIG...][+FAULT]")
     parser.add_argument("--model", type=Path, default=REPO / "build/engine-model")
     parser.add_argument("--modes", default=",".join(MODES),
-                        help="comma-separated, each KIND[@tpN][+FAULT]; each is compared with baseline[@tpN]")
+                        help="comma-separated, each KIND[@CONFIG...][+FAULT]; each is compared with the baseline "
+                             "of its configuration")
     parser.add_argument("--jobs", type=int, default=1, help="modes run at once")
     args = parser.parse_args(argv)
     for mode in (args.one or args.modes).split(","):

@@ -27,13 +27,15 @@ REPO = Path(__file__).resolve().parent.parent
 # Each corruption the output must show, as a kvref fault model under the facade.
 TEETH = ("loads_neighbouring_chunk", "saves_neighbouring_block")
 PULL_TEETH = ("pull_written_one_block_off",)
-# Cache configurations the connectors meet, each on every path: tensor
-# parallelism over two CPU devices (each cache split over both), an fp8 KV cache.
-CONFIGS = {"tp2": lambda cache: cache["devices"] == 2, "fp8": lambda cache: cache["dtype"] == "float8_e4m3fn"}
+# Cache configurations the connectors meet, each on every path: a bf16 model
+# under tensor parallelism over two CPU devices (each cache bf16, split over
+# both), an fp8 KV cache.
+CONFIGS = {"tp2@bf16": lambda cache: cache["devices"] == 2 and cache["dtype"] == "bfloat16",
+           "fp8": lambda cache: cache["dtype"] == "float8_e4m3fn"}
 MODES = ("baseline", "offload", *(f"offload+{fault}" for fault in TEETH),
          "disagg", *(f"disagg+{fault}" for fault in PULL_TEETH),
          *(f"{kind}@{config}" for config in CONFIGS for kind in ("baseline", "offload", "disagg")))
-ENGINE_SECONDS = 3600  # every mode, one at a time; one takes 20-150 s as the machine is loaded, fp8 and disagg more
+ENGINE_SECONDS = 3600  # every mode, one at a time; one takes 20-170 s as the machine is loaded, bf16, fp8 and disagg more
 MIN_DISTINCT_TOKENS = 20  # random weights: a cache read wrongly changes what follows
 
 pytestmark = pytest.mark.timeout(ENGINE_SECONDS + 120)
@@ -132,6 +134,9 @@ def test_a_mode_names_its_path_configuration_and_fault_and_is_refused_otherwise(
     assert (mode.kind, mode.tp, mode.kv_dtype, mode.fault) == ("disagg", 2, "fp8", "pull_written_one_block_off")
     assert mode.text == "disagg@tp2@fp8+pull_written_one_block_off" and mode.baseline == "baseline@tp2@fp8"
     assert driver.Mode.parse("offload").baseline == "baseline"
-    for text in ("baseline+saves_neighbouring_block", "offload@tp9", "offload@fp16", "offload@tp2@tp4", "serve"):
+    bf16 = driver.Mode.parse("offload@bf16@tp2")
+    assert (bf16.dtype, bf16.tp, bf16.text, bf16.baseline) == ("bfloat16", 2, "offload@tp2@bf16", "baseline@tp2@bf16")
+    for text in ("baseline+saves_neighbouring_block", "offload@tp9", "offload@fp16", "offload@tp2@tp4", "serve",
+                 "offload@bf16@bf16"):
         with pytest.raises(ValueError, match="expected KIND"):
             driver.Mode.parse(text)

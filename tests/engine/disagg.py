@@ -72,6 +72,8 @@ def produce(model: Path, mode: driver.Mode, port: int) -> int:
     print(json.dumps({"ready": True}), file=reply, flush=True)
     while True:
         batch = json.loads(sys.stdin.readline() or "null")
+        # A producer stuck in a round must not outlive the consumer, whose own watchdog ends it.
+        faulthandler.dump_traceback_later(ROUND_SECONDS, exit=True)
         if batch is None:
             print(json.dumps({"facade_calls": dict(tally.calls), "caches": tally.caches}), file=reply, flush=True)
             return 0
@@ -85,6 +87,7 @@ def produce(model: Path, mode: driver.Mode, port: int) -> int:
             steps += 1
         print(json.dumps({"outputs": driver.outputs(outs), "kv_transfer_params": sent, "steps": steps}),
               file=reply, flush=True)
+        faulthandler.cancel_dump_traceback_later()
 
 
 def consume(model: Path, mode: driver.Mode, started: float) -> dict:
@@ -130,7 +133,7 @@ def ask(producer: subprocess.Popen, batch) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="The producer's side of the disaggregated mode.")
     parser.add_argument("--produce", type=Path, required=True, metavar="MODEL")
-    parser.add_argument("--mode", type=driver.Mode.parse, required=True, help="KIND[@tpN][+FAULT], as the consumer's")
+    parser.add_argument("--mode", type=driver.Mode.parse, required=True, help="KIND[@CONFIG...][+FAULT], as the consumer's")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
     return produce(args.produce, args.mode, args.port)

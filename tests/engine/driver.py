@@ -17,8 +17,9 @@ namespace (`unshare -rn ... -m probes.run.netns`):
 - offload+FAULT, disagg+FAULT: the same with kvref's fault model FAULT
   switched on ($KVREF_FAULTS), to show the comparison catches it;
 - any of them @tpN (baseline@tp2, offload@tp2+FAULT): tensor parallelism
-  over N JAX CPU devices, each cache split over them; @fp8: an fp8 KV cache
-  (both: @tp2@fp8); each compared with the baseline of the same configuration.
+  over N JAX CPU devices, each cache split over them; @bf16: the model (and
+  so its KV cache) in bfloat16; @fp8: an fp8 KV cache (together:
+  @tp2@bf16); each compared with the baseline of the same configuration.
 
 Both run the same rounds of prompts (prompts that repeat and share prefixes,
 greedy, local prefix caching off so that repeats can only hit the
@@ -70,34 +71,41 @@ def prompts(vocab: int, seed: int = 7) -> list[list[list[int]]]:
 
 
 KV_DTYPES = ("fp8",)  # vLLM's kv_cache_dtype values a mode may name; the default is the model's
+MODEL_DTYPES = {"bf16": "bfloat16"}  # the model's (and so the cache's) dtype a mode may name; the default float32
 
 
 @dataclass(frozen=True)
 class Mode:
     """A mode as written: KIND[@CONFIG...][+FAULT], each CONFIG tpN (tensor
-    parallelism over N CPU devices) or a KV cache dtype (fp8)."""
+    parallelism over N CPU devices), a model dtype (bf16) or a KV cache
+    dtype (fp8)."""
 
     kind: str
     tp: int = 1
     kv_dtype: str = "auto"
     fault: str = ""
+    dtype: str = "float32"
 
     @classmethod
     def parse(cls, text: str) -> "Mode":
         rest, _, fault = text.partition("+")
         kind, *parts = rest.split("@")
         tps = [int(c[2:]) for c in parts if re.fullmatch(r"tp[1-8]", c)]
-        dtypes = [c for c in parts if c in KV_DTYPES]
-        if kind not in MODES or len(tps) + len(dtypes) != len(parts) or len(tps) > 1 or len(dtypes) > 1 \
-                or (fault and kind == "baseline"):
+        kv_dtypes = [c for c in parts if c in KV_DTYPES]
+        dtypes = [MODEL_DTYPES[c] for c in parts if c in MODEL_DTYPES]
+        if kind not in MODES or len(tps) + len(kv_dtypes) + len(dtypes) != len(parts) \
+                or max(len(tps), len(kv_dtypes), len(dtypes)) > 1 or (fault and kind == "baseline"):
             raise ValueError(f"mode {text!r}: expected KIND[@CONFIG...][+FAULT], KIND one of {', '.join(MODES)} "
-                             f"(a FAULT for offload or disagg), CONFIG tpN (N from 1 to 8) or one of "
-                             f"{', '.join(KV_DTYPES)}")
-        return cls(kind, tps[0] if tps else 1, dtypes[0] if dtypes else "auto", fault)
+                             f"(a FAULT for offload or disagg), each CONFIG at most once: tpN (N from 1 to 8), "
+                             f"a model dtype ({', '.join(MODEL_DTYPES)}) or a KV cache dtype ({', '.join(KV_DTYPES)})")
+        return cls(kind, tps[0] if tps else 1, kv_dtypes[0] if kv_dtypes else "auto", fault,
+                   dtypes[0] if dtypes else "float32")
 
     @property
     def config(self) -> str:
-        parts = ([f"tp{self.tp}"] if self.tp > 1 else []) + ([self.kv_dtype] if self.kv_dtype != "auto" else [])
+        parts = ([f"tp{self.tp}"] if self.tp > 1 else []) \
+            + [name for name, dtype in MODEL_DTYPES.items() if dtype == self.dtype] \
+            + ([self.kv_dtype] if self.kv_dtype != "auto" else [])
         return "".join(f"@{part}" for part in parts)
 
     @property
@@ -107,7 +115,7 @@ class Mode:
     @property
     def baseline(self) -> str:
         """The mode whose tokens this one's must equal: the baseline of the same configuration."""
-        return Mode("baseline", self.tp, self.kv_dtype).text
+        return Mode("baseline", self.tp, self.kv_dtype, dtype=self.dtype).text
 
 
 class Tally:
@@ -167,7 +175,7 @@ def prepare(mode: Mode) -> tuple[Tally, list[str]]:
 def engine(model: Path, mode: Mode, **kwargs):
     """vLLM's `LLM` over the tiny model, greedy-ready, prefix caching off."""
     from vllm import LLM
-    return LLM(model=str(model), skip_tokenizer_init=True, dtype="float32", block_size=BLOCK, max_model_len=256,
+    return LLM(model=str(model), skip_tokenizer_init=True, dtype=mode.dtype, block_size=BLOCK, max_model_len=256,
                max_num_seqs=4, max_num_batched_tokens=256, enable_prefix_caching=False, async_scheduling=False,
                enforce_eager=True, seed=0, load_format="safetensors", tensor_parallel_size=mode.tp,
                kv_cache_dtype=mode.kv_dtype, **kwargs)

@@ -279,3 +279,25 @@ def test_a_two_process_case_forks_both_workers_from_the_zygote_unless_it_reads_i
     monkeypatch.undo()
     monkeypatch.setattr(watched, "_forked_pair", no)
     assert watched.run_case(own).outcome.verdict == "PASS"
+
+
+def test_a_side_that_cannot_start_lets_the_other_stop_waiting_at_once(monkeypatch, tmp_path):
+    """A two-process case whose consumer's worker dies before it runs
+    anything (here, its interpreter cannot find its standard library): the
+    producer hears that the consumer is done and stops waiting for it,
+    rather than waiting out its limit for what will never be posted."""
+    from probes.run import runner as watched
+    from probes.suite.registry import probe as declared
+
+    real = watched._role_envs
+
+    def consumer_cannot_start(iut, env):
+        producer, consumer = real(iut, env)
+        return [producer, {**consumer, "PYTHONHOME": str(tmp_path / "no-python-here")}]
+    monkeypatch.setattr(watched, "_role_envs", consumer_cannot_start)
+    monkeypatch.setattr(watched, "_forked_pair", lambda *_: None)  # fresh workers, each with its own environment
+    case = Case("pull_blocks", "tpu7x", "kvref-sim", "pull_blocks-subset", declared("pull_blocks").subject,
+                timeout=600.0, kind="subset")
+    found = watched.run_case(case)
+    assert found.outcome.verdict != "PASS"
+    assert "the consumer finished its side without posting" in found.outcome.detail, found.outcome.detail[-2000:]

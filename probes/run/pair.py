@@ -8,6 +8,7 @@ stdout, stderr, killed, and what its verdict channel carried) as JSON."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -16,18 +17,36 @@ from concurrent.futures import ThreadPoolExecutor
 
 from probes.run.channel import Heard
 from probes.run.forked import Ran, run_watched
+from probes.suite.rendezvous import DONE, Rendezvous
 
 PAIR_PREFIX = "KVPROBE-PAIR "
 WORKER = "probes.run.worker"
 
 
-def run_pair(cases: list[str], limit: float) -> list[dict]:
-    """Both workers at once, each killed (with its group) if still running
-    after `limit` seconds; each one's Ran as a dict."""
+def run_pair(cases: list[str], limit: float, envs: list[dict] | None = None) -> list[dict]:
+    """Both workers at once, each with its environment (`envs`, one per
+    case; None: this process's), each killed (with its group) if still
+    running after `limit` seconds; each one's Ran as a dict."""
     deadline = time.monotonic() + limit
+
+    def side(case: str, env: dict | None) -> dict:
+        with side_ending(case):
+            return dataclasses.asdict(run_watched([sys.executable, "-m", WORKER], case,
+                                                  max(0.0, deadline - time.monotonic()), env))
     with ThreadPoolExecutor(len(cases)) as pool:
-        return list(pool.map(lambda case: dataclasses.asdict(run_watched(
-            [sys.executable, "-m", WORKER], case, max(0.0, deadline - time.monotonic()))), cases))
+        return list(pool.map(side, cases, envs or [None] * len(cases)))
+
+
+@contextlib.contextmanager
+def side_ending(case: str):
+    """Around one side's worker: once it has exited, however it ended (a
+    crash, a runtime that would not start, a kill), the side is posted done,
+    so the other stops waiting for it at once rather than at its limit."""
+    try:
+        yield
+    finally:
+        side = json.loads(case)
+        Rendezvous(side["rendezvous"], side["role"]).post(DONE)
 
 
 def ran_of(fields: dict) -> Ran:
@@ -38,7 +57,7 @@ def ran_of(fields: dict) -> Ran:
 def main() -> int:
     _, _, text = sys.stdin.read().partition("\n")  # after its own channel's token: it says nothing there
     request = json.loads(text)
-    print(PAIR_PREFIX + json.dumps(run_pair(request["cases"], request["limit"])), flush=True)
+    print(PAIR_PREFIX + json.dumps(run_pair(request["cases"], request["limit"], request.get("envs"))), flush=True)
     return 0
 
 

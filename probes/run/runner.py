@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from probes.iut.adapter import STARTUP_SECONDS
 from probes.iut.builds import BUILDS_DIR, build_dir, installed_version
-from probes.iut.hardware import TpuUnavailable, device_env
+from probes.iut.hardware import TpuUnavailable, device_env, device_only_standin, one_chip_environment
 from probes.iut.peer_env import interpreter_python
 from probes.iut.tpu_sync import BUILD_VARIABLE
 from probes.iut.registry import iut
@@ -24,7 +24,7 @@ from probes.run import netns
 from probes.run.hosts import this_host
 from probes.run.channel import DESCRIBED, RESULT
 from probes.run.forked import Ran, ZygoteLost, ZygoteUnavailable, kill_live, resume, run_watched, zygote_for
-from probes.run.pair import PAIR_PREFIX, ran_of
+from probes.run.pair import PAIR_PREFIX, ran_of, side_ending
 from probes.suite.cases import Case
 from probes.suite.registry import probe
 from probes.suite.pull_failures import DIES
@@ -76,7 +76,11 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
         return CaseResult(case, Outcome(ERROR, f"{case.iut}: {e}"), 0.0, "", *this_host())
     if probe(case.probe).two_process:
         shared = not (fresh or probe(case.probe).own_network)  # a zygote's namespace is every case's it forks
-        return _run_two(case, python, env, declared.preload if shared else None)
+        try:
+            envs = _role_envs(declared, env)
+        except TpuUnavailable as e:
+            return CaseResult(case, Outcome(ERROR, f"{case.iut}: {e}"), 0.0, "", *this_host())
+        return _run_two(case, python, envs, declared.preload if shared else None)
     start = time.monotonic()
     text = case.to_json()
     limit = case.startup_timeout + case.timeout + GRACE_SECONDS
@@ -92,7 +96,15 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
     return CaseResult(case, outcome, time.monotonic() - start, ran.err, *this_host())
 
 
-def _run_two(case: Case, python: str, env: dict, preload: tuple[str, ...] | None) -> CaseResult:
+def _role_envs(declared, env: dict) -> list[dict]:
+    """Each role's environment: the IUT's; on a TPU, each holding one chip
+    of the host of its own (hardware.one_chip_environment)."""
+    if not declared.owns_device or device_only_standin():
+        return [env for _ in ROLES]
+    return [one_chip_environment(env, index) for index in range(len(ROLES))]
+
+
+def _run_two(case: Case, python: str, envs: list[dict], preload: tuple[str, ...] | None) -> CaseResult:
     """A two-process case: its producer and consumer workers side by side,
     in one loopback-only network namespace of their own where one can be
     made (a loopback_only IUT's cases are SKIP where none can), and one
@@ -103,11 +115,11 @@ def _run_two(case: Case, python: str, env: dict, preload: tuple[str, ...] | None
     start = time.monotonic()
     limit = case.startup_timeout + case.timeout + GRACE_SECONDS
     isolated = netns.unavailable() is None
-    ran = None if preload is None else _forked_pair(case, python, env, preload, isolated, limit)
+    ran = None if preload is None else _forked_pair(case, python, envs[0], preload, isolated, limit)
     if isinstance(ran, CaseResult):
         return ran
     if ran is None:
-        ran, parent = _fresh_pair(case, python, env, isolated, limit)
+        ran, parent = _fresh_pair(case, python, envs, isolated, limit)
         if ran is None:
             return CaseResult(case, Outcome(ERROR, f"the two workers' parent exited {parent.returncode} without "
                                             f"their results\n{parent.err[-4000:]}"), time.monotonic() - start,
@@ -131,8 +143,11 @@ def _forked_pair(case: Case, python: str, env: dict, preload: tuple[str, ...], i
     folder = tempfile.mkdtemp(prefix="kvprobe-pair-")
     try:
         zygote = zygote_for(python, case.iut, preload, env, isolated)
+        def side(text: str):
+            with side_ending(text):
+                return zygote.run(text, env, limit)
         with ThreadPoolExecutor(len(ROLES)) as pool:
-            runs = [pool.submit(zygote.run, text, env, limit) for text in _role_cases(case, folder)]
+            runs = [pool.submit(side, text) for text in _role_cases(case, folder)]
             errors = [run.exception() for run in runs]
         lost = next((e for e in errors if isinstance(e, ZygoteLost)), None)
         if lost is not None:
@@ -148,14 +163,15 @@ def _forked_pair(case: Case, python: str, env: dict, preload: tuple[str, ...], i
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _fresh_pair(case: Case, python: str, env: dict, isolated: bool, limit: float):
+def _fresh_pair(case: Case, python: str, envs: list[dict], isolated: bool, limit: float):
     """(both workers' Ran and the roles that said they would die, or None;
-    their parent's Ran), started fresh by probes.run.pair."""
+    their parent's Ran), started fresh by probes.run.pair, each worker with
+    its role's environment."""
     folder = tempfile.mkdtemp(prefix="kvprobe-pair-")
     try:
         command = netns.python_command(python, PAIR) if isolated else [python, "-m", PAIR]
-        request = json.dumps({"cases": _role_cases(case, folder), "limit": limit})
-        parent = run_watched(command, request, limit + PAIR_GRACE_SECONDS, env)
+        request = json.dumps({"cases": _role_cases(case, folder), "limit": limit, "envs": envs})
+        parent = run_watched(command, request, limit + PAIR_GRACE_SECONDS, envs[0])
         dying = {role for role in ROLES if posted_by(folder, role, DIES)}
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -366,22 +366,95 @@ def test_caches_over_more_devices_than_the_tpu_has_are_not_made(monkeypatch, tmp
     assert any(c.sharding for c in made) == (devices > 1)
 
 
-def test_a_two_process_probe_is_never_made_where_one_process_holds_the_device():
-    """A pull's producer and consumer would each open the TPU, which one
-    process holds at a time: such probes are not made for a hardware IUT
-    (a SKIP there fails its item), and the report and doctor say why."""
+def test_a_two_process_probe_is_made_on_a_tpu_only_where_each_side_holds_a_chip_of_its_own():
+    """A pull's producer and consumer each open the TPU, and one process
+    holds a chip at a time: on a host of one chip such probes are not made
+    for a hardware IUT (a SKIP there fails its item), and the report and
+    doctor say why; on a host of two chips or more they are, but for their
+    kinds that split a cache over devices (each side holds one chip)."""
     from probes.report.summary import not_applicable
-    from probes.suite.matrix import ONE_HOLDER, not_applicable as inapplicable
+    from probes.suite.matrix import ONE_CHIP_EACH, ONE_HOLDER, not_applicable as inapplicable
 
     two_process = {name for name, p in PROBES.items() if p.two_process}
     assert two_process
     for name in ("tpu-sync-jax-tpu", "tpu-sync-torch-tpu"):
-        made = {c.probe for c in build_cases(["v6e"], load_matrix("seed"), tuple(PROBES), name, devices=8)}
-        assert not made & two_process, made & two_process
-        assert {(p, ONE_HOLDER) for p in two_process} <= set(inapplicable(registry.iut(name)))
+        declared = registry.iut(name)
+        for chips in (None, 1):
+            made = {c.probe for c in build_cases(["v6e"], load_matrix("seed"), tuple(PROBES), name, devices=8,
+                                                 chips=chips)}
+            assert not made & two_process, made & two_process
+            assert {(p, ONE_HOLDER) for p in two_process if declared.applies(p)} <= set(inapplicable(declared, chips))
+        made = build_cases(["v6e"], load_matrix("seed"), tuple(PROBES), name, devices=8, chips=2)
+        pulls = [c for c in made if c.probe in two_process]
+        assert pulls and not any(c.kind in PROBES[c.probe].mesh_kinds for c in pulls)
+        assert {c.probe for c in pulls} == {p for p in two_process if declared.applies(p)
+                                            and set(PROBES[p].kinds or ("",)) - set(PROBES[p].mesh_kinds)}
+        split = {(f"{p}/{k}" if k else p, ONE_CHIP_EACH) for p in two_process if declared.applies(p)
+                 for k in PROBES[p].mesh_kinds}
+        assert split and split <= set(inapplicable(declared, 2)) and not split & set(inapplicable(declared, 1))
     assert two_process <= {c.probe for c in build_cases(["cpu"], [], tuple(PROBES), "tpu-sync-jax")}
     lines = "\n".join(not_applicable(["tpu-sync-jax-tpu"]))
     assert re.search(r"\|\s*tpu-sync-jax-tpu\s*\|\s*pull_blocks\s*\|\s*its producer and its consumer", lines)
+    ran = "\n".join(not_applicable(["tpu-sync-jax-tpu"], {"tpu-sync-jax-tpu"}))
+    assert ONE_HOLDER not in ran and ONE_CHIP_EACH in ran
+
+
+def test_each_side_of_a_pull_on_a_tpu_holds_one_chip_of_its_own(monkeypatch, tmp_path):
+    """The two workers of a hardware IUT's two-process case: each sees one
+    chip of the host (TPU_VISIBLE_CHIPS, the chips the user made visible
+    where they did), a one-process slice of it in place of the host's
+    bounds, a port of its own, and libtpu's host lockfile bypassed; a host
+    with too few chips is an error naming them."""
+    fake_bus(monkeypatch, tmp_path, {"0000:00:05.0": ("0x1ae0", "0x006f"), "0000:00:06.0": ("0x1ae0", "0x006f")})
+    monkeypatch.setattr(hardware, "started_with", lambda: {})
+    monkeypatch.setattr(hardware, "device_only_standin", lambda: False)
+    monkeypatch.setattr(runner, "device_only_standin", lambda: False)
+    worker = {"TPU_ACCELERATOR_TYPE": "v6e-2", "TPU_HOST_BOUNDS": "1,1,1", "TPU_CHIPS_PER_HOST_BOUNDS": "2,1,1",
+              "TPU_WORKER_ID": "0", "TPU_SKIP_MDS_QUERY": "1"}
+    envs = runner._role_envs(registry.iut("tpu-sync-jax-tpu"), worker)
+    assert [e["TPU_VISIBLE_CHIPS"] for e in envs] == ["0", "1"]
+    assert len({e["TPU_PROCESS_PORT"] for e in envs}) == 2
+    for env in envs:
+        assert env["TPU_CHIPS_PER_PROCESS_BOUNDS"] == env["TPU_PROCESS_BOUNDS"] == "1,1,1"
+        assert "TPU_HOST_BOUNDS" not in env and "TPU_CHIPS_PER_HOST_BOUNDS" not in env
+        assert env["ALLOW_MULTIPLE_LIBTPU_LOAD"] == "true" and env["TPU_ACCELERATOR_TYPE"] == "v6e-2"
+    assert runner._role_envs(registry.iut("tpu-sync-jax"), worker) == [worker, worker]
+    monkeypatch.setattr(hardware, "started_with", lambda: {"TPU_VISIBLE_CHIPS": "1"})
+    with pytest.raises(hardware.TpuUnavailable, match="TPU_VISIBLE_CHIPS=1"):
+        runner._role_envs(registry.iut("tpu-sync-jax-tpu"), worker)
+
+
+OPEN_STANDIN = ("import json; from probes.iut import standin_vm; "
+                "print(json.dumps([d.id for d in standin_vm.open_runtime(standin_vm.active())]))")
+
+
+def test_a_standin_chip_opens_in_one_process_at_a_time(tmp_path):
+    """The stand-in VM's runtime opens the chips TPU_VISIBLE_CHIPS names
+    (each a process's alone, as the driver has it), whose per-process
+    bounds must hold as many: two processes on the two chips of a host
+    open their own devices; a second opener of a chip is refused."""
+    vm = standin_vm.build(tmp_path / "vm", "v4", 2)  # two TensorCores as one device: one device per chip
+    base = {**os.environ, standin_vm.VM_VARIABLE: str(vm.root), "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={vm.devices}", "TPU_SKIP_MDS_QUERY": "1",
+            "TPU_ACCELERATOR_TYPE": vm.accelerator_type, "TPU_WORKER_ID": "0",
+            "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1", "TPU_PROCESS_BOUNDS": "1,1,1", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    holder_code = OPEN_STANDIN + "; import sys; sys.stdout.flush(); sys.stdin.read()"
+    holder = subprocess.Popen([sys.executable, "-c", holder_code], env={**base, "TPU_VISIBLE_CHIPS": "0"},
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "[0]"
+        other = subprocess.run([sys.executable, "-c", OPEN_STANDIN], env={**base, "TPU_VISIBLE_CHIPS": "1"},
+                               capture_output=True, text=True, timeout=120)
+        assert other.returncode == 0 and other.stdout.strip() == "[1]", other.stderr[-2000:]
+        same = subprocess.run([sys.executable, "-c", OPEN_STANDIN], env={**base, "TPU_VISIBLE_CHIPS": "0"},
+                              capture_output=True, text=True, timeout=120)
+        assert same.returncode and "cannot open TPU chip 0: Device or resource busy" in same.stderr, same.stderr
+        wrong = subprocess.run([sys.executable, "-c", OPEN_STANDIN],
+                               env={**base, "TPU_VISIBLE_CHIPS": "1", "TPU_CHIPS_PER_PROCESS_BOUNDS": "2,1,1"},
+                               capture_output=True, text=True, timeout=120)
+        assert wrong.returncode and "holds a different number of chips" in wrong.stderr, wrong.stderr
+    finally:
+        holder.communicate("", timeout=60)
 
 
 def test_a_device_worker_gets_the_users_variables_not_the_harness_ones():

@@ -65,12 +65,13 @@ def check_walk(vm, frame: pd.DataFrame) -> None:
     assert not harness, harness
 
 
-def one_kind_each(name: str) -> list[str]:
-    """Each probe that applies to the IUT, a robustness probe by its first
-    kind that does: the path to the hardware is the same for every kind."""
+def one_kind_each(name: str, chips: int | None = None) -> list[str]:
+    """Each probe that applies to the IUT on a host of `chips`, a robustness
+    probe by its first kind that does: the path to the hardware is the same
+    for every kind."""
     chosen = []
     for probe, p in PROBES.items():
-        kinds = [k for k in p.kinds or ("",) if makes(iut(name), probe, k)]
+        kinds = [k for k in p.kinds or ("",) if makes(iut(name), probe, k, chips)]
         if kinds and p.scope != Scope.FUZZ:
             chosen.append(f"{probe}/{kinds[0]}" if kinds[0] else probe)
     return chosen
@@ -95,6 +96,22 @@ def test_every_probe_on_a_standin_tpu7x_vm(tmp_path):
     # The chip's two TensorCores are two devices, never four: caches split over two at most.
     shards = [s for s in frame["sharding"] if s]
     assert all("=2" in s or "=1" in s for s in shards), shards
+
+
+def test_pulls_run_between_the_two_chips_of_a_standin_host(tmp_path):
+    """A host of two v5e chips: every two-process probe that applies (one
+    kind each) runs its producer and its consumer each on a chip of its own
+    (the stand-in refuses a second opener of a chip, and with no chip named
+    each would open both): green but for the library's findings."""
+    two_process = [p for p in one_kind_each(JAX_TPU, chips=2) if PROBES[p.partition("/")[0]].two_process]
+    assert two_process
+    with standin(tmp_path / "vm", "v5e", 2) as (vm, env):
+        done, frame = pytest_tpu(env, tmp_path / "out", "--kvprobe-iut", JAX_TPU, "-k", "defaults",
+                                 "--kvprobe-matrix", str(REHEARSAL_MATRIX), "--kvprobe-probe", ",".join(two_process))
+    assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
+    check_walk(vm, frame)
+    assert set(frame["probe"]) == {p.partition("/")[0] for p in two_process}, set(frame["probe"])
+    assert "Device or resource busy" not in " ".join(frame["detail"])
 
 
 # A chip TorchTPU does not target (v3), one of two TensorCores as one device

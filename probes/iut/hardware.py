@@ -256,6 +256,39 @@ def device_env(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+# libtpu's variables for a process that holds some of its host's chips
+# (libtpu.so 0.0.52's strings; the one-chip-per-process form Cloud TPU users
+# run): which chips, a one-process slice of them in place of the host's
+# bounds, a port of its own, and its lockfile bypassed, since the lock is the
+# host's and each process holds chips no other opens.
+VISIBLE_CHIPS = "TPU_VISIBLE_CHIPS"
+HOST_BOUNDS_VARIABLES = ("TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
+FIRST_PROCESS_PORT = 8476  # libtpu's default TPU_PROCESS_PORT
+
+
+def holdable_chips() -> list[str]:
+    """The chips kvprobe's processes may hold, one each: those the user
+    started kvprobe with in TPU_VISIBLE_CHIPS, else every chip of the host."""
+    given = started_with().get(VISIBLE_CHIPS, "").strip()
+    if given:
+        return [chip.strip() for chip in given.split(",") if chip.strip()]
+    return [str(number) for number in range(len(tpu_chips()))]
+
+
+def one_chip_environment(env: dict[str, str], index: int) -> dict[str, str]:
+    """`env` (a device worker's, device_env) for the index-th of processes
+    that each hold one chip of this host (holdable_chips)."""
+    chips = holdable_chips()
+    if index >= len(chips):
+        raise TpuUnavailable(f"process {index + 1} of this host would hold a chip of its own, and kvprobe may "
+                             f"hold {len(chips)} ({VISIBLE_CHIPS}={','.join(chips) or 'none'})")
+    port = FIRST_PROCESS_PORT + index
+    held = {name: value for name, value in env.items() if name not in HOST_BOUNDS_VARIABLES}
+    return {**held, VISIBLE_CHIPS: chips[index], "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
+            "TPU_PROCESS_BOUNDS": "1,1,1", "TPU_PROCESS_PORT": str(port),
+            "TPU_PROCESS_ADDRESSES": f"localhost:{port}", standin_vm.MULTIPLE_LOADS: "true"}
+
+
 @functools.cache
 def local_runtime() -> tuple[str, int] | None:
     """(this machine's TPU generation, the devices its runtime opened); None

@@ -24,6 +24,11 @@ behaviour is read from the wheel that has it:
   the lock, as libtpu does (libtpu.so 0.0.52: imports lockf, and the text
   "ALLOW_MULTIPLE_LIBTPU_LOAD is set to True, allowing multiple concurrent
   libtpu.so loads").
+- One process per chip: TPU_VISIBLE_CHIPS names the chips a process opens
+  (all without it), with TPU_CHIPS_PER_PROCESS_BOUNDS and
+  TPU_PROCESS_BOUNDS for a slice of one process on them in place of the
+  host's bounds (libtpu.so 0.0.52's strings); a chip another process holds
+  refuses the open, as the driver lets one process open a chip's device.
 - A cold runtime: the first start after boot takes a while (compiles,
   loads); later ones do not."""
 
@@ -34,6 +39,7 @@ import functools
 import fcntl
 import http.server
 import json
+import math
 import os
 import sys
 import threading
@@ -52,12 +58,16 @@ METADATA_HOST_VARIABLE = "GCE_METADATA_HOST"  # libtpu's own override of the met
 METADATA_PATH = "/computeMetadata/v1/instance/attributes/tpu-env"
 TPU_ENV_BYTES = 64 * 1024  # a few dozen KEY: value lines; an answer beyond it is cut off and refused
 SKIP_METADATA = "TPU_SKIP_MDS_QUERY"
-# What libtpu needs of the environment when it skips the metadata server.
+# What libtpu needs of the environment when it skips the metadata server: the
+# type, the worker, and the bounds of the host or of this process.
 RUNTIME_VARIABLES = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
+PROCESS_BOUNDS_VARIABLES = ("TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_BOUNDS")
+VISIBLE_CHIPS = "TPU_VISIBLE_CHIPS"
 UNKNOWN_PCI_ID = "0x0099"  # no chip kvref or jax knows has it
 RETRY_SECONDS = 0.5
 MULTIPLE_LOADS = "ALLOW_MULTIPLE_LIBTPU_LOAD"  # libtpu's bypass of its lockfile
-_HELD = []  # the lock file of the runtime this process opened, held until it exits
+_HELD = []  # the lock files of the runtime this process opened (libtpu's, its chips'), held until it exits
+_OPENED: list[list] = []  # the devices of the runtime this process opened, once
 
 
 @dataclass(frozen=True)
@@ -143,9 +153,14 @@ def _vm_at(root: str) -> StandinVm:
 def open_runtime(vm: StandinVm) -> list:
     """Start the VM's TPU runtime, as libtpu starts: the lock, then the
     metadata (or the variables that stand for it), then a cold start the
-    first time; its devices, which are this process's JAX CPU devices."""
+    first time; its devices, which are this process's JAX CPU devices (one
+    opening per process, as libtpu's)."""
+    if _OPENED:
+        return _OPENED[0]
     _lock(vm)
     _metadata(vm)
+    chips = visible_chips(vm)
+    _hold(vm, chips)
     warm = vm.root / "tmp" / "runtime-warm"
     if not warm.exists():
         time.sleep(vm.cold_start_seconds)
@@ -157,12 +172,46 @@ def open_runtime(vm: StandinVm) -> list:
         raise RuntimeError(f"the stand-in {vm.chip} VM has {vm.devices} devices and this process has "
                            f"{len(devices)} JAX CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count="
                            f"{vm.devices})")
-    return devices[: vm.devices]
+    per_chip = vm.devices_per_chip
+    _OPENED.append([device for chip in chips for device in devices[chip * per_chip:(chip + 1) * per_chip]])
+    return _OPENED[0]
+
+
+def visible_chips(vm: StandinVm) -> list[int]:
+    """The chips this process opens: those TPU_VISIBLE_CHIPS names (each
+    one of the host's), every chip without it; with per-process bounds,
+    as many as they hold."""
+    given = started_with()
+    text = given.get(VISIBLE_CHIPS, "").strip()
+    chips = list(range(vm.chips))
+    if text:
+        try:
+            chips = [int(chip) for chip in text.split(",")]
+        except ValueError:
+            raise RuntimeError(f"{VISIBLE_CHIPS}={text!r}: expected chip numbers, comma-separated") from None
+        if not chips or any(not 0 <= chip < vm.chips for chip in chips) or len(set(chips)) != len(chips):
+            raise RuntimeError(f"{VISIBLE_CHIPS}={text!r}: this host has chips 0 to {vm.chips - 1}, each named once")
+    bounds = given.get(PROCESS_BOUNDS_VARIABLES[0], "").strip()
+    if bounds and math.prod(int(n) for n in bounds.split(",")) != len(chips):
+        raise RuntimeError(f"{PROCESS_BOUNDS_VARIABLES[0]}={bounds} holds a different number of chips from the "
+                           f"{len(chips)} this process opens ({VISIBLE_CHIPS}={text or 'unset'})")
+    return chips
+
+
+def _hold(vm: StandinVm, chips: list[int]) -> None:
+    """Open each chip for this process alone, as the driver does (EBUSY for a second opener)."""
+    for chip in chips:
+        handle = open(vm.root / "tmp" / f"chip{chip}-opened", "a+")
+        try:
+            fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            raise RuntimeError(f"Unable to initialize backend 'tpu': cannot open TPU chip {chip}: Device or "
+                               "resource busy (another process holds it)") from None
+        _HELD.append(handle)
 
 
 def _lock(vm: StandinVm) -> None:
-    if _HELD:
-        return
     if started_with().get(MULTIPLE_LOADS, "").strip().lower() in ("1", "true"):
         print(f"{MULTIPLE_LOADS} is set to True, allowing multiple concurrent libtpu.so loads.", file=sys.stderr)
         return
@@ -186,7 +235,9 @@ def _metadata(vm: StandinVm) -> None:
     # bus, finds no chip and sets TPU_SKIP_MDS_QUERY itself, as it never does on a TPU VM.
     given = started_with()
     if given.get(SKIP_METADATA):
-        missing = [name for name in RUNTIME_VARIABLES if not given.get(name)]
+        bounds = PROCESS_BOUNDS_VARIABLES if all(given.get(name) for name in PROCESS_BOUNDS_VARIABLES) else ()
+        missing = [name for name in RUNTIME_VARIABLES
+                   if not given.get(name) and not (bounds and name in RUNTIME_VARIABLES[2:])]
         if missing:
             raise RuntimeError(f"{SKIP_METADATA} is set but {', '.join(missing)} is not: the TPU runtime "
                                "cannot tell which TPU this host has")

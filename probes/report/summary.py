@@ -19,16 +19,19 @@ from probes.suite.registry import PROBES
 from probes.suite.verdicts import WATCHDOG_FIRED, Verdict
 
 
-def not_applicable(iuts) -> list[str]:
+def not_applicable(iuts, two_process_ran=()) -> list[str]:
     """The probes each IUT declares it cannot exercise, and why: never run, so
-    neither passed nor skipped."""
+    neither passed nor skipped. `two_process_ran`: the IUTs whose
+    two-process cases ran (on a TPU, a host whose chips each process held
+    one of)."""
     from probes.iut.registry import IUTError, iut
     from probes.suite.matrix import not_applicable as inapplicable
 
     rows = []
     for name in iuts:
+        chips = 2 if name in two_process_ran else None
         try:
-            rows += [{"iut": name, "probe": probe, "why": why} for probe, why in inapplicable(iut(name))]
+            rows += [{"iut": name, "probe": probe, "why": why} for probe, why in inapplicable(iut(name), chips)]
         except IUTError:  # an outside IUT no longer installed: its rows still report
             continue
     if not rows:
@@ -80,17 +83,21 @@ def write_generation_report(frame: pd.DataFrame, gen_dir: Path) -> Path:
         lines += [_table(reasons.assign(layout=shard_layouts(reasons))[["shape", "layout", "reason", "remedy"]]), ""]
     lines += [f"![memory map]({p.name})" for p in maps] + [""]
     lines += pulls_between_managers(frame)
-    lines += not_applicable(frame["iut"].unique())
+    lines += not_applicable(frame["iut"].unique(), set(two_process_rows(frame)["iut"]))
     lines += findings(gen_dir)
     path = gen_dir / "summary.md"
     write_text_whole(path, "\n".join(lines))
     return path
 
 
+def two_process_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["probe"].isin([name for name, p in PROBES.items() if p.two_process])]
+
+
 def pulls_between_managers(frame: pd.DataFrame) -> list[str]:
     """The two-process probes' verdicts, and each landed pull's bytes per
     second against a plain copy of the same bytes timed beside it."""
-    pulls = frame[frame["probe"].isin([name for name, p in PROBES.items() if p.two_process])]
+    pulls = two_process_rows(frame)
     if pulls.empty:
         return []
     verdicts = pulls.pivot_table(index="case_id", columns="implementation", values="verdict", aggfunc="first")

@@ -114,7 +114,7 @@ def prepare(generations, iuts, matrix, probes, timeout, faults, out: Path | None
     check_layouts(matrix, matrix_rows, generations, iuts)
     cases = [c for name in iuts
              for c in build_cases(generations, matrix_rows, probes or DEFAULT_PROBES, name, faults, timeout,
-                                  devices_of(name))]
+                                  devices_of(name), chips_of(name))]
     if not cases:
         raise ValueError("no cases: the matrix and --probe select nothing")
     for case in cases:  # a new TPU type's layouts: compiled once here, cached for the workers
@@ -147,6 +147,18 @@ def devices_of(name: str) -> int | None:
     if not iut(name).owns_device or device_only_standin():
         return None
     return tpu_devices()
+
+
+def chips_of(name: str) -> int | None:
+    """How many chips an IUT's worker processes may hold one each: this
+    machine's TPU chips (counted on the PCI bus, or those the user made
+    visible) for an IUT that owns one; None for the others, which make
+    their own devices."""
+    from probes.iut.hardware import device_only_standin, holdable_chips
+
+    if not iut(name).owns_device or device_only_standin():
+        return None
+    return len(holdable_chips())
 
 
 def record(found, run_id: str, out: Path) -> pd.DataFrame:

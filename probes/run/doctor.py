@@ -134,13 +134,14 @@ def _iuts(d: Diagnosis, generation: str | None, names: list[str] | None) -> None
     with ThreadPoolExecutor(max_workers=4) as pool, ThreadPoolExecutor(max_workers=1) as owners:
         answers = {name: (owners if i.owns_device else pool).submit(
             can_run_here, i, generation if on_this_tpu[name] else None) for name, i in declared.items()}
+    chips = len(hardware.holdable_chips()) if generation else None  # each a producer's or consumer's own
     for name, iut in declared.items():
         version, reason = answers[name].result()
-        applies = [p for p, probe in PROBES.items() if probe.scope != Scope.FUZZ and matrix.applies(iut, p)]
+        applies = [p for p, probe in PROBES.items() if probe.scope != Scope.FUZZ and matrix.applies(iut, p, chips)]
         d.say(f"  {name} ({iut.library.distribution} {version or '?'}): "
               + ("can start here" if not reason else f"cannot start here: {reason}"))
         d.say(f"    probes: {', '.join(applies)}")
-        for probe, why in matrix.not_applicable(iut):
+        for probe, why in matrix.not_applicable(iut, chips):
             d.say(f"    not {probe}: {why}")
         if on_this_tpu[name] and reason:
             d.problem(f"{name} targets this {generation} TPU but cannot start: {reason}")

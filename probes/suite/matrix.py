@@ -124,30 +124,49 @@ def names_a_case_kind(name: str) -> bool:
     return probe in PROBES and (not kind or kind in PROBES[probe].kinds)
 
 
-# Why a two-process probe is never made for an IUT whose worker holds a real TPU.
-ONE_HOLDER = ("its producer and its consumer each open the device, and one process at a time may hold "
-              "a TPU host's chips (libtpu's lockfile); kvprobe does not run a pull between two hosts yet")
+# Why a two-process probe is not made for an IUT whose worker holds a real TPU
+# on a host of one chip: its producer and consumer would each open it.
+ONE_HOLDER = ("its producer and its consumer each hold a chip of their own (TPU_VISIBLE_CHIPS), and this host "
+              "has one chip (libtpu lets one process hold a chip); kvprobe does not run a pull between two "
+              "hosts yet")
+# Why a two-process probe's kinds whose caches split over a mesh are not made there.
+ONE_CHIP_EACH = "its producer and its consumer each hold one chip of the host, too few devices to split a cache over"
 
 
-def not_applicable(declared) -> tuple[tuple[str, str], ...]:
+def holds_both_roles(declared, chips: int | None = None) -> bool:
+    """Whether a two-process probe's producer and consumer can each hold a
+    device of their own: always for an IUT that makes its own arrays; for one
+    whose worker owns the TPU, on a host of two chips or more (`chips`: the
+    host's, None where unknown, as one)."""
+    return not declared.owns_device or (chips or 1) >= 2
+
+
+def not_applicable(declared, chips: int | None = None) -> tuple[tuple[str, str], ...]:
     """(probe or probe/kind, why) for each probe an IUT never gets: what it
-    declares, and the two-process probes where its worker owns the device."""
+    declares, and the two-process probes where its worker owns the device:
+    on a host of one chip, all; on more, their kinds that split a cache."""
+    both = holds_both_roles(declared, chips)
     derived = tuple((name, ONE_HOLDER) for name, p in PROBES.items()
-                    if p.two_process and declared.owns_device and declared.applies(name))
+                    if p.two_process and not both and declared.applies(name))
+    split = tuple((f"{name}/{kind}" if kind else name, ONE_CHIP_EACH) for name, p in PROBES.items()
+                  if p.two_process and both and declared.owns_device and declared.applies(name)
+                  for kind in p.mesh_kinds)
     dtypes = tuple((f"shape probes on {dtype} caches", why) for dtype, why in declared.unheld_dtypes)
-    return (*declared.not_applicable, *derived, *dtypes)
+    return (*declared.not_applicable, *derived, *split, *dtypes)
 
 
-def applies(declared, probe_name: str) -> bool:
-    return declared.applies(probe_name) and not (PROBES[probe_name].two_process and declared.owns_device)
+def applies(declared, probe_name: str, chips: int | None = None) -> bool:
+    return declared.applies(probe_name) and (not PROBES[probe_name].two_process or holds_both_roles(declared, chips))
 
 
-def makes(declared, probe_name: str, kind: str = "") -> bool:
+def makes(declared, probe_name: str, kind: str = "", chips: int | None = None) -> bool:
     """Whether an IUT gets a probe's case of `kind`: the probe applies to it
-    (not_applicable), and its arrays can split a cache where the kind needs it."""
+    (not_applicable), and its arrays can split a cache where the kind needs
+    it (never a two-process probe's worker on a TPU, which holds one chip)."""
     p = PROBES[probe_name]
-    return (applies(declared, probe_name) and declared.applies(probe_name, kind)
-            and (kind not in p.mesh_kinds or declared.shards))
+    split_ok = declared.shards and not (p.two_process and declared.owns_device)
+    return (applies(declared, probe_name, chips) and declared.applies(probe_name, kind)
+            and (kind not in p.mesh_kinds or split_ok))
 
 
 def chosen_kinds(probes) -> dict[str, set[str]]:
@@ -163,20 +182,23 @@ def chosen_kinds(probes) -> dict[str, set[str]]:
 
 
 def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut="kvref-sim",
-                faults: kvref.Faults = kvref.Faults(), timeout=PROBE_SECONDS, devices: int | None = None) -> list[Case]:
+                faults: kvref.Faults = kvref.Faults(), timeout=PROBE_SECONDS, devices: int | None = None,
+                chips: int | None = None) -> list[Case]:
     """Per generation and per way the IUT's manager is built (its library's
     option sets): each matrix row's shape probes (a row with a sharding only
     for arrays that can split a cache over devices), then each selected
     generation probe once, then each robustness probe once per kind.
     `devices`: how many the IUT's device has (None: as many as asked), so no
-    case is made whose caches need more."""
+    case is made whose caches need more; `chips`: how many chips its host has
+    (None: unknown, or the IUT makes its own devices), so a two-process probe
+    is made on a TPU only where its producer and consumer each get one."""
     declared = declared_iut(iut)
     unknown = sorted(name for name in dict(declared.not_applicable) if not names_a_case_kind(name))
     if unknown:
         raise ValueError(f"{iut} declares unknown probe(s) {unknown} not applicable; probes are "
                          f"{', '.join(PROBES)}, a kind of one written probe/kind")
     kinds_of = chosen_kinds(probes)
-    probes = [p for p in kinds_of if applies(declared, p)]
+    probes = [p for p in kinds_of if applies(declared, p, chips)]
     cases = []
     for gen in generations:
         for options in declared.library.OPTION_SETS:
@@ -194,7 +216,7 @@ def build_cases(generations, matrix: list[MatrixRow], probes=DEFAULT_PROBES, iut
                         or (devices is not None and p.devices > devices):
                     continue
                 for kind in p.kinds or ("",):
-                    if not makes(declared, name, kind) or (kinds_of[name] and kind not in kinds_of[name]):
+                    if not makes(declared, name, kind, chips) or (kinds_of[name] and kind not in kinds_of[name]):
                         continue
                     cases.append(Case(name, gen, iut, f"{name}-{kind}" if kind else name, p.subject,
                                       kind=kind, **{**common, "timeout": max(timeout, p.timeout or 0)}))

@@ -27,19 +27,31 @@ class TpuChip:
     # The chip configuration its hosts run, where libtpu's compile-only topology defaults to another
     # (v4: megacore, one device of two TensorCores per chip; libtpu describes v4:2x2x1 as 8 single cores).
     chip_config: str | None = None
+    # Cloud TPU's accelerator types name a host by the chip's name and its TensorCores ("v4-8": four
+    # v4 chips of two TensorCores; "v5litepod-4": four of one), the name Ray's, but for tpu7x's.
+    tensorcores_per_chip: int = 1
+    cloud_name: str | None = None  # None: Ray's accelerator type, lower case, without "tpu-"
+
+    def accelerator_type(self, chips: int) -> str:
+        """Cloud TPU's accelerator type for a host of `chips` of it (tpu-env's ACCELERATOR_TYPE)."""
+        name = self.cloud_name or self.ray_accelerator_type.lower().removeprefix("tpu-")
+        return f"{name}-{chips * self.tensorcores_per_chip}"
 
 
 # Read from jax's hardware_utils.py and pallas tpu_info.py, Ray's accelerator
 # types and torch-tpu 0.2.0's hardware module.
 CHIPS: tuple[TpuChip, ...] = (
-    TpuChip("v2", None, ("TPU v2",), (), "TPU-V2", devices_per_chip=2, accel_nodes=True),  # no PCI id of its own
-    TpuChip("v3", "v3:2x2", ("TPU v3",), ("0x0027",), "TPU-V3", devices_per_chip=2, accel_nodes=True),
+    TpuChip("v2", None, ("TPU v2",), (), "TPU-V2", devices_per_chip=2, accel_nodes=True,  # no PCI id of its own
+            tensorcores_per_chip=2),
+    TpuChip("v3", "v3:2x2", ("TPU v3",), ("0x0027",), "TPU-V3", devices_per_chip=2, accel_nodes=True,
+            tensorcores_per_chip=2),
     TpuChip("v4", "v4:2x2x1", ("TPU v4",), ("0x005e",), "TPU-V4", "TPU v4", accel_nodes=True,
-            chip_config="megacore"),
+            chip_config="megacore", tensorcores_per_chip=2),
     TpuChip("v5e", "v5e:1x1", ("TPU v5 lite", "TPU v5e"), ("0x0063",), "TPU-V5LITEPOD", "TPU v5e"),
-    TpuChip("v5p", "v5p:2x2x1", ("TPU v5", "TPU v5p"), ("0x0062",), "TPU-V5P", "TPU v5p"),
+    TpuChip("v5p", "v5p:2x2x1", ("TPU v5", "TPU v5p"), ("0x0062",), "TPU-V5P", "TPU v5p", tensorcores_per_chip=2),
     TpuChip("v6e", "v6e:1x1", ("TPU v6 lite", "TPU v6e"), ("0x006f",), "TPU-V6E", "TPU v6e"),
-    TpuChip("tpu7x", "tpu7x:2x2x1", ("TPU7x", "TPU7"), ("0x0076",), "TPU-V7X", "TPU v7", devices_per_chip=2),
+    TpuChip("tpu7x", "tpu7x:2x2x1", ("TPU7x", "TPU7"), ("0x0076",), "TPU-V7X", "TPU v7", devices_per_chip=2,
+            tensorcores_per_chip=2, cloud_name="tpu7x"),
 )
 GOOGLE_PCI_VENDOR = "0x1ae0"
 

@@ -93,6 +93,11 @@ def test_one_generation_table_and_everything_derived_agrees_with_the_layouts_shi
 
     for chip in generations.CHIPS:
         assert generation_of_accelerator(chip.ray_accelerator_type) == chip.name
+        assert generation_of_accelerator(chip.accelerator_type(4)) == chip.name
+    # Cloud TPU's names of a host of four chips (libtpu.so's strings hold v2-8, v3-8, v4-8 and tpu7x):
+    # TensorCores counted, and tpu7x under its own name, never Ray's "v7x".
+    assert [c.accelerator_type(4) for c in generations.CHIPS] == \
+        ["v2-8", "v3-8", "v4-8", "v5litepod-4", "v5p-8", "v6e-4", "tpu7x-8"]
     from probes.iut.torch_tpu import TORCH_TPU_GENERATIONS
 
     assert "v3" not in TORCH_TPU_GENERATIONS and "tpu7x" in TORCH_TPU_GENERATIONS

@@ -6,9 +6,11 @@ runtime in place of libtpu's; the devices it opens are JAX CPU devices. Each
 behaviour is read from the wheel that has it:
 
 - PCI functions: one per chip, one per TensorCore on tpu7x, each with an
-  iommu group and its /dev/vfio node (tpu-info 0.7.1, tpu_info/device.py,
-  groups functions into chips by base address; jax 0.12,
-  jax/_src/hardware_utils.py, counts function .0 of each).
+  iommu group and its device node, /dev/accel* on v2-v4, /dev/vfio/<group>
+  after (tpu-info 0.7.1, tpu_info/device.py, groups functions into chips by
+  base address; jax 0.12, jax/_src/hardware_utils.py, counts function .0 of
+  each); beside them the VM's gVNIC, a Google function that is no chip.
+- Accelerator types as Cloud TPU names them (v4-8, v5litepod-4, tpu7x-8).
 - Device kinds as jax 0.12 reports them (the first of kvref.generations'
   names for a chip); a chip the table does not know under an unknown PCI id.
 - Metadata: libtpu 0.0.52 (libtpu.so) reads `tpu-env` from
@@ -50,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvref.bounded_reads import read_stream
-from kvref.generations import CHIPS, GOOGLE_PCI_VENDOR, RAY_ACCELERATOR_TYPES
+from kvref.generations import CHIPS, GOOGLE_PCI_VENDOR, NOT_TPU_PCI_IDS
 from probes.iut.started_with import started_with
 
 VM_VARIABLE = "KVPROBE_TPU_VM"
@@ -89,8 +91,8 @@ class StandinVm:
 
     @property
     def accelerator_type(self) -> str:
-        """As a TPU VM names its type in tpu-env: Cloud's name of the chip, and its cores."""
-        return f"{RAY_ACCELERATOR_TYPES[self.chip].lower().removeprefix('tpu-')}-{self.devices}"
+        """As a TPU VM names its type in tpu-env: Cloud's name of the chip, and its TensorCores."""
+        return {c.name: c for c in CHIPS}[self.chip].accelerator_type(self.chips)
 
     @property
     def lockfile(self) -> Path:
@@ -105,13 +107,15 @@ class StandinVm:
 
 def build(root: Path, chip: str, chips: int = 1, *, known: bool = True, cold_start_seconds: float = 2.0,
           metadata_wait_seconds: float = 600.0, functions_per_chip: int | None = None,
-          devices_per_chip: int | None = None, host_bounds: str = "1,1,1", worker_id: int = 0) -> StandinVm:
+          devices_per_chip: int | None = None, host_bounds: str = "1,1,1", worker_id: int = 0,
+          gvnic: bool = True) -> StandinVm:
     """A stand-in VM of `chips` chips of `chip` in `root`. `known=False`: under a
     PCI id no table knows (a new chip). `functions_per_chip` overrides the
     PCI functions each chip shows (tpu7x: one per TensorCore) and
     `devices_per_chip` the devices its runtime opens for each (a VM at odds
     with its own bus). `host_bounds` and `worker_id`: one host of a slice
-    of several, as its tpu-env says."""
+    of several, as its tpu-env says. `gvnic`: the network card every TPU VM
+    has, a Google PCI function that is no chip."""
     declared = {c.name: c for c in CHIPS}[chip]
     pci_id = (declared.pci_device_ids or (UNKNOWN_PCI_ID,))[0] if known else UNKNOWN_PCI_ID
     vm = StandinVm(Path(root), chip, chips, pci_id, declared.device_kinds[0],
@@ -131,6 +135,11 @@ def build(root: Path, chip: str, chips: int = 1, *, known: bool = True, cold_sta
             node.parent.mkdir(parents=True, exist_ok=True)
             node.write_text("")
             group += 1
+    if gvnic:  # the VM's network card: a Google PCI function too, with no iommu group of a TPU's
+        nic = pci / "0000:00:03.0"
+        nic.mkdir(parents=True)
+        (nic / "vendor").write_text(GOOGLE_PCI_VENDOR + "\n")
+        (nic / "device").write_text(next(iter(NOT_TPU_PCI_IDS)) + "\n")
     (vm.root / "tmp").mkdir(exist_ok=True)
     fields = dataclasses.asdict(vm)
     fields["root"] = str(vm.root)

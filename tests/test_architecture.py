@@ -134,6 +134,35 @@ def test_imports_run_one_way_between_rooms():
     assert against_room_order(probe_edges(planted)) == [("probes.iut.planted", "probes.run.runner")]
 
 
+# The rooms that reach probes/iut only through its face (probes/iut/__init__.py's FACE).
+THROUGH_THE_FACE = ("run", "report", "bench")
+
+
+def past_the_face(name: str, text: str, face: set[str]) -> list[str]:
+    """Imports in one module of a room left of probes/iut that go past its
+    face: a module of probes/iut named, or a name the face does not offer."""
+    wrong = []
+    for module, names, line in imports_of(text, name):
+        if module.startswith("probes.iut."):
+            wrong.append(f"{name}:{line} imports {module}")
+        elif module == "probes.iut" and set(names) - face:
+            wrong.append(f"{name}:{line} imports {sorted(set(names) - face)} from probes.iut, not on its face")
+    return wrong
+
+
+def test_the_rooms_left_of_probes_iut_reach_it_through_its_face_alone():
+    from probes.iut import FACE
+
+    face = set(FACE)
+    through = {name: text for name, text in SOURCES.items() if room(name) in THROUGH_THE_FACE}
+    assert through and [w for name, text in through.items() for w in past_the_face(name, text, face)] == []
+    planted = "from probes.iut.registry import iut\nfrom probes.iut import standin_vm\n"
+    assert len(past_the_face("probes.run.planted", planted, face)) == 2
+    import probes.iut
+
+    assert all(getattr(probes.iut, name) is not None for name in FACE)  # each name on the face resolves
+
+
 def test_no_import_circle():
     assert find_circle(probe_edges(SOURCES)) is None
     planted = {**SOURCES, "probes.suite.cases": SOURCES["probes.suite.cases"]

@@ -148,12 +148,12 @@ def test_no_tpu_on_this_machine_is_one_clear_reason():
 
 
 def test_tpu_workers_do_not_inherit_the_parents_jax_platforms(monkeypatch):
-    from probes.run.runner import _worker_env
+    from probes.iut import environment, iut
 
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     hardware = Case("roundtrip", "tpu7x", iut="tpu-sync-jax-tpu", shape=ShapeKey("bf16", (512, 16, 2048)))
-    assert "JAX_PLATFORMS" not in _worker_env(hardware)
-    assert _worker_env(Case("roundtrip", "cpu", iut="kvref-jax"))["JAX_PLATFORMS"] == "cpu"
+    assert "JAX_PLATFORMS" not in environment(iut(hardware.iut))
+    assert environment(iut("kvref-jax"))["JAX_PLATFORMS"] == "cpu"
 
 
 @pytest.mark.peer

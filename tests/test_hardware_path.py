@@ -20,7 +20,7 @@ import pytest
 import kvref
 from kvref import generations
 from kvref.oracle import table
-from probes.iut import hardware, registry, standin_vm
+from probes.iut import hardware, launch, registry, standin_vm
 from probes.run import runner
 from probes.suite.cases import Case
 from probes.suite.matrix import build_cases, load_matrix
@@ -143,11 +143,11 @@ def test_a_hardware_worker_inherits_no_tpu_environment(monkeypatch):
         monkeypatch.setenv(name, "leaked")
     hardware_case = Case("roundtrip", "v6e", "tpu-sync-jax-tpu", "row", kvref.ShapeKey("bf16", (512, 8, 2048)))
     cpu_case = dataclasses.replace(hardware_case, generation="cpu", iut="tpu-sync-jax")
-    env = runner._worker_env(hardware_case)
+    env = launch.environment(registry.iut(hardware_case.iut))
     assert not set(hardware.TPU_ENVIRONMENT) & set(env) and "JAX_PLATFORMS" not in env
-    assert runner._worker_env(cpu_case)["TPU_LIBRARY_PATH"] == "leaked"  # a CPU worker's are its own business
+    assert launch.environment(registry.iut(cpu_case.iut))["TPU_LIBRARY_PATH"] == "leaked"  # a CPU worker's are its own business
     standin = dataclasses.replace(hardware_case, iut="tests.hardware_standins:JAX_TPU_ON_CPU")
-    assert runner._worker_env(standin)[hardware.STANDIN_VARIABLE] == "cpu"  # declared, so set
+    assert launch.environment(registry.iut(standin.iut))[hardware.STANDIN_VARIABLE] == "cpu"  # declared, so set
 
 
 def test_a_plugin_item_outlasts_the_runners_limit():
@@ -413,20 +413,20 @@ def test_each_side_of_a_pull_on_a_tpu_holds_one_chip_of_its_own(monkeypatch, tmp
     fake_bus(monkeypatch, tmp_path, {"0000:00:05.0": ("0x1ae0", "0x006f"), "0000:00:06.0": ("0x1ae0", "0x006f")})
     monkeypatch.setattr(hardware, "started_with", lambda: {})
     monkeypatch.setattr(hardware, "device_only_standin", lambda: False)
-    monkeypatch.setattr(runner, "device_only_standin", lambda: False)
+    monkeypatch.setattr(launch, "device_only_standin", lambda: False)
     worker = {"TPU_ACCELERATOR_TYPE": "v6e-2", "TPU_HOST_BOUNDS": "1,1,1", "TPU_CHIPS_PER_HOST_BOUNDS": "2,1,1",
               "TPU_WORKER_ID": "0", "TPU_SKIP_MDS_QUERY": "1"}
-    envs = runner._role_envs(registry.iut("tpu-sync-jax-tpu"), worker)
+    envs = launch.side_environments(registry.iut("tpu-sync-jax-tpu"), worker, 2)
     assert [e["TPU_VISIBLE_CHIPS"] for e in envs] == ["0", "1"]
     assert len({e["TPU_PROCESS_PORT"] for e in envs}) == 2
     for env in envs:
         assert env["TPU_CHIPS_PER_PROCESS_BOUNDS"] == env["TPU_PROCESS_BOUNDS"] == "1,1,1"
         assert "TPU_HOST_BOUNDS" not in env and "TPU_CHIPS_PER_HOST_BOUNDS" not in env
         assert env["ALLOW_MULTIPLE_LIBTPU_LOAD"] == "true" and env["TPU_ACCELERATOR_TYPE"] == "v6e-2"
-    assert runner._role_envs(registry.iut("tpu-sync-jax"), worker) == [worker, worker]
+    assert launch.side_environments(registry.iut("tpu-sync-jax"), worker, 2) == [worker, worker]
     monkeypatch.setattr(hardware, "started_with", lambda: {"TPU_VISIBLE_CHIPS": "1"})
     with pytest.raises(hardware.TpuUnavailable, match="TPU_VISIBLE_CHIPS=1"):
-        runner._role_envs(registry.iut("tpu-sync-jax-tpu"), worker)
+        launch.side_environments(registry.iut("tpu-sync-jax-tpu"), worker, 2)
 
 
 OPEN_STANDIN = ("import json; from probes.iut import standin_vm; "
@@ -496,14 +496,13 @@ def test_the_runtimes_environment_is_read_once_in_the_parent_and_handed_to_the_w
         with standin_vm.MetadataServer(vm) as server:
             monkeypatch.setenv(standin_vm.METADATA_HOST_VARIABLE, server.host)
             given = dict(hardware.runtime_environment())
-            env = runner._worker_env(Case("roundtrip", "v5e", "tpu-sync-jax-tpu", "row",
-                                          kvref.ShapeKey("bf16", (512, 8, 2048))))
+            env = launch.environment(registry.iut("tpu-sync-jax-tpu"))
     finally:
         hardware._runtime_environment.cache_clear()
     assert given["TPU_ACCELERATOR_TYPE"] == "v5litepod-1" and given["TPU_WORKER_ID"] == "0"
     assert given["TPU_SKIP_MDS_QUERY"] == "1" and given["TPU_HOST_BOUNDS"] == "1,1,1"
     assert {k: env[k] for k in given} == given
-    cpu = runner._worker_env(Case("roundtrip", "cpu", "tpu-sync-jax", "row", kvref.ShapeKey("bf16", (8, 128))))
+    cpu = launch.environment(registry.iut("tpu-sync-jax"))
     assert "TPU_ACCELERATOR_TYPE" not in cpu
 
 
@@ -547,7 +546,7 @@ def test_doctor_asks_an_iut_with_the_start_up_limit_of_its_cases(monkeypatch):
         raise subprocess.TimeoutExpired(command, kwargs["timeout"])
 
     monkeypatch.setattr(iuts_command.subprocess, "run", run)
-    monkeypatch.setattr(iuts_command, "interpreter_python", lambda interpreter: (sys.executable, ""))
+    monkeypatch.setattr(iuts_command, "python_of", lambda declared: (sys.executable, ""))
     monkeypatch.setattr(iuts_command.netns, "unavailable", lambda: None)
     declared = registry.iut("tpu-sync-jax-tpu")
     assert iuts_command.can_run_here(declared, "v6e") == ("", "its interpreter did not answer in 300 s")

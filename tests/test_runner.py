@@ -289,12 +289,12 @@ def test_a_side_that_cannot_start_lets_the_other_stop_waiting_at_once(monkeypatc
     from probes.run import runner as watched
     from probes.suite.registry import probe as declared
 
-    real = watched._role_envs
+    real = watched.side_environments
 
-    def consumer_cannot_start(iut, env):
-        producer, consumer = real(iut, env)
+    def consumer_cannot_start(iut, env, sides):
+        producer, consumer = real(iut, env, sides)
         return [producer, {**consumer, "PYTHONHOME": str(tmp_path / "no-python-here")}]
-    monkeypatch.setattr(watched, "_role_envs", consumer_cannot_start)
+    monkeypatch.setattr(watched, "side_environments", consumer_cannot_start)
     monkeypatch.setattr(watched, "_forked_pair", lambda *_: None)  # fresh workers, each with its own environment
     case = Case("pull_blocks", "tpu7x", "kvref-sim", "pull_blocks-subset", declared("pull_blocks").subject,
                 timeout=600.0, kind="subset")

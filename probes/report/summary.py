@@ -24,7 +24,7 @@ def not_applicable(iuts, two_process_ran=()) -> list[str]:
     neither passed nor skipped. `two_process_ran`: the IUTs whose
     two-process cases ran (on a TPU, a host whose chips each process held
     one of)."""
-    from probes.iut.registry import IUTError, iut
+    from probes.iut import IUTError, iut
     from probes.suite.matrix import not_applicable as inapplicable
 
     rows = []

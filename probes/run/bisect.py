@@ -96,7 +96,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from probes.iut.registry import iut
+    from probes.iut import iut
     from probes.suite.matrix import build_cases, load_matrix
     from probes.suite.registry import PROBES
 

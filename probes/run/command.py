@@ -13,8 +13,7 @@ import pandas as pd
 from kvref import GENERATIONS, Faults
 from kvref.generations import is_shipped
 from kvref.oracle import compiler
-from probes.iut import builds
-from probes.iut.registry import iut, usable_iuts
+from probes.iut import builds, hardware, iut, usable_iuts
 from probes.report import qualification, results, summary
 from probes.report.atomic import write_whole
 from probes.report.results import BASELINE, disagreements
@@ -142,11 +141,9 @@ def devices_of(name: str) -> int | None:
     TPU devices for an IUT that owns one (the parent does not open the TPU:
     it counts chips on the PCI bus); unbounded for the others, which make
     their own (a mesh of simulated chips, JAX CPU devices)."""
-    from probes.iut.hardware import device_only_standin, tpu_devices
-
-    if not iut(name).owns_device or device_only_standin():
+    if not iut(name).owns_device or hardware.device_only_standin():
         return None
-    return tpu_devices()
+    return hardware.tpu_devices()
 
 
 def chips_of(name: str) -> int | None:
@@ -154,11 +151,9 @@ def chips_of(name: str) -> int | None:
     machine's TPU chips (counted on the PCI bus, or those the user made
     visible) for an IUT that owns one; None for the others, which make
     their own devices."""
-    from probes.iut.hardware import device_only_standin, holdable_chips
-
-    if not iut(name).owns_device or device_only_standin():
+    if not iut(name).owns_device or hardware.device_only_standin():
         return None
-    return len(holdable_chips())
+    return len(hardware.holdable_chips())
 
 
 def record(found, run_id: str, out: Path) -> pd.DataFrame:
@@ -278,9 +273,8 @@ def qualify(new: str, old: str, matrix: str, jobs, timeout, out: Path, console) 
 
 def hardware_iuts(generation: str) -> list[str]:
     """The hardware IUTs that run on this machine's TPU, when it is `generation`."""
-    from probes.iut.hardware import local_generation, tpu_visible
 
-    if not tpu_visible() or local_generation() != generation:
+    if not hardware.tpu_visible() or hardware.local_generation() != generation:
         return []
     return [name for name, declared in usable_iuts().items() if declared.owns_device
             and declared.runs_on(generation)]

@@ -15,9 +15,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from probes.iut import hardware
-from probes.iut.peer_env import PEER_ENVS
-from probes.iut.registry import iut as resolve, usable_iuts
+from probes.iut import PEER_ENVS, hardware, iut as resolve, usable_iuts
 from probes.run import options
 from probes.run.iuts_command import can_run_here
 from probes.run.subcommand import Command

@@ -27,7 +27,7 @@ import numpy as np
 
 import kvref
 from probes.fuzz.sequences import addressable_shapes, random_sequence
-from probes.iut.registry import iut
+from probes.iut import iut
 from probes.run import options, reproducers
 from probes.run.runner import CaseResult, run_case, run_cases
 from probes.run.subcommand import Command

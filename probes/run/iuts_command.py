@@ -13,12 +13,8 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from probes.iut.adapter import IUT
-from probes.iut.hardware import TpuUnavailable
-from probes.iut.peer_env import interpreter_python
-from probes.iut.registry import IUTError, iut, known_iuts, source_of_iut
+from probes.iut import IUT, IUTError, TpuUnavailable, environment, iut, known_iuts, python_of, source_of_iut
 from probes.run import netns
-from probes.run.runner import iut_env
 from probes.run.subcommand import Command
 
 CHECK_SECONDS = 120.0  # a cold JAX or torch import in the IUT's interpreter; never less than a case's start-up
@@ -27,7 +23,7 @@ CHECK_SECONDS = 120.0  # a cold JAX or torch import in the IUT's interpreter; ne
 def can_run_here(declared: IUT, target: str | None = None) -> tuple[str, str]:
     """(the library's version or "", "" when it can run here, on `target`
     (default: its first), or why not)."""
-    python, missing = interpreter_python(declared.interpreter)
+    python, missing = python_of(declared)
     if python is None:
         return "", missing
     if declared.loopback_only and (reason := netns.unavailable()):
@@ -37,7 +33,7 @@ def can_run_here(declared: IUT, target: str | None = None) -> tuple[str, str]:
                if declared.loopback_only else [python, "-m", "probes.run.iuts_command", declared.name, target])
     limit = max(CHECK_SECONDS, declared.startup_seconds)  # it starts as a case's worker starts
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=limit, env=iut_env(declared))
+        done = subprocess.run(command, capture_output=True, text=True, timeout=limit, env=environment(declared))
     except subprocess.TimeoutExpired:
         return "", f"its interpreter did not answer in {limit:.0f} s"
     except TpuUnavailable as e:
@@ -70,13 +66,13 @@ def listing(extra: list[str]):
                    f"  declared by  {source_of_iut(name)}\n"
                    f"  targets      {', '.join(declared.targets)}"
                    f"{' and any TPU type libtpu compiles for' if declared.any_tpu_type else ''}\n"
-                   f"  interpreter  {interpreter_python(declared.interpreter)[0] or declared.interpreter}\n"
+                   f"  interpreter  {python_of(declared)[0] or declared.interpreter}\n"
                    f"  here         {'runs' if not reason else 'cannot run: ' + reason}")
 
 
 def _answer(name: str, target: str) -> None:
     import kvref
-    from probes.iut.registry import adapter_for
+    from probes.iut import adapter_for
 
     adapter = adapter_for(name, target, kvref.Faults())
     print(json.dumps({"version": _version(adapter), "skip_reason": adapter.skip_reason()}))

@@ -13,7 +13,7 @@ import kvref
 from kvref.generations import DEFAULT_GENERATION
 from kvref.serving import PRESETS, ServingCache, model_figures, serving_cache
 from kvref.sharding import placements_of
-from probes.iut.registry import iut as declared_iut
+from probes.iut import iut as declared_iut
 from probes.run import options
 from probes.run.runner import CaseResult, run_cases
 from probes.run.subcommand import Command, stdout_console

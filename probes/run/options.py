@@ -69,11 +69,11 @@ def generations(value: str) -> list[str]:
 
 def local_generation() -> str:
     """`local`: the TPU generation of this machine."""
-    from probes.iut.hardware import NO_TPU, local_generation as found
+    from probes.iut import hardware
 
-    generation = found()
+    generation = hardware.local_generation()
     if generation is None:
-        raise argparse.ArgumentTypeError(f"'local': {NO_TPU}")
+        raise argparse.ArgumentTypeError(f"'local': {hardware.NO_TPU}")
     return generation
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from probes.iut.peer_env import PEER_ENVS
+from probes.iut import PEER_ENVS
 from probes.run import options
 from probes.run.subcommand import Command
 
@@ -20,8 +20,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from probes.iut import peer_env
-    from probes.iut.registry import iut
+    from probes.iut import iut, peer_env
 
     env = peer_env.peer_env(args.lib) if args.iut is None else peer_env.declared_env(iut(args.iut).interpreter)
     if env is None:

@@ -7,7 +7,7 @@ import resource
 import time
 import traceback
 
-from probes.iut.registry import adapter_for
+from probes.iut import adapter_for
 from probes.suite.cases import Case
 from probes.suite.host_budget import address_space_bytes
 from probes.suite.registry import probe

@@ -19,7 +19,7 @@ import os
 import socket
 import time
 
-from probes.iut.registry import iut
+from probes.iut import iut
 from probes.run.hosts import ray_resource, this_host
 from probes.run.runner import GRACE_SECONDS, CaseResult, run_case
 from probes.suite.cases import Case

@@ -35,9 +35,7 @@ from pathlib import Path
 import numpy as np
 
 import kvref
-from probes.iut import jax_arrays, tpu_sync
-from probes.iut.peer_env import REPO, declared_env
-from probes.iut.registry import iut
+from probes.iut import iut, jax_arrays, peer_env, tpu_sync
 from probes.report.paths import file_safe
 from probes.run import netns
 from probes.run.worker import PHASE_PROBE
@@ -245,9 +243,9 @@ def _reproducer_python(interpreter) -> str:
     """The IUT's interpreter as the reproducer names it: relative to the repository where it lies in it."""
     if interpreter == "main":
         return ".venv/bin/python"
-    env = declared_env(interpreter)
+    env = peer_env.declared_env(interpreter)
     python = Path(interpreter) if env is None else env.venv / "bin" / "python"
-    return str(python.relative_to(REPO)) if python.is_relative_to(REPO) else str(python)
+    return str(python.relative_to(peer_env.REPO)) if python.is_relative_to(peer_env.REPO) else str(python)
 
 
 # The library's log lines (glog's prefix), where a worker's output tail follows a reason.

@@ -14,12 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from probes.iut.adapter import STARTUP_SECONDS
-from probes.iut.builds import BUILDS_DIR, build_dir, installed_version
-from probes.iut.hardware import TpuUnavailable, device_env, device_only_standin, one_chip_environment
-from probes.iut.peer_env import interpreter_python
-from probes.iut.tpu_sync import BUILD_VARIABLE
-from probes.iut.registry import iut
+from probes.iut import STARTUP_SECONDS, TpuUnavailable, build_missing, environment, iut, python_of, side_environments
 from probes.run import netns
 from probes.run.hosts import this_host
 from probes.run.channel import DESCRIBED, RESULT
@@ -48,36 +43,30 @@ class CaseResult:
     host_generation: str = ""
 
 
-def worker_python(case: Case) -> str | None:
-    """The interpreter for this case's IUT; None when its environment is missing."""
-    return interpreter_python(iut(case.iut).interpreter)[0]
-
-
 def run_case(case: Case, python: str | None = None) -> CaseResult:
     """One case in its own watched process. By default it is forked from the
     warm zygote of the IUT's interpreter; a device-owning IUT, an explicit
     `python`, or a zygote that cannot start gets a fresh interpreter. The
     workers of a loopback_only IUT, fresh or forked, run in a network namespace
     with only lo (probes.run.netns); where none can be made its cases are SKIP."""
-    declared = iut(case.iut)
+    declared = iut(case.iut)  # the one place a case's IUT is resolved; its value is passed on
     fresh = python is not None or declared.owns_device
-    python = python or worker_python(case)
-    if python is None:
-        missing = interpreter_python(declared.interpreter)[1]
+    found, missing = (python, "") if python else python_of(declared)
+    if found is None:
         return CaseResult(case, Outcome(SKIP, f"{case.iut}: {missing}"), 0.0, "", *this_host())
-    if declared.build and not _build_installed(declared):
-        return CaseResult(case, Outcome(SKIP, f"{case.iut}: the build is not installed ({BUILDS_DIR}); "
-                                        "`kvprobe run` installs it first"), 0.0, "", *this_host())
+    python = found
+    if reason := build_missing(declared):
+        return CaseResult(case, Outcome(SKIP, f"{case.iut}: {reason}"), 0.0, "", *this_host())
     if declared.loopback_only and (reason := netns.unavailable()):
         return CaseResult(case, Outcome(SKIP, f"{case.iut}: {reason}"), 0.0, "", *this_host())
     try:
-        env = _worker_env(case)
+        env = environment(declared)
     except TpuUnavailable as e:  # the runtime's environment could not be read
         return CaseResult(case, Outcome(ERROR, f"{case.iut}: {e}"), 0.0, "", *this_host())
     if probe(case.probe).two_process:
         shared = not (fresh or probe(case.probe).own_network)  # a zygote's namespace is every case's it forks
         try:
-            envs = _role_envs(declared, env)
+            envs = side_environments(declared, env, len(ROLES))
         except TpuUnavailable as e:
             return CaseResult(case, Outcome(ERROR, f"{case.iut}: {e}"), 0.0, "", *this_host())
         return _run_two(case, python, envs, declared.preload if shared else None)
@@ -94,14 +83,6 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
         return CaseResult(case, Outcome(ERROR, str(e)), time.monotonic() - start, "", *this_host())
     outcome = classify(ran, case.timeout, case.startup_timeout)
     return CaseResult(case, outcome, time.monotonic() - start, ran.err, *this_host())
-
-
-def _role_envs(declared, env: dict) -> list[dict]:
-    """Each role's environment: the IUT's; on a TPU, each holding one chip
-    of the host of its own (hardware.one_chip_environment)."""
-    if not declared.owns_device or device_only_standin():
-        return [env for _ in ROLES]
-    return [one_chip_environment(env, index) for index in range(len(ROLES))]
 
 
 def _run_two(case: Case, python: str, envs: list[dict], preload: tuple[str, ...] | None) -> CaseResult:
@@ -294,34 +275,3 @@ class Interrupted(KeyboardInterrupt):
 def owns_device(cases: list[Case]) -> bool:
     """Whether any case's worker holds a real TPU, which one process may hold at a time."""
     return any(iut(name).owns_device for name in {c.iut for c in cases})
-
-
-def _build_installed(declared) -> bool:
-    library = declared.library.distribution
-    return installed_version(build_dir(library, declared.build), library) == declared.build
-
-
-def _worker_env(case: Case) -> dict:
-    return iut_env(iut(case.iut))
-
-
-def iut_env(declared) -> dict:
-    """The environment every process of this IUT runs with (its workers, and
-    `kvprobe iuts` asking whether it can start). One that owns the TPU is
-    given what its TPU runtime needs (probes.iut.hardware.device_env)."""
-    env = device_env(dict(os.environ)) if declared.owns_device else dict(os.environ)
-    env.update(declared.environment)
-    if declared.build:  # the build first on the path, over the pinned library, sharing its jax
-        path = str(build_dir(declared.library.distribution, declared.build))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH")) if p)
-        env[BUILD_VARIABLE] = path
-    platforms = declared.jax_platforms
-    if platforms:
-        env.setdefault("JAX_PLATFORMS", platforms)
-    else:  # a worker on the real device must see it, whatever the parent runs on
-        env.pop("JAX_PLATFORMS", None)
-    env.pop("KVREF_FAULTS", None)  # a case's faults travel in the case itself
-    # pytest names the running test here, a new value per item: it is no IUT's
-    # setting, and as part of a zygote's key it would start a zygote per item.
-    env.pop("PYTEST_CURRENT_TEST", None)
-    return env

@@ -137,7 +137,7 @@ def preload(iut_name: str, modules: list[str]) -> None:
     import probes.run.probe_case  # noqa: F401  the worker's whole import graph
     import probes.run.worker  # noqa: F401
     from kvref.oracle import table
-    from probes.iut.registry import iut
+    from probes.iut import iut
 
     table.load()
     iut(iut_name)  # the installed IUTs read, and this one's declaration imported and checked, once

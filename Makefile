@@ -71,7 +71,7 @@ xla-probe: $(XLA_STAMP)
 	$(BIN)/kvprobe run --generation cpu --iut kvref-torch-xla --matrix cpu --probe all --out reports/xla
 
 # Python 3.11 with vLLM (built from its TPU sdist), tpu-inference and JAX for the
-# CPU: the real engine as the facade's client (tests/test_engine.py, tests/engine/README.md).
+# CPU: the real engine as the facade's client (tests/integration/test_engine.py, tests/engine/README.md).
 $(ENGINE_STAMP): $(STAMP)
 	$(BIN)/python -m tests.engine.build_env
 
@@ -106,9 +106,11 @@ connectors: $(PEER_STAMP)
 # The two peer environments build side by side (mostly unpacking wheels: one
 # core each). One pytest worker per core (pytest-xdist), a test module to a
 # worker: the tests of a module share its costly fixtures (a whole run, a cluster).
+# Modules are handed out in the order tests/conftest.py gives them (xdist would
+# otherwise hand out the modules of most tests first).
 test: $(STAMP)
 	$(MAKE) -j2 $(PEER_STAMP) $(XLA_STAMP) $(ENGINE_STAMP)
-	$(BIN)/python -m pytest -n auto --dist loadfile
+	$(BIN)/python -m pytest -n auto --dist loadfile --no-loadscope-reorder
 
 bench: $(STAMP) $(PEER_STAMP)
 	$(BIN)/python -m probes.bench.layout

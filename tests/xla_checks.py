@@ -1,5 +1,5 @@
 """kvref over torch_xla tensors, checked inside the xla environment's
-interpreter (tests/test_xla.py runs `python -m tests.xla_checks NAME`; the
+interpreter (tests/integration/test_xla.py runs `python -m tests.xla_checks NAME`; the
 test process itself has no torch_xla). Each check raises on failure."""
 
 import os

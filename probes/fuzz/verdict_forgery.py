@@ -27,7 +27,7 @@ from probes.fuzz.mismatch import Mismatch
 
 RUN_SECONDS = 90.0  # a whole `kvprobe run` of one case (start-up, a case of CASE_SECONDS, the report), however loaded the machine
 CASE_SECONDS = 10.0  # the case's own bound (--timeout)
-SHAPE = "bf16[512,6144]"  # the old slice formula corrupts its round trip (tests/test_probe_teeth.py)
+SHAPE = "bf16[512,6144]"  # the old slice formula corrupts its round trip (tests/probes/test_probe_teeth.py)
 GENERATION = DEFAULT_GENERATION
 HONEST = "CORRUPT"
 BEHAVIOURS = {  # what the manager does, at the probe's call

@@ -3,7 +3,7 @@ production libraries and the peer environments they run in.
 
 This package's face: what the rooms to its left (probes.run, probes.report,
 probes.bench) may use, each name below, imported from `probes.iut` itself
-and never from a module of it (tests/test_architecture.py holds them to it).
+and never from a module of it (tests/probes/test_architecture.py holds them to it).
 A name is loaded when first asked for, so importing the face costs nothing
 and a worker loads only what it uses."""
 

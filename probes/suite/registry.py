@@ -1,7 +1,7 @@
 """Every probe, declared once: its function, which cases it makes, its
 subject, what the reference predicts for a correct manager, and what its
 worker needs. The CLI, matrices, worker, predictions and reports read this
-table; a probe missing a part is caught by tests/test_registry.py."""
+table; a probe missing a part is caught by tests/probes/test_registry.py."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ engine's, decoding from blocks its TPUConnector pulled from a producer
 engine (tests/engine/disagg.py): the baseline's tokens, every prompt's full
 blocks pulled; a pull written one block off must change them.
 
-What the tokens cannot see, the byte checks of tests/test_real_connectors.py
+What the tokens cannot see, the byte checks of tests/integration/test_real_connectors.py
 do (the same connectors, block for block): a corruption of a block the model
 attends to only a little can leave a greedy token unchanged."""
 
@@ -23,7 +23,7 @@ import pytest
 from probes.run import netns
 from tests.engine import build_env, driver, model
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # Each corruption the output must show, as a kvref fault model under the facade.
 TEETH = ("loads_neighbouring_chunk", "saves_neighbouring_block")
 PULL_TEETH = ("pull_written_one_block_off",)

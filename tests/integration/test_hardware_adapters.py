@@ -14,7 +14,7 @@ from probes.iut.registry import check_target
 from probes.run.runner import owns_device, run_case, run_cases
 from probes.suite.cases import Case
 from probes.suite.matrix import build_cases
-from tests.test_runner import fake_python
+from tests.probes.test_runner import fake_python
 
 TORCH_CASE = Case("roundtrip", "tpu7x", iut="tpu-sync-torch-tpu", shape=ShapeKey("bf16", (512, 16, 2048)))
 

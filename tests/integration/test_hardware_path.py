@@ -576,7 +576,7 @@ def test_make_stops_at_once_without_a_python_it_can_use(tmp_path):
     (bin_dir / "python3").write_text("#!/bin/sh\ncase \"$*\" in *-V*) echo 'Python 3.10.12';; *version_info*) exit 1;; "
                                      f"*) exec {sys.executable} \"$@\";; esac\n")
     (bin_dir / "python3").chmod(0o755)
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     done = subprocess.run(["make", "-C", str(repo), "python-check"], capture_output=True, text=True, timeout=60,
                           env={"PATH": str(bin_dir), "HOME": str(tmp_path)})
     assert done.returncode != 0

@@ -18,7 +18,7 @@ from tests.peer_python import peer_python_or_skip
 
 pytestmark = pytest.mark.peer
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 JAX_ENV = peer_env.PEER_ENVS["jax"]
 # What the driver needs besides the peer environment's pins (jax, tpu-sync-jax, kvref): tpu-inference
 # itself, and the small packages its connectors and runner/kv_cache.py import, in JAX_ENV.beside_dir.

@@ -118,7 +118,7 @@ def test_pulls_run_between_the_two_chips_of_a_standin_host(tmp_path):
 # (v4), one of a TensorCore each (v5e), and one the table does not know (v2);
 # tpu7x, one PCI function per TensorCore, is walked by every probe above.
 # Every chip's PCI ids and device kinds are checked without a walk
-# (tests/test_hardware_path.py).
+# (tests/integration/test_hardware_path.py).
 @pytest.mark.parametrize("chip, known", [("v3", True), ("v4", True), ("v5e", True), ("v2", False)])
 def test_make_tpu_test_walks_each_standin_vm(tmp_path, chip, known):
     """`pytest -m tpu` as `make tpu-test` runs it (both hardware IUTs, as the

@@ -14,7 +14,7 @@ import pytest
 
 import kvref
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # probes' rooms, lowest first: a module may import its own room or a lower one.
 ROOMS = ["iut", "suite", "fuzz", "report", "run", "bench"]
 
@@ -357,8 +357,14 @@ def test_each_command_is_declared_by_its_own_module_and_the_parser_is_their_tabl
     assert parsed.run.__module__ == "probes.run.diff_command"
 
 
+TEST_ROOMS = ("kvref", "probes", "integration")  # tests/<room>/test_*.py; helpers at tests/ itself
+
+
 def test_the_tests_map_names_every_test_module_and_helper():
     text = (ROOT / "tests" / "README.md").read_text()
-    missing = [p.name for p in sorted((ROOT / "tests").glob("*.py"))
-               if p.name != "__init__.py" and f"`{p.name}`" not in text]
+    helpers = [p.name for p in sorted((ROOT / "tests").glob("*.py")) if p.name != "__init__.py"]
+    modules = [f"{p.parent.name}/{p.name}" for p in sorted((ROOT / "tests").glob("*/test_*.py"))]
+    assert modules and not [p for p in (ROOT / "tests").glob("test_*.py")]  # no test module left loose
+    assert {m.partition("/")[0] for m in modules} == set(TEST_ROOMS)
+    missing = [name for name in helpers + modules if f"`{name}`" not in text]
     assert missing == []

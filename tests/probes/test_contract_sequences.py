@@ -65,7 +65,7 @@ OUT_OF_REACH = {
     "pool_kept_across_fork": "os.fork(): the fork_forms probe",
     # Serving steps beside pulls (contract_pulls.serve) drew it in none of 2 x 60 s of sequences: the race
     # is one step's dispatch against a pull thread's question; a serving loop that steps without pause finds it.
-    "pull_threads_follow_donation": "tests/test_pulls_beside_steps.py (the threads that ask)",
+    "pull_threads_follow_donation": "tests/kvref/test_pulls_beside_steps.py (the threads that ask)",
     **{f: "a pull manager's listening socket and port: the pull_sockets and constructor_ports probes" for f in (
         "offload_only_listens", "shared_listen_port", "named_port_ignored", "busy_port_falls_back")},
     "metrics_uniform_layers": "layers of two block sizes on a pull manager: pull_telemetry",

@@ -15,7 +15,7 @@ from probes.run import docs_lists
 from probes.run.options import OPTIONS
 from probes.suite.registry import PROBES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = docs_lists.pages(ROOT)
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)

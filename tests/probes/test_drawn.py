@@ -11,7 +11,7 @@ import kvref
 from probes.report import drawn, memory_map
 from probes.report.pictures import draw_heatmap
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHAPE = kvref.Shape.parse("bf16[64,1024]{1,0:T(8,128)(2,1)}")
 
 

@@ -196,13 +196,13 @@ def repeated_construction_alone(library: str) -> tuple[str, str]:
     it measures the process's memory, which this one's leftover threads
     (other tests' listeners and pulls) change when they end."""
     script = ("from probes.suite.host_budget import repeated_construction\n"
-              f"from tests.test_earned_verdicts import PROBES, {library}, case, stand_in\n"
+              f"from tests.probes.test_earned_verdicts import PROBES, {library}, case, stand_in\n"
               "outcome = repeated_construction(case('repeated_construction', "
               "PROBES['repeated_construction'].subject), "
               f"stand_in(library={library}))\n"
               "print(outcome.verdict.value, outcome.detail)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
     verdict, _, detail = done.stdout.strip().splitlines()[-1].partition(" ")
     return verdict, detail

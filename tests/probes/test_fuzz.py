@@ -18,7 +18,7 @@ from probes.fuzz.kvref_api import CATEGORIES
 from probes.fuzz.lifecycle import EVENTS, Lifecycle
 from probes.fuzz.mismatch import Mismatch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_short_campaign_finds_nothing():
@@ -103,7 +103,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from kvref import listener
 from probes.fuzz import thread_starts
-from tests.test_fuzz import mismatches
+from tests.probes.test_fuzz import mismatches
 
 listener._started_workers = lambda n: ThreadPoolExecutor(n, thread_name_prefix="kvref-listen")
 found = mismatches(thread_starts.ThreadStarts(), 0, 40, first=True)

@@ -22,7 +22,7 @@ from probes.run.runner import run_case
 from probes.suite.cases import Case
 from probes.suite.matrix import build_cases, load_matrix
 from probes.suite.verdicts import SKIP, Outcome
-from tests.test_findings import imported
+from tests.probes.test_findings import imported
 
 LOOPBACK_IUTS = ("tpu-sync-jax", "tpu-sync-jax-tpu", "tpu-sync-torch-tpu")
 
@@ -322,7 +322,7 @@ def test_a_rails_namespace_is_made_by_one_process_and_joined_by_another():
     if why:
         pytest.skip(why)
     done = subprocess.run(netns.python_command(python, "-c", RAILS_SCRIPT), capture_output=True, text=True,
-                          timeout=120, cwd=Path(__file__).parent.parent)
+                          timeout=120, cwd=Path(__file__).parents[2])
     if "no `ip` command" in (cannot_make_interfaces() or ""):
         pytest.skip(cannot_make_interfaces())
     assert done.returncode == 0, done.stderr[-2000:]

@@ -19,7 +19,7 @@ import pytest
 from probes.report.results import disagreements
 from probes.suite.verdicts import SKIP, Prediction
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "example-manager"
 KVPROBE = [sys.executable, "-m", "probes.run.cli"]
 

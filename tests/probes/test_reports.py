@@ -12,7 +12,7 @@ from probes.run import cli, rows
 from probes.run.runner import run_cases
 from probes.suite.matrix import DEFAULT_MATRIX, build_cases, load_matrix
 
-REPORTS = Path(__file__).resolve().parent.parent / "reports"
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
 
 
 def fresh_run(generations) -> pd.DataFrame:

@@ -6,7 +6,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_process_has_room_for_a_thousand_threads_not_the_machines_last_ids():

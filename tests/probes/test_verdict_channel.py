@@ -1,6 +1,6 @@
 """An IUT cannot write a verdict: outside IUTs that print forged results (in
 the probe, at exit, on stdout and stderr; one that prints at import is
-refused before any case runs, tests/test_outside_iuts.py), fork a process that
+refused before any case runs, tests/probes/test_outside_iuts.py), fork a process that
 writes to every descriptor, or find the worker's channel in memory and say a
 second result, never change what the runner reports (probes.run.channel)."""
 
@@ -31,7 +31,7 @@ def forging(tmp_path, monkeypatch):
 
 
 def verdict_of(iut: str, fresh: bool):
-    """roundtrip on a shape the old slice formula corrupts (tests/test_probe_teeth.py)."""
+    """roundtrip on a shape the old slice formula corrupts (tests/probes/test_probe_teeth.py)."""
     case = Case("roundtrip", "tpu7x", iut=iut, name="forged", shape=ShapeKey("bf16", (512, 6144)), timeout=20.0)
     return run_case(case, python=sys.executable if fresh else None).outcome
 

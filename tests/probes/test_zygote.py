@@ -15,7 +15,7 @@ from probes.run.runner import classify, run_case
 from probes.run.worker import PHASE_PROBE
 from kvref import ShapeKey
 from probes.suite.matrix import MatrixRow, build_cases
-from tests.test_runner import alive
+from tests.probes.test_runner import alive
 
 
 def planted_zygote(tmp_path, body: str) -> forked.Zygote:

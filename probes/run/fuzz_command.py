@@ -3,15 +3,15 @@ under test, each in a watched worker.
 
 By default (`--model contract`) the sequences are the contract's
 (probes.suite.contract_sequences): every offload call, model steps, stalls
-and failing copies, held to one model. Each kind of failure is written as
-data, `<out>/<generation>/findings/contract-<iut>-<verdict>-<n>.json`,
-with its shrunk sequence (shrunk in the worker; a crash or a hang, which
-ends the worker, is shrunk here by replays in workers), and `--replay
-FILE` runs one such sequence on any IUT. `--model blocks` runs the older
-d2h/h2d sequences against the block model, each kind of failure written as
-data (`fuzz-<iut>-<verdict>-<n>.json`, one per sequence across the ways
-the manager is built), and `--reproducer FILE` renders one as a standalone
-script (probes.run.reproducers)."""
+and failing copies, held to one model. `--model blocks` runs the older
+d2h/h2d sequences against the block model. Either way each kind of failure
+is written as a finding (probes.run.findings:
+`<out>/<generation>/findings/<model>-<iut>-<verdict>-<n>.json`, its case
+shrunk, one per case across the ways the manager is built): a contract
+sequence is shrunk in the worker, and a crash or a hang, which ends the
+worker, here by replays in workers; `--replay FILE` runs a contract
+finding's sequence on any IUT, and `--reproducer FILE` renders a blocks
+finding as a standalone script (probes.run.reproducers)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import kvref
 from probes.fuzz.sequences import addressable_shapes, random_sequence
 from probes.iut import iut
 from probes.run import options, reproducers
+from probes.run.findings import read_finding, write_finding
 from probes.run.runner import CaseResult, run_case, run_cases
 from probes.run.subcommand import Command
 from probes.suite.cases import Case
@@ -73,8 +74,9 @@ def fuzz_iut(name: str, generation: str, sequences: int, seed: int = 0,
             findings[key] = Finding(shrink(result), result.case.case_id)
     directory = Path(out) / generation / "findings"
     for finding in findings.values():
-        finding.path = reproducers.write_finding(finding.result.case, finding.result.outcome, finding.found_in,
-                                                 directory)
+        outcome = finding.result.outcome
+        finding.path = write_finding(finding.result.case, outcome.verdict, outcome.detail, outcome.iut_version,
+                                     finding.found_in, directory)
     return results, list(findings.values())
 
 
@@ -181,9 +183,11 @@ def write_findings(results: list[CaseResult], directory: Path, shrink_seconds: f
             if verdict in (CRASH, HANG) and shrunk is not None:
                 sequence = shrunk
             if key not in kinds:
-                kinds[key] = write_finding(result.case, verdict, headline, sequence or sequence_in(result.stderr),
-                                           directory, len(kinds) + 1)
-    return list(kinds.values())
+                sequence = sequence or sequence_in(result.stderr)
+                case = replace(result.case, calls=sequence) if sequence else result.case
+                kinds[key] = write_finding(case, verdict, headline, result.outcome.iut_version,
+                                           result.case.case_id, directory)
+    return list(dict.fromkeys(kinds.values()))
 
 
 def contract_case(name: str, generation: str, faults: kvref.Faults, seconds: float, seed: int,
@@ -217,17 +221,6 @@ def finished(result: CaseResult, until: float) -> CaseResult:
     return best if "spec" in best.case.calls else replace(result, case=replace(result.case, calls=shrunk))
 
 
-def write_finding(case: Case, verdict: str, headline: str, sequence: dict | None, directory: Path,
-                  number: int) -> Path:
-    """A finding as data: what ran, what it earned, and the sequence to replay."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"contract-{case.iut}-{verdict.lower()}-{number}.json"
-    path.write_text(json.dumps({"iut": case.iut, "generation": case.generation, "faults": list(case.faults.names),
-                                "options": case.options_text, "verdict": verdict, "detail": headline,
-                                "sequence": sequence}, indent=1) + "\n")
-    return path
-
-
 def replay(path: Path, name: str | None, generation: str | None, faults: kvref.Faults,
            seconds: float) -> CaseResult:
     """One finding's (or a bare sequence's) sequence, replayed on `name`
@@ -236,11 +229,14 @@ def replay(path: Path, name: str | None, generation: str | None, faults: kvref.F
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"--replay {path}: not a readable JSON sequence ({e})") from e
-    sequence = data.get("sequence", data) if isinstance(data, dict) else None
+    found = data if isinstance(data, dict) and data.get("model") == "contract" else None
+    if found is not None:
+        found = read_finding(path, "contract")
+    sequence = found["case"]["calls"] if found else data
     if not isinstance(sequence, dict) or not {"spec", "seed", "steps"} <= set(sequence):
         raise ValueError(f"--replay {path}: expected a finding or a sequence with spec, seed and steps")
-    name = name or data.get("iut", "kvref-sim")
-    generation = generation or data.get("generation") or iut(name).targets[0]
+    name = name or (found["iut"] if found else "kvref-sim")
+    generation = generation or (found["case"]["generation"] if found else None) or iut(name).targets[0]
     iut(name).check_target(generation)
     return run_case(contract_case(name, generation, faults, seconds, 0, calls=sequence))
 
@@ -257,9 +253,11 @@ def contract_summary(results: list[CaseResult], findings: list[Path]) -> str:
     lines = [f"{len(results)} workers: " + ", ".join(f"{v} {n}" for v, n in sorted(counts.items()))]
     lines += [f"  {r.outcome.detail.strip().splitlines()[0][:300]}" for r in results if r.outcome.verdict == PASS]
     for path in findings:
-        finding = json.loads(path.read_text())
-        steps = len(finding["sequence"]["steps"]) if finding["sequence"] else "?"
-        lines.append(f"  {finding['verdict']} [{finding['options']}] in {steps} step(s): {finding['detail'][:200]}"
+        finding = read_finding(path, "contract")
+        steps = len(finding["case"]["calls"].get("steps", ())) or "?"
+        sets = "; ".join(Case.from_json(json.dumps({**finding["case"], "iut_options": s})).options_text
+                         for s in finding["option_sets"])
+        lines.append(f"  {finding['verdict']} [{sets}] in {steps} step(s): {finding['detail'][:200]}"
                      f"\n    -> {path}")
     return "\n".join(lines)
 

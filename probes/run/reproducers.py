@@ -1,11 +1,6 @@
-"""Findings of `kvprobe fuzz --model blocks` kept as data, and the
-reproducer script each renders on demand.
-
-A finding is one JSON file (reports/<generation>/findings/fuzz-*.json): the
-case that failed, shrunk (its call sequence), the verdict and its reason
-with the library's log lines taken out, and every way the manager was built
-(option set) it failed alike under. `kvprobe fuzz --reproducer FILE` renders
-its script; nothing generated is committed.
+"""The reproducer script a finding of `kvprobe fuzz --model blocks`
+(probes.run.findings: reports/<generation>/findings/blocks-*.json) renders
+on demand: `kvprobe fuzz --reproducer FILE`; nothing generated is committed.
 
 Every reproducer starts, after its docstring, with `opening()`: the lines of
 probes.run.netns that put it in a loopback-only network namespace (standard
@@ -28,7 +23,6 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -36,9 +30,8 @@ import numpy as np
 
 import kvref
 from probes.iut import iut, jax_arrays, peer_env, tpu_sync
-from probes.report.paths import file_safe
 from probes.run import netns
-from probes.run.worker import PHASE_PROBE
+from probes.run.findings import read_finding
 from probes.suite import block_model, call_sequence, refusals
 from probes.suite.cases import Case
 from probes.suite.verdicts import CORRUPT, ERROR, PASS
@@ -248,57 +241,10 @@ def _reproducer_python(interpreter) -> str:
     return str(python.relative_to(peer_env.REPO)) if python.is_relative_to(peer_env.REPO) else str(python)
 
 
-# The library's log lines (glog's prefix), where a worker's output tail follows a reason.
-LOG_LINE = re.compile(r"^([IWEF]\d{4} \d\d:\d\d:\d\d|WARNING: All log messages before absl)")
-DETAIL_CHARS = 1500
-
-
-def stripped(detail: str) -> str:
-    """A failure's reason, without the worker's output after it (which starts
-    at the worker's phase marker) or the library's log lines, at most DETAIL_CHARS."""
-    reason = detail.strip().split(PHASE_PROBE, 1)[0]
-    return "\n".join(line for line in reason.strip().splitlines() if not LOG_LINE.match(line))[:DETAIL_CHARS]
-
-
-def write_finding(case: Case, outcome, found_in: str, directory: Path) -> Path:
-    """`case`'s failure (`outcome`) as data: a new directory/fuzz-<iut>-<verdict>-<n>.json,
-    or, where a finding of the same sequence failing alike is there already
-    under another way the manager is built, that one with this option set added."""
-    directory.mkdir(parents=True, exist_ok=True)
-    stem = f"fuzz-{file_safe(case.iut)}-{outcome.verdict.lower()}"
-    detail = stripped(outcome.detail)
-    options = [list(pair) for pair in case.iut_options]
-    plain = json.loads(case.to_json())
-    for path in sorted(directory.glob(f"{stem}-*.json")):
-        known = json.loads(path.read_text())
-        if {**known["case"], "iut_options": []} == {**plain, "iut_options": []} and known["detail"] == detail:
-            if options not in known["option_sets"]:
-                known["option_sets"].append(options)
-                path.write_text(json.dumps(known, indent=1) + "\n")
-            return path
-    path = directory / f"{stem}-{len(list(directory.glob(f'{stem}-*.json'))) + 1}.json"
-    path.write_text(json.dumps({"model": "blocks", "iut": case.iut, "iut_version": outcome.iut_version,
-                                "verdict": str(outcome.verdict), "detail": detail, "found_in": found_in,
-                                "option_sets": [options], "case": plain}, indent=1) + "\n")
-    return path
-
-
-def read_finding(path: Path) -> dict:
-    """A finding written by write_finding, or ValueError naming what is wrong with it."""
-    try:
-        finding = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not a readable JSON finding ({e})") from None
-    wanted = {"model", "iut", "iut_version", "verdict", "detail", "found_in", "option_sets", "case"}
-    if not isinstance(finding, dict) or finding.get("model") != "blocks" or not wanted <= set(finding):
-        raise ValueError(f"{path}: expected a finding of `kvprobe fuzz --model blocks` with {sorted(wanted)}")
-    return finding
-
-
 def render(path: Path, option_set: int = 0) -> str:
     """The standalone reproducer of the finding at `path`, under its
     `option_set`-th way of building the manager."""
-    finding = read_finding(path)
+    finding = read_finding(path, "blocks")
     sets = finding["option_sets"]
     if not 0 <= option_set < len(sets):
         raise ValueError(f"{path}: option set {option_set}; it has {len(sets)} (0 to {len(sets) - 1})")

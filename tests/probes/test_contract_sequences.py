@@ -4,6 +4,7 @@ sequence can reach found by sequences alone (no dedicated probe), shrunk
 to a sequence that passes once the fault is off, and replayed from its
 JSON on any IUT."""
 
+import dataclasses
 import json
 import re
 import time
@@ -275,7 +276,8 @@ def test_a_finding_replays_from_its_json_on_any_iut(tmp_path, capsys):
                                                    out=tmp_path)
     assert findings and findings[0].parent == tmp_path / "tpu7x" / "findings", results[0].outcome.detail
     finding = json.loads(findings[0].read_text())
-    assert found(results[0].outcome, finding["verdict"]) and finding["sequence"]["steps"]
+    assert finding["model"] == "contract" and finding["iut"] == "kvref-sim"
+    assert found(results[0].outcome, finding["verdict"]) and finding["case"]["calls"]["steps"]
     assert cli.main(["fuzz", "--replay", str(findings[0]), "--faults", "unchecked_unlock"]) == 1
     printed = capsys.readouterr().out
     assert " [kvref-sim tpu7x] " in printed and not printed.startswith("PASS"), printed[:2000]
@@ -308,8 +310,14 @@ def test_each_finding_of_a_crashed_worker_keeps_its_own_sequence(tmp_path):
     output = f"{FOUND} {json.dumps({'verdict': 'ERROR', 'detail': 'step 0 ...: a save refused', 'sequence': said})}\n"
     written = fuzz_command.write_findings([CaseResult(case, Outcome("CRASH", "killed by SIGSEGV"), 1.0, output)],
                                           tmp_path)
-    findings = {json.loads(p.read_text())["verdict"]: json.loads(p.read_text())["sequence"] for p in written}
+    findings = {json.loads(p.read_text())["verdict"]: json.loads(p.read_text())["case"]["calls"] for p in written}
     assert findings == {"ERROR": said, "CRASH": crashed}
+    # The same failures under another way of building the manager add that way to the findings.
+    other = dataclasses.replace(case, iut_options=(("listen_address", "127.0.0.1:0"),))
+    again = fuzz_command.write_findings([CaseResult(other, Outcome("CRASH", "killed by SIGSEGV"), 1.0, output)],
+                                        tmp_path)
+    assert sorted(again) == sorted(written)
+    assert all(len(json.loads(p.read_text())["option_sets"]) == 2 for p in written)
 
 
 def test_crashes_of_one_kind_are_shrunk_once_and_all_shrinking_within_its_budget(tmp_path, monkeypatch):

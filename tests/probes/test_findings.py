@@ -1,6 +1,6 @@
 """Each finding's reproducer stands alone, hand-written
 (reports/<generation>/findings/*.py) or rendered from a finding kept as data
-(findings/fuzz-*.json, `kvprobe fuzz --reproducer`): it starts with the one opening that puts it in a loopback-only network
+(findings/blocks-*.json, `kvprobe fuzz --reproducer`): it starts with the one opening that puts it in a loopback-only network
 namespace (probes.run.reproducers.opening, from probes.run.netns), imports
 nothing but the library, jax, numpy and the standard library, prints SKIP and
 exits 77 having imported nothing of the library where no namespace can be
@@ -22,7 +22,7 @@ from tests.batch import BATCH_SECONDS, selected
 from tests.peer_python import peer_python_or_skip
 
 HAND_WRITTEN = sorted(REPO.glob("reports/*/findings/*.py"))
-KEPT = sorted(REPO.glob("reports/*/findings/fuzz-*.json"))  # findings of `kvprobe fuzz --model blocks`
+KEPT = sorted(REPO.glob("reports/*/findings/blocks-*.json"))  # findings of `kvprobe fuzz --model blocks`
 SCRIPTS = HAND_WRITTEN + KEPT  # a reproducer, or the finding it is rendered from
 LIBRARY = {"tpu_sync", "jax", "numpy"}  # what a reproducer may import besides the standard library
 # Put first on a reproducer's path: every import of the library or of this

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 import kvref
-from probes.run import cli, fuzz_command, reproducers
+from probes.run import cli, findings, fuzz_command, reproducers
 from probes.suite.cases import Case
 from probes.suite.verdicts import Outcome
 
@@ -51,10 +51,11 @@ def test_a_finding_seen_under_two_option_sets_is_kept_once(tmp_path):
                 calls={"shape": "bf16[64,2,32,640]", "layers": 1, "host_blocks": 4, "mode": "ready",
                        "calls": [{"d2h": True, "src": [0], "dst": [9], "sizes": [1]}]})
     crash = Outcome("CRASH", "killed by SIGSEGV\nI1204 10:00:00.000000 7107 tpu_utils.cc:630] Detected eth0")
-    first = reproducers.write_finding(case, crash, "cpu/call_sequence/fuzz-0-0", tmp_path)
-    again = reproducers.write_finding(replace(case, iut_options=(("RAIDEN_ENABLE_ASYNC_DISPATCH", "1"),)), crash,
-                                      "cpu/call_sequence/fuzz-0-0", tmp_path)
-    other = reproducers.write_finding(replace(case, calls={**case.calls, "layers": 2}), crash, "x", tmp_path)
+    def write(case, found_in):
+        return findings.write_finding(case, crash.verdict, crash.detail, "", found_in, tmp_path)
+    first = write(case, "cpu/call_sequence/fuzz-0-0")
+    again = write(replace(case, iut_options=(("RAIDEN_ENABLE_ASYNC_DISPATCH", "1"),)), "cpu/call_sequence/fuzz-0-0")
+    other = write(replace(case, calls={**case.calls, "layers": 2}), "x")
     assert first == again != other
     kept = json.loads(first.read_text())
     assert kept["option_sets"] == [[], [["RAIDEN_ENABLE_ASYNC_DISPATCH", "1"]]]

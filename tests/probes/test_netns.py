@@ -17,7 +17,7 @@ from kvref import ShapeKey
 from probes.fuzz.sequences import addressable_shapes, random_sequence
 from probes.iut import registry
 from probes.iut.peer_env import PEER_ENVS
-from probes.run import netns, reproducers, runner
+from probes.run import findings, netns, reproducers, runner
 from probes.run.runner import run_case
 from probes.suite.cases import Case
 from probes.suite.matrix import build_cases, load_matrix
@@ -168,7 +168,7 @@ def sequence_case(name: str, generation: str, calls: list | None = None) -> Case
 def reproducer(tmp_path, case: Case) -> Path:
     """The reproducer `kvprobe fuzz --reproducer` renders of the finding
     `kvprobe fuzz` would keep for `case`."""
-    finding = reproducers.write_finding(case, Outcome("CORRUPT", "planted"), case.case_id, tmp_path / "findings")
+    finding = findings.write_finding(case, "CORRUPT", "planted", "", case.case_id, tmp_path / "findings")
     script = tmp_path / "reproducer.py"
     script.write_text(reproducers.render(finding))
     return script

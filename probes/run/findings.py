@@ -1,0 +1,66 @@
+"""A finding of `kvprobe fuzz` kept as data, whichever model found it: one
+JSON file (reports/<generation>/findings/<model>-<iut>-<verdict>-<n>.json)
+holding the case that failed, shrunk (its call sequence, or its contract
+sequence), the verdict and its reason with the worker's output and the
+library's log lines taken out, where it was found, and every way the manager
+was built (option set) it failed alike under. A failure of a case already
+found under another option set adds that set to the finding instead of
+writing another."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from probes.report.paths import file_safe
+from probes.run.worker import PHASE_PROBE
+from probes.suite.cases import Case
+
+# Which model each probe that runs a sequence is; a finding is named after it.
+MODELS = {"call_sequence": "blocks", "contract_sequences": "contract"}
+FIELDS = {"model", "iut", "iut_version", "verdict", "detail", "found_in", "option_sets", "case"}
+# The library's log lines (glog's prefix), where a worker's output tail follows a reason.
+LOG_LINE = re.compile(r"^([IWEF]\d{4} \d\d:\d\d:\d\d|WARNING: All log messages before absl)")
+DETAIL_CHARS = 1500
+
+
+def stripped(detail: str) -> str:
+    """A failure's reason, without the worker's output after it (which starts
+    at the worker's phase marker) or the library's log lines, at most DETAIL_CHARS."""
+    reason = detail.strip().split(PHASE_PROBE, 1)[0]
+    return "\n".join(line for line in reason.strip().splitlines() if not LOG_LINE.match(line))[:DETAIL_CHARS]
+
+
+def write_finding(case: Case, verdict: str, detail: str, iut_version: str, found_in: str, directory: Path) -> Path:
+    """`case`'s failure as data: a new finding in `directory`, or the one of
+    the same case failing alike under another option set, with this set added."""
+    model = MODELS[case.probe]
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = f"{model}-{file_safe(case.iut)}-{verdict.lower()}"
+    detail = stripped(detail)
+    options = [list(pair) for pair in case.iut_options]
+    plain = json.loads(case.to_json())
+    for path in sorted(directory.glob(f"{stem}-*.json")):
+        known = json.loads(path.read_text())
+        if {**known["case"], "iut_options": []} == {**plain, "iut_options": []} and known["detail"] == detail:
+            if options not in known["option_sets"]:
+                known["option_sets"].append(options)
+                path.write_text(json.dumps(known, indent=1) + "\n")
+            return path
+    path = directory / f"{stem}-{len(list(directory.glob(f'{stem}-*.json'))) + 1}.json"
+    path.write_text(json.dumps({"model": model, "iut": case.iut, "iut_version": iut_version, "verdict": str(verdict),
+                                "detail": detail, "found_in": found_in, "option_sets": [options], "case": plain},
+                               indent=1) + "\n")
+    return path
+
+
+def read_finding(path: Path, model: str) -> dict:
+    """A finding of `model` written by write_finding, or ValueError naming what is wrong with it."""
+    try:
+        finding = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable JSON finding ({e})") from None
+    if not isinstance(finding, dict) or finding.get("model") != model or not FIELDS <= set(finding):
+        raise ValueError(f"{path}: expected a finding of `kvprobe fuzz --model {model}` with {sorted(FIELDS)}")
+    return finding

@@ -238,27 +238,17 @@ void bind_mover(nb::module_& m) {
       .def("unlock",
            [](BlockMover& mover, Int64s ids) { mover.pool().chunks.unlock(ids.data(), ids.size()); },
            nb::arg("ids"))
-      .def("claim",
-           [](BlockMover& mover, int64_t n, const std::string& caller) {
-             if (n < 1) throw std::invalid_argument(caller + " needs at least one host chunk");
-             return mover.pool().chunks.allocate(n, caller.c_str());
-           },
+      .def("claim", [](BlockMover& mover, int64_t n, const std::string& caller) { return mover.pool().claim(n, caller); },
            nb::arg("n"), nb::arg("caller"),
            "Locks `n` chunks to be written from elsewhere (SAVING): their ids. PoolExhausted takes none.")
       .def("settle_claim",
-           [](BlockMover& mover, Int64s ids, bool ok) {
-             const std::vector<int64_t> ones(ids.size(), 1);
-             mover.pool().chunks.end_writes(ids.data(), ones.data(), ids.size(), ok);
-           },
+           [](BlockMover& mover, Int64s ids, bool ok) { mover.pool().settle_claim(ids.data(), ids.size(), ok); },
            nb::arg("ids"), nb::arg("ok"), "Claimed chunks written (SAVED) or not (FAILED).")
       .def("hold_for_peer",
            [](BlockMover& mover, Int64s ids) { mover.pool().chunks.begin_peer_reads(ids.data(), ids.size()); },
            nb::arg("ids"), "Keeps chunks that hold bytes from being written or handed out while a peer reads them.")
       .def("release_from_peer",
-           [](BlockMover& mover, Int64s ids) {
-             const std::vector<int64_t> ones(ids.size(), 1);
-             mover.pool().chunks.end_reads(ids.data(), ones.data(), ids.size());
-           },
+           [](BlockMover& mover, Int64s ids) { mover.pool().release_from_peer(ids.data(), ids.size()); },
            nb::arg("ids"))
       .def("adopt",
            [](BlockMover& mover, Int64s ids) { mover.pool().chunks.adopt(ids.data(), ids.size()); },
@@ -268,16 +258,9 @@ void bind_mover(nb::module_& m) {
       .def_prop_ro("chunks_available", [](BlockMover& m) { return m.pool().chunks.available(); })
       .def_prop_rw(
           "faults", [](BlockMover& mover) { return mover.pool().faults; },
-          [](BlockMover& mover, const kvref::MoverFaults& faults) {
-            mover.pool().chunks.set_faults(faults.chunks());
-            mover.pool().faults = faults;
-          },
+          [](BlockMover& mover, const kvref::MoverFaults& faults) { mover.pool().set_faults(faults); },
           "The old bugs this mover's pool has switched on (every mover of the pool shares them).")
-      .def("set_parallelism",
-           [](BlockMover& mover, int64_t parts) {
-             if (parts < 1) throw std::invalid_argument("parallelism must be at least 1");
-             mover.pool().parallelism = parts;
-           },
+      .def("set_parallelism", [](BlockMover& mover, int64_t parts) { mover.pool().set_parallelism(parts); },
            nb::arg("parts"))
       .def("with_shard", &BlockMover::with_shard, nb::arg("layer"), nb::arg("shard"),
            nb::arg("region"))
@@ -286,14 +269,13 @@ void bind_mover(nb::module_& m) {
            [](BlockMover& mover, int layer, int shard, int64_t block) {
              const uint8_t* p = mover.host_block(layer, shard, block);
              return nb::bytes(reinterpret_cast<const char*>(p), mover.layers()[layer].block_bytes);
-           })
+           },
+           nb::arg("layer"), nb::arg("shard"), nb::arg("block"))
       .def("write_host_block",
            [](BlockMover& mover, int layer, int shard, int64_t block, ReadOnlyBytes payload) {
-             uint8_t* p = mover.host_block(layer, shard, block);
-             check_size("payload", payload.size(), mover.layers()[layer].block_bytes);
-             std::memcpy(p, payload.data(), payload.size());
-             mover.pool().chunks.mark_written(block);
-           })
+             mover.write_host_block(layer, shard, block, payload.data(), payload.size());
+           },
+           nb::arg("layer"), nb::arg("shard"), nb::arg("block"), nb::arg("payload"))
       .def("host_pool",
            [](nb::handle_t<BlockMover> self) {
              BlockMover& mover = nb::cast<BlockMover&>(self);

@@ -223,6 +223,40 @@ std::shared_ptr<BlockMover> BlockMover::with_shard(int layer, int shard, DeviceR
                                       std::move(pool), pool_);
 }
 
+std::vector<int64_t> PoolState::claim(int64_t n, const std::string& caller) {
+  if (n < 1) throw std::invalid_argument(caller + " needs at least one host chunk");
+  return chunks.allocate(n, caller.c_str());
+}
+
+void PoolState::settle_claim(const int64_t* ids, size_t n, bool ok) {
+  const std::vector<int64_t> ones(n, 1);
+  chunks.end_writes(ids, ones.data(), n, ok);
+}
+
+void PoolState::release_from_peer(const int64_t* ids, size_t n) {
+  const std::vector<int64_t> ones(n, 1);
+  chunks.end_reads(ids, ones.data(), n);
+}
+
+void PoolState::set_faults(const MoverFaults& switched_on) {
+  chunks.set_faults(switched_on.chunks());
+  faults = switched_on;
+}
+
+void PoolState::set_parallelism(int64_t parts) {
+  if (parts < 1) throw std::invalid_argument("parallelism must be at least 1");
+  parallelism = parts;
+}
+
+void BlockMover::write_host_block(int layer, int shard, int64_t block, const uint8_t* data, size_t size) {
+  uint8_t* p = host_block(layer, shard, block);
+  const int64_t want = layers_[layer].block_bytes;
+  if (static_cast<int64_t>(size) != want)
+    throw std::invalid_argument("payload has " + std::to_string(size) + " bytes, expected " + std::to_string(want));
+  std::memcpy(p, data, size);
+  pool_->chunks.mark_written(block);
+}
+
 uint8_t* BlockMover::host_block(int layer, int shard, int64_t block) {
   if (layer < 0 || static_cast<size_t>(layer) >= layers_.size())
     throw std::out_of_range("layer " + std::to_string(layer) + " is out of range [0, " +

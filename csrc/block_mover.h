@@ -121,6 +121,18 @@ struct MoverFaults {
 // What every mover of one host pool shares (with_shard makes more of them).
 struct PoolState {
   explicit PoolState(int64_t host_blocks) : chunks(host_blocks) {}
+  // Locks `n` (at least one) chunks to be written from elsewhere (SAVING): their
+  // ids; PoolExhausted takes none. `caller` names the call in its refusals.
+  std::vector<int64_t> claim(int64_t n, const std::string& caller);
+  // Claimed chunks written (SAVED, `ok`) or not (FAILED).
+  void settle_claim(const int64_t* ids, size_t n, bool ok);
+  // Chunks a peer read through begin_peer_reads, released.
+  void release_from_peer(const int64_t* ids, size_t n);
+  // The old bugs switched on, for every mover of the pool and its chunks.
+  void set_faults(const MoverFaults& switched_on);
+  // Most parts one transfer is split into (at least 1).
+  void set_parallelism(int64_t parts);
+
   HostChunks chunks;
   TransferOrder order;
   MoverFaults faults;
@@ -155,6 +167,9 @@ class BlockMover : public std::enable_shared_from_this<BlockMover> {
   // and transfers already running keep using this one.
   std::shared_ptr<BlockMover> with_shard(int layer, int shard, DeviceRegion region) const;
   uint8_t* host_block(int layer, int shard, int64_t block);
+  // A block's bytes written into its host chunk from elsewhere (`size`: the
+  // layer's block bytes), the chunk then holding bytes.
+  void write_host_block(int layer, int shard, int64_t block, const uint8_t* data, size_t size);
   int64_t host_bytes() const { return host_size_; }
   uint8_t* host_data() const { return host_; }
   const std::vector<LayerAddressing>& layers() const { return layers_; }

@@ -1,23 +1,7 @@
-// The kvref._core extension module.
+// The kvref._core extension module: its exceptions, and each concept's bindings (bind_*.cc).
 #include "bindings.h"
 #include "device.h"
 #include "host_chunks.h"
-
-namespace kvref_bind {
-
-void check_size(const char* what, size_t got, int64_t want) {
-  if (static_cast<int64_t>(got) != want)
-    throw std::invalid_argument(std::string(what) + " has " + std::to_string(got) +
-                                " bytes, expected " + std::to_string(want));
-}
-
-nb::ndarray<nb::numpy, int64_t> to_numpy(std::vector<int64_t> values) {
-  auto* data = new std::vector<int64_t>(std::move(values));
-  nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
-  return nb::ndarray<nb::numpy, int64_t>(data->data(), {data->size()}, owner);
-}
-
-}  // namespace kvref_bind
 
 NB_MODULE(_core, m) {
   m.doc() = "C++ core of kvref: tiled layouts, the simulated device, block transfers, plans.";

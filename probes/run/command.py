@@ -13,7 +13,7 @@ import pandas as pd
 from kvref import GENERATIONS, Faults
 from kvref.generations import is_shipped
 from kvref.oracle import compiler
-from probes.iut import builds, hardware, iut, usable_iuts
+from probes.iut import IUT, builds, hardware, iut, usable_iuts
 from probes.report import qualification, results, summary
 from probes.report.atomic import write_whole
 from probes.report.results import BASELINE, disagreements
@@ -88,18 +88,18 @@ def prepare(generations, iuts, matrix, probes, timeout, faults, out: Path | None
     """The cases of a run, after every check that can fail before one runs:
     IUTs, targets, faults, builds, TPU types, the matrix, --out and layouts."""
     faults = Faults.parse(faults, environ={})
-    for name in iuts:  # refuse an unknown IUT, target or fault before starting anything
+    resolved = {name: iut(name) for name in iuts}  # each name resolved once, here; its value passed on
+    for declared in resolved.values():  # refuse an unknown IUT, target or fault before starting anything
         for gen in generations:
-            iut(name).check_target(gen)
-        iut(name).check_faults(faults)
-    for name in iuts:  # a build other than the pinned one: installed now, or its cases SKIP
-        declared = iut(name)
+            declared.check_target(gen)
+        declared.check_faults(faults)
+    for name, declared in resolved.items():  # a build other than the pinned one: installed now, or its cases SKIP
         if declared.build:
             try:
                 builds.ensure(declared.library.distribution, declared.build)
             except builds.BuildUnavailable as e:
                 say(f"[yellow]{name}: {e}; its cases SKIP[/yellow]")
-    namespaced = [name for name in iuts if iut(name).loopback_only]
+    namespaced = [name for name, declared in resolved.items() if declared.loopback_only]
     if namespaced and (reason := netns.unavailable()):  # said once here, not only in each case's SKIP
         say(f"[yellow]{', '.join(namespaced)}: {reason}; its cases SKIP[/yellow]")
     for gen in generations:
@@ -111,9 +111,9 @@ def prepare(generations, iuts, matrix, probes, timeout, faults, out: Path | None
     if out is not None:
         check_out(out)
     check_layouts(matrix, matrix_rows, generations, iuts)
-    cases = [c for name in iuts
+    cases = [c for name, declared in resolved.items()
              for c in build_cases(generations, matrix_rows, probes or DEFAULT_PROBES, name, faults, timeout,
-                                  devices_of(name), chips_of(name))]
+                                  devices_of(declared), chips_of(declared))]
     if not cases:
         raise ValueError("no cases: the matrix and --probe select nothing")
     for case in cases:  # a new TPU type's layouts: compiled once here, cached for the workers
@@ -136,22 +136,22 @@ def _describe_ahead(cases, stop: threading.Event) -> None:
             pass
 
 
-def devices_of(name: str) -> int | None:
+def devices_of(declared: IUT) -> int | None:
     """How many devices an IUT's cases may split a cache over: this machine's
     TPU devices for an IUT that owns one (the parent does not open the TPU:
     it counts chips on the PCI bus); unbounded for the others, which make
     their own (a mesh of simulated chips, JAX CPU devices)."""
-    if not iut(name).owns_device or hardware.device_only_standin():
+    if not declared.owns_device or hardware.device_only_standin():
         return None
     return hardware.tpu_devices()
 
 
-def chips_of(name: str) -> int | None:
+def chips_of(declared: IUT) -> int | None:
     """How many chips an IUT's worker processes may hold one each: this
     machine's TPU chips (counted on the PCI bus, or those the user made
     visible) for an IUT that owns one; None for the others, which make
     their own devices."""
-    if not iut(name).owns_device or hardware.device_only_standin():
+    if not declared.owns_device or hardware.device_only_standin():
         return None
     return len(hardware.holdable_chips())
 

@@ -361,8 +361,8 @@ def test_caches_over_more_devices_than_the_tpu_has_are_not_made(monkeypatch, tmp
     from probes.run import command
 
     fake_bus(monkeypatch, tmp_path, chips)
-    assert hardware.tpu_devices() == devices and command.devices_of("tpu-sync-jax-tpu") == devices
-    assert command.devices_of("kvref-sim") is None  # it makes its own mesh
+    assert hardware.tpu_devices() == devices and command.devices_of(registry.iut("tpu-sync-jax-tpu")) == devices
+    assert command.devices_of(registry.iut("kvref-sim")) is None  # it makes its own mesh
     rows = load_matrix("serving")
     made = build_cases(["v6e"], rows, tuple(PROBES), "tpu-sync-jax-tpu", devices=devices)
     probes = {c.probe for c in made}

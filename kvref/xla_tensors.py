@@ -42,8 +42,8 @@ _DEVICES: dict[str, XlaDevice] = {}
 
 
 def is_xla_tensor(obj) -> bool:
-    device = getattr(obj, "device", None)
-    return type(obj).__module__.startswith("torch") and getattr(device, "type", None) == "xla"
+    # The module first: a jax.Array's `device` raises once a step on another thread has deleted it.
+    return type(obj).__module__.startswith("torch") and getattr(getattr(obj, "device", None), "type", None) == "xla"
 
 
 def resolve(tensor, faults: Faults = Faults()):

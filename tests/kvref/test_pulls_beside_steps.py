@@ -94,3 +94,18 @@ def test_pull_threads_that_follow_donated_caches_are_seen():
     # Whether the race then moves a cache is down to timing; that the threads ask is not.
     result = pulls_beside_steps("pull_threads_follow_donation")
     assert set(result["asked_from"]) - {"MainThread"}, result
+
+
+def test_a_pull_thread_asking_whether_a_cache_is_an_xla_tensor_does_not_touch_a_jax_array():
+    """A pull's thread asks of each cache whether it is still; a jax.Array a
+    step deleted after the thread saw it live raises at its `device` (one
+    pull of 24 failed "Array has been deleted" in a CI run): the question is
+    answered from the array's type alone."""
+    import jax.numpy as jnp
+
+    from kvref import xla_tensors
+
+    array = jnp.ones((4, 4))
+    array.delete()
+    assert xla_tensors.is_xla_tensor(array) is False
+

@@ -9,7 +9,9 @@ is refused saying so, and claims nothing; a call that was accepted settles,
 done or failed, within its timeout; and once every transfer settled and
 every chunk handed out was unlocked, both managers have as many chunks free
 as before, and go on serving the next input (the pair lives as long as the
-worker, so what one input leaks the next one meets)."""
+worker, so what one input leaks the next one meets; one input in FRESH
+starts a new pair, so a thread a manager starts only once, at its first
+call, can be refused too)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ HOST_BLOCKS = 16
 TIMEOUT_S = 3.0  # each manager's: a transfer that cannot land fails within it
 SETTLE_S = TIMEOUT_S + 5.0
 CALLS = ("pull", "h2h_read", "h2h_write")
+FRESH = 4  # one input in FRESH, drawn, starts a new pair of managers
 
 
 class ThreadStarts:
@@ -39,9 +42,12 @@ class ThreadStarts:
         calls = [{"call": str(rng.choice(CALLS)), "blocks": [int(b) for b in rng.choice(HOST_BLOCKS, 2, replace=False)],
                   "parallelism": int(rng.integers(1, 4))} for _ in range(int(rng.integers(1, 4)))]
         refused = sorted({int(n) for n in rng.integers(0, 8, int(rng.integers(0, 3)))})
-        return {"calls": calls, "refused": refused, "uuid": int(rng.integers(1, 2**50))}
+        return {"calls": calls, "refused": refused, "uuid": int(rng.integers(1, 2**50)),
+                "fresh": bool(rng.integers(0, FRESH) == 0)}
 
     def run(self, case: dict) -> str:
+        if case.get("fresh"):
+            _renew_pair()
         server, client = _pair()
         peer = server.get_local_endpoints()[0]["endpoint"]
         free = server.chunks_available, client.chunks_available
@@ -104,6 +110,13 @@ def _settle(server, client, pulls: list[str], reads: list, writes: list) -> None
 def _pair():
     """The worker's server (listening, serving host transfers) and client, for every input."""
     return _manager(1, listen="127.0.0.1:0", serve_host=True), _manager(2)
+
+
+def _renew_pair() -> None:
+    """The pair closed; the next input's is a new one."""
+    for manager in _pair():
+        manager.close()
+    _pair.cache_clear()
 
 
 def _manager(seed: int, **options):

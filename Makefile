@@ -106,11 +106,9 @@ connectors: $(PEER_STAMP)
 # The two peer environments build side by side (mostly unpacking wheels: one
 # core each). One pytest worker per core (pytest-xdist), a test module to a
 # worker: the tests of a module share its costly fixtures (a whole run, a cluster).
-# Modules are handed out in the order tests/conftest.py gives them (xdist would
-# otherwise hand out the modules of most tests first).
 test: $(STAMP)
 	$(MAKE) -j2 $(PEER_STAMP) $(XLA_STAMP) $(ENGINE_STAMP)
-	$(BIN)/python -m pytest -n auto --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -n auto --dist loadfile
 
 bench: $(STAMP) $(PEER_STAMP)
 	$(BIN)/python -m probes.bench.layout

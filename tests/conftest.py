@@ -35,7 +35,7 @@ def pytest_configure(config):
 
 
 # Modules started first. `make test` hands a module at a time to each of its
-# workers (--dist loadfile), in this order (--no-loadscope-reorder). test_ray starts its cluster from
+# workers (--dist loadfile), in this order. test_ray starts its cluster from
 # the worker process itself (ray.cluster_utils), so it goes while that process
 # has run nothing else: late in a worker that had run hundreds of tests, its
 # raylets once failed to come up five times in a row. Then the modules that

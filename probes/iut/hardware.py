@@ -261,8 +261,8 @@ def device_env(env: dict[str, str]) -> dict[str, str]:
 # run): which chips, a one-process slice of them in place of the host's
 # bounds, a port of its own, and its lockfile bypassed, since the lock is the
 # host's and each process holds chips no other opens.
-VISIBLE_CHIPS = "TPU_VISIBLE_CHIPS"
-HOST_BOUNDS_VARIABLES = ("TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
+VISIBLE_CHIPS = standin_vm.VISIBLE_CHIPS
+HOST_BOUNDS_VARIABLES = standin_vm.RUNTIME_VARIABLES[2:]
 FIRST_PROCESS_PORT = 8476  # libtpu's default TPU_PROCESS_PORT
 
 
@@ -284,8 +284,8 @@ def one_chip_environment(env: dict[str, str], index: int) -> dict[str, str]:
                              f"hold {len(chips)} ({VISIBLE_CHIPS}={','.join(chips) or 'none'})")
     port = FIRST_PROCESS_PORT + index
     held = {name: value for name, value in env.items() if name not in HOST_BOUNDS_VARIABLES}
-    return {**held, VISIBLE_CHIPS: chips[index], "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
-            "TPU_PROCESS_BOUNDS": "1,1,1", "TPU_PROCESS_PORT": str(port),
+    return {**held, VISIBLE_CHIPS: chips[index], **dict.fromkeys(standin_vm.PROCESS_BOUNDS_VARIABLES, "1,1,1"),
+            "TPU_PROCESS_PORT": str(port),
             "TPU_PROCESS_ADDRESSES": f"localhost:{port}", standin_vm.MULTIPLE_LOADS: "true"}
 
 

@@ -59,16 +59,14 @@ def run_case(case: Case, python: str | None = None) -> CaseResult:
         return CaseResult(case, Outcome(SKIP, f"{case.iut}: {reason}"), 0.0, "", *this_host())
     if declared.loopback_only and (reason := netns.unavailable()):
         return CaseResult(case, Outcome(SKIP, f"{case.iut}: {reason}"), 0.0, "", *this_host())
-    try:
+    two_process = probe(case.probe).two_process
+    try:  # the runtime's environment could not be read, or the host has too few chips for both sides
         env = environment(declared)
-    except TpuUnavailable as e:  # the runtime's environment could not be read
+        envs = side_environments(declared, env, len(ROLES)) if two_process else None
+    except TpuUnavailable as e:
         return CaseResult(case, Outcome(ERROR, f"{case.iut}: {e}"), 0.0, "", *this_host())
-    if probe(case.probe).two_process:
+    if two_process:
         shared = not (fresh or probe(case.probe).own_network)  # a zygote's namespace is every case's it forks
-        try:
-            envs = side_environments(declared, env, len(ROLES))
-        except TpuUnavailable as e:
-            return CaseResult(case, Outcome(ERROR, f"{case.iut}: {e}"), 0.0, "", *this_host())
         return _run_two(case, python, envs, declared.preload if shared else None)
     start = time.monotonic()
     text = case.to_json()

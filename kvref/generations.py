@@ -31,6 +31,9 @@ class TpuChip:
     # v4 chips of two TensorCores; "v5litepod-4": four of one), the name Ray's, but for tpu7x's.
     tensorcores_per_chip: int = 1
     cloud_name: str | None = None  # None: Ray's accelerator type, lower case, without "tpu-"
+    # The PCI subsystem device id that tells it from another chip of the same device id
+    # (tpu-info 0.7.1's device.py: 0x0027 is v2 under 0x004e, v3 under 0x004f).
+    pci_subsystem_id: str | None = None
 
     def accelerator_type(self, chips: int) -> str:
         """Cloud TPU's accelerator type for a host of `chips` of it (tpu-env's ACCELERATOR_TYPE)."""
@@ -41,10 +44,10 @@ class TpuChip:
 # Read from jax's hardware_utils.py and pallas tpu_info.py, Ray's accelerator
 # types and torch-tpu 0.2.0's hardware module.
 CHIPS: tuple[TpuChip, ...] = (
-    TpuChip("v2", None, ("TPU v2",), (), "TPU-V2", devices_per_chip=2, accel_nodes=True,  # no PCI id of its own
-            tensorcores_per_chip=2),
+    TpuChip("v2", None, ("TPU v2",), ("0x0027",), "TPU-V2", devices_per_chip=2, accel_nodes=True,
+            tensorcores_per_chip=2, pci_subsystem_id="0x004e"),
     TpuChip("v3", "v3:2x2", ("TPU v3",), ("0x0027",), "TPU-V3", devices_per_chip=2, accel_nodes=True,
-            tensorcores_per_chip=2),
+            tensorcores_per_chip=2, pci_subsystem_id="0x004f"),
     TpuChip("v4", "v4:2x2x1", ("TPU v4",), ("0x005e",), "TPU-V4", "TPU v4", accel_nodes=True,
             chip_config="megacore", tensorcores_per_chip=2),
     TpuChip("v5e", "v5e:1x1", ("TPU v5 lite", "TPU v5e"), ("0x0063",), "TPU-V5LITEPOD", "TPU v5e"),
@@ -72,9 +75,14 @@ def chip_of_device_kind(kind: str) -> str | None:
     return next((c.name for c in CHIPS if kind in c.device_kinds), None)
 
 
-def chip_of_pci_device(device_id: str) -> str | None:
-    """The chip of a Google PCI device id ("0x0063" -> v5e), or None."""
-    return next((c.name for c in CHIPS if device_id.strip().lower() in c.pci_device_ids), None)
+def chip_of_pci_device(device_id: str, subsystem_id: str | None = None) -> str | None:
+    """The chip of a Google PCI device id ("0x0063" -> v5e), told by its
+    subsystem id from another chip of the same device id ("0x0027": v2 or
+    v3); None where the ids name no chip, or two without telling which."""
+    named = [c for c in CHIPS if device_id.strip().lower() in c.pci_device_ids]
+    if len(named) > 1:
+        named = [c for c in named if subsystem_id and c.pci_subsystem_id == subsystem_id.strip().lower()]
+    return named[0].name if len(named) == 1 else None
 
 
 # TPU chips jax 0.12 counts by PCI device id (jax/_src/hardware_utils.py) that

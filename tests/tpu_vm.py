@@ -33,11 +33,9 @@ def standin(root: Path, chip: str, chips: int = 1, *, metadata: bool = True, **b
     env.update({standin_vm.VM_VARIABLE: str(vm.root),
                 "XLA_FLAGS": f"--xla_force_host_platform_device_count={vm.devices}"})
     if not metadata:
-        env[standin_vm.METADATA_HOST_VARIABLE] = "127.0.0.1:9"  # nothing listens there
         yield vm, env
         return
-    with standin_vm.MetadataServer(vm) as server:
-        env[standin_vm.METADATA_HOST_VARIABLE] = server.host
+    with standin_vm.metadata_server(vm):
         yield vm, env
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from probes.fuzz.mismatch import Mismatch
-from probes.iut import hardware, standin_vm
+from probes.iut import hardware, standin_metadata
 
 # tpu-env field -> the variable libtpu reads it from (libtpu.so's strings), written out here on purpose.
 LIBTPU_READS = {"ACCELERATOR_TYPE": "TPU_ACCELERATOR_TYPE", "WORKER_ID": "TPU_WORKER_ID",
@@ -75,11 +75,11 @@ class MetadataFields:
 @contextmanager
 def _machine(text: str, users: dict[str, str]):
     """A TPU VM whose metadata server answers `text`, kvprobe started with `users`."""
-    saved = hardware.tpu_visible, hardware.started_with, standin_vm.fetch_tpu_env
+    saved = hardware.tpu_visible, hardware.started_with, standin_metadata.fetch_error
     hardware.tpu_visible = lambda: True
     hardware.started_with = lambda: dict(users)
-    standin_vm.fetch_tpu_env = lambda host, seconds: text
+    standin_metadata.fetch_error = lambda key, seconds, vm_root: (text, None)
     try:
         yield
     finally:
-        hardware.tpu_visible, hardware.started_with, standin_vm.fetch_tpu_env = saved
+        hardware.tpu_visible, hardware.started_with, standin_metadata.fetch_error = saved

@@ -36,13 +36,12 @@ import os
 import re
 import subprocess
 import sys
-import urllib.error
 from pathlib import Path
 
 from kvref.generations import (DEVICES_PER_CHIP, GENERATIONS, GOOGLE_PCI_VENDOR, NOT_TPU_PCI_IDS,
                                UNSHIPPED_TPU_PCI_IDS, chip_of_device_kind, chip_of_pci_device)
 from kvref.oracle import generation_of_device_kind
-from probes.iut import standin_vm
+from probes.iut import standin_metadata, standin_vm
 from probes.iut.started_with import started_with
 
 ASK_RUNTIME = ("import json; from probes.iut import hardware; devices = hardware.tpu_jax_devices(); "
@@ -97,13 +96,24 @@ def google_pci_devices() -> list[str]:
     return list(google_pci_functions().values())
 
 
+def _subsystem_of(address: str) -> str | None:
+    """A PCI function's subsystem device id, which tells chips of one device id apart (v2, v3)."""
+    try:
+        return (_machine_path(str(PCI_DEVICES)) / address / "subsystem_device").read_text().strip().lower()
+    except OSError:
+        return None
+
+
 def tpu_chips() -> list[str]:
     """The TPU chips the PCI bus shows, by name (an unknown Google device id as
     itself): one per base address, as tpu-info groups a chip's functions."""
     chips: dict[str, str] = {}
+    subsystems: dict[str, str | None] = {}
     for address, device in google_pci_functions().items():
-        chips.setdefault(address.rsplit(".", 1)[0], device)
-    known = [chip for chip in map(chip_of_pci_device, chips.values()) if chip]
+        base = address.rsplit(".", 1)[0]
+        if base not in chips:
+            chips[base], subsystems[base] = device, _subsystem_of(address)
+    known = [chip for chip in (chip_of_pci_device(chips[b], subsystems[b]) for b in chips) if chip]
     if known:
         return known
     unknown = [device for device in chips.values() if device not in NOT_TPU_PCI_IDS]  # never the NIC
@@ -176,21 +186,16 @@ METADATA_SECONDS = 10.0
 
 def read_tpu_env() -> dict[str, str]:
     """This TPU VM's `tpu-env` metadata (`KEY: 'value'` lines), read once from
-    the metadata server as libtpu reads it (GCE_METADATA_HOST naming another
-    host, as libtpu allows); TpuUnavailable when it does not answer."""
-    host = os.environ.get(standin_vm.METADATA_HOST_VARIABLE) or "metadata.google.internal"
-    try:
-        text = standin_vm.fetch_tpu_env(host, METADATA_SECONDS)
-    except (urllib.error.URLError, OSError, ValueError) as e:  # ValueError: too long, or not text
+    the metadata server where libtpu reads it (a stand-in VM's own server on
+    one); TpuUnavailable when it does not answer."""
+    vm = standin_vm.active()
+    text, error = standin_metadata.fetch_error(standin_metadata.TPU_ENV, METADATA_SECONDS, vm and vm.root)
+    if text is None:
         raise TpuUnavailable(f"a TPU is here, but its runtime's environment (tpu-env) could not be read from "
-                             f"the metadata server at {host}: {e}; set {standin_vm.SKIP_METADATA}=1 and "
-                             f"{', '.join(standin_vm.RUNTIME_VARIABLES)} yourself to start without it") from None
-    fields = {}
-    for line in text.splitlines():
-        key, colon, value = line.partition(":")
-        if colon and key.strip():
-            fields[key.strip()] = value.strip().strip("'\"")
-    return fields
+                             f"the metadata server ({standin_metadata.METADATA_HOST}): {error}; set "
+                             f"{standin_vm.SKIP_METADATA}=1 and {', '.join(standin_vm.RUNTIME_VARIABLES)} yourself "
+                             "to start without it")
+    return standin_metadata.parse_tpu_env(text)
 
 
 def runtime_environment() -> tuple[tuple[str, str], ...]:
@@ -246,13 +251,17 @@ def device_env(env: dict[str, str]) -> dict[str, str]:
     """`env` as a process that opens this machine's TPU gets it: TPU_ENVIRONMENT
     as the user started kvprobe with it (a test's CPU stand-in never), and the
     runtime's environment (runtime_environment): its worker stays in a
-    loopback-only namespace, where the metadata server is out of reach."""
+    loopback-only namespace, where the metadata server is out of reach.
+    TpuUnavailable, at once, on one host of a multi-host slice: a runtime
+    started there would wait for every host to join."""
     users = started_with()
     for name in TPU_ENVIRONMENT:
         env.pop(name, None)
         if name in users and name != STANDIN_VARIABLE:
             env[name] = users[name]
     env.update(runtime_environment())
+    if reason := multi_host() or slice_host(env):
+        raise TpuUnavailable(reason)
     return env
 
 
@@ -297,11 +306,7 @@ def local_runtime() -> tuple[str, int] | None:
     host of a multi-host slice (refused at once, not a start-up hang)."""
     if not tpu_visible():
         return None
-    if reason := multi_host():
-        raise TpuUnavailable(reason)
     env = device_env({k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"})
-    if reason := slice_host(env):
-        raise TpuUnavailable(reason)
     try:
         done = subprocess.run([sys.executable, "-c", ASK_RUNTIME], capture_output=True, text=True,
                               timeout=ASK_SECONDS, env=env)

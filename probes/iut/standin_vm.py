@@ -13,13 +13,19 @@ behaviour is read from the wheel that has it:
 - Accelerator types as Cloud TPU names them (v4-8, v5litepod-4, tpu7x-8).
 - Device kinds as jax 0.12 reports them (the first of kvref.generations'
   names for a chip); a chip the table does not know under an unknown PCI id.
-- Metadata: libtpu 0.0.52 (libtpu.so) reads `tpu-env` from
-  http://metadata.google.internal/computeMetadata/v1/instance/attributes/
-  (GCE_METADATA_HOST names another host) and keeps retrying with "Failed to
-  get TPU metadata" until it answers; with TPU_SKIP_MDS_QUERY set it takes
-  TPU_ACCELERATOR_TYPE, TPU_WORKER_ID and the bounds from the environment.
-  The stand-in's server listens on loopback, so a worker in a network
-  namespace of its own cannot reach it, as none reaches the real one.
+- Metadata (probes.iut.standin_metadata): tpu-env, accelerator-type,
+  agent-worker-number and a slice's worker-network-endpoints from the VM's
+  own server, each key tried 30 times, then libtpu's "could not determine"
+  warning; with TPU_SKIP_MDS_QUERY set, TPU_ACCELERATOR_TYPE from the
+  environment (the one variable it cannot default), TPU_WORKER_ID (0 by
+  default), the host's bounds or a process's, defaulting to the host's, and
+  TPU_WORKER_HOSTNAMES: without it libtpu logs "Error: unexpected worker
+  hostname ''" and goes on. Each such error about the environment is
+  also written to the VM's `tmp/runtime-errors.log`, which a rehearsal
+  holds empty.
+- One host of a slice: its runtime waits for the slice's other hosts to
+  join (whether it was given their addresses or not), and fails when they
+  do not, after `slice_join_seconds`.
 - One opener at a time: libtpu's /tmp/libtpu_lockfile, locked with lockf
   (a POSIX record lock, which flock does not see), "The TPU is already in
   use by process with pid ..."; ALLOW_MULTIPLE_LIBTPU_LOAD set true skips
@@ -39,34 +45,27 @@ from __future__ import annotations
 import dataclasses
 import functools
 import fcntl
-import http.server
 import json
 import math
 import os
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvref.bounded_reads import read_stream
 from kvref.generations import CHIPS, GOOGLE_PCI_VENDOR, NOT_TPU_PCI_IDS
+from probes.iut import standin_metadata
 from probes.iut.started_with import started_with
 
 VM_VARIABLE = "KVPROBE_TPU_VM"
-METADATA_HOST_VARIABLE = "GCE_METADATA_HOST"  # libtpu's own override of the metadata server's host
-METADATA_PATH = "/computeMetadata/v1/instance/attributes/tpu-env"
-TPU_ENV_BYTES = 64 * 1024  # a few dozen KEY: value lines; an answer beyond it is cut off and refused
 SKIP_METADATA = "TPU_SKIP_MDS_QUERY"
-# What libtpu needs of the environment when it skips the metadata server: the
-# type, the worker, and the bounds of the host or of this process.
+# What libtpu reads of the environment when it skips the metadata server: the
+# type (which it cannot default), the worker, and the bounds of the host.
 RUNTIME_VARIABLES = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
 PROCESS_BOUNDS_VARIABLES = ("TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_BOUNDS")
 VISIBLE_CHIPS = "TPU_VISIBLE_CHIPS"
 UNKNOWN_PCI_ID = "0x0099"  # no chip kvref or jax knows has it
-RETRY_SECONDS = 0.5
+WORKER_HOSTNAMES = "TPU_WORKER_HOSTNAMES"
 MULTIPLE_LOADS = "ALLOW_MULTIPLE_LIBTPU_LOAD"  # libtpu's bypass of its lockfile
 _HELD = []  # the lock files of the runtime this process opened (libtpu's, its chips'), held until it exits
 _OPENED: list[list] = []  # the devices of the runtime this process opened, once
@@ -81,9 +80,14 @@ class StandinVm:
     device_kind: str
     devices_per_chip: int  # JAX devices (TensorCores) per chip
     cold_start_seconds: float
-    metadata_wait_seconds: float  # how long the runtime retries the metadata server (libtpu: for ever)
+    metadata_retry_seconds: float  # between the runtime's tries of a metadata key (libtpu: 1 s)
     host_bounds: str = "1,1,1"  # hosts of its slice along each axis: more than one, one host of a slice
     worker_id: int = 0  # which host of its slice it is
+    slice_join_seconds: float = 600.0  # how long the runtime of one host of a slice waits for the others
+
+    @property
+    def hosts(self) -> int:
+        return math.prod(int(n) for n in self.host_bounds.split(","))
 
     @property
     def devices(self) -> int:
@@ -91,8 +95,8 @@ class StandinVm:
 
     @property
     def accelerator_type(self) -> str:
-        """As a TPU VM names its type in tpu-env: Cloud's name of the chip, and its TensorCores."""
-        return {c.name: c for c in CHIPS}[self.chip].accelerator_type(self.chips)
+        """As a TPU VM names its type in tpu-env: Cloud's name of the chip, and the TensorCores of its slice."""
+        return {c.name: c for c in CHIPS}[self.chip].accelerator_type(self.chips * self.hosts)
 
     @property
     def lockfile(self) -> Path:
@@ -104,11 +108,27 @@ class StandinVm:
                   "HOST_BOUNDS": self.host_bounds, "WORKER_ID": str(self.worker_id), "ZONE": "standin-zone-a"}
         return "".join(f"{key}: '{value}'\n" for key, value in fields.items())
 
+    def metadata(self) -> dict[str, str]:
+        """What its metadata server answers, by key; a slice's hosts as
+        worker-network-endpoints lists them (addresses as data: nothing connects to them)."""
+        answers = {standin_metadata.TPU_ENV: self.tpu_env(), "accelerator-type": self.accelerator_type,
+                   "agent-worker-number": str(self.worker_id)}
+        if self.hosts > 1:
+            answers["worker-network-endpoints"] = ",".join(f"unknown:unknown:10.130.0.{2 + host}"
+                                                           for host in range(self.hosts))
+        return answers
+
+    def environment_error(self, text: str) -> None:
+        """Log an error about the runtime's environment, as libtpu does, and keep it for the rehearsal."""
+        print(text, file=sys.stderr, flush=True)
+        with open(self.root / "tmp" / "runtime-errors.log", "a") as log:
+            log.write(text + "\n")
+
 
 def build(root: Path, chip: str, chips: int = 1, *, known: bool = True, cold_start_seconds: float = 2.0,
-          metadata_wait_seconds: float = 600.0, functions_per_chip: int | None = None,
+          metadata_retry_seconds: float = 1.0, functions_per_chip: int | None = None,
           devices_per_chip: int | None = None, host_bounds: str = "1,1,1", worker_id: int = 0,
-          gvnic: bool = True) -> StandinVm:
+          gvnic: bool = True, slice_join_seconds: float = 600.0) -> StandinVm:
     """A stand-in VM of `chips` chips of `chip` in `root`. `known=False`: under a
     PCI id no table knows (a new chip). `functions_per_chip` overrides the
     PCI functions each chip shows (tpu7x: one per TensorCore) and
@@ -119,8 +139,8 @@ def build(root: Path, chip: str, chips: int = 1, *, known: bool = True, cold_sta
     declared = {c.name: c for c in CHIPS}[chip]
     pci_id = (declared.pci_device_ids or (UNKNOWN_PCI_ID,))[0] if known else UNKNOWN_PCI_ID
     vm = StandinVm(Path(root), chip, chips, pci_id, declared.device_kinds[0],
-                   devices_per_chip or declared.devices_per_chip, cold_start_seconds, metadata_wait_seconds,
-                   host_bounds, worker_id)
+                   devices_per_chip or declared.devices_per_chip, cold_start_seconds, metadata_retry_seconds,
+                   host_bounds, worker_id, slice_join_seconds)
     functions = functions_per_chip or (declared.devices_per_chip if chip == "tpu7x" else 1)  # tpu-info's V7X
     pci = vm.root / "sys" / "bus" / "pci" / "devices"
     group = 0
@@ -130,6 +150,8 @@ def build(root: Path, chip: str, chips: int = 1, *, known: bool = True, cold_sta
             address.mkdir(parents=True)
             (address / "vendor").write_text(GOOGLE_PCI_VENDOR + "\n")
             (address / "device").write_text(vm.pci_id + "\n")
+            if known and declared.pci_subsystem_id:
+                (address / "subsystem_device").write_text(declared.pci_subsystem_id + "\n")
             (address / "iommu_group").symlink_to(f"../../../../kernel/iommu_groups/{group}")
             node = vm.root / "dev" / (f"accel{group}" if declared.accel_nodes else f"vfio/{group}")
             node.parent.mkdir(parents=True, exist_ok=True)
@@ -166,6 +188,8 @@ def open_runtime(vm: StandinVm) -> list:
     opening per process, as libtpu's)."""
     if _OPENED:
         return _OPENED[0]
+    with open(vm.root / "tmp" / "runtime-starts", "a") as starts:  # for a rehearsal: was a runtime started
+        starts.write(f"{os.getpid()}\n")
     _lock(vm)
     _metadata(vm)
     chips = visible_chips(vm)
@@ -243,79 +267,86 @@ def _metadata(vm: StandinVm) -> None:
     # What the process was given: the jax in it reads this machine's real PCI
     # bus, finds no chip and sets TPU_SKIP_MDS_QUERY itself, as it never does on a TPU VM.
     given = started_with()
-    if given.get(SKIP_METADATA):
-        bounds = PROCESS_BOUNDS_VARIABLES if all(given.get(name) for name in PROCESS_BOUNDS_VARIABLES) else ()
-        missing = [name for name in RUNTIME_VARIABLES
-                   if not given.get(name) and not (bounds and name in RUNTIME_VARIABLES[2:])]
-        if missing:
-            raise RuntimeError(f"{SKIP_METADATA} is set but {', '.join(missing)} is not: the TPU runtime "
-                               "cannot tell which TPU this host has")
-        if given["TPU_ACCELERATOR_TYPE"] != vm.accelerator_type:
-            raise RuntimeError(f"TPU_ACCELERATOR_TYPE is {given['TPU_ACCELERATOR_TYPE']}, and this host "
-                               f"is a {vm.accelerator_type}")
-        return
-    deadline = time.monotonic() + vm.metadata_wait_seconds
-    while True:
-        error = fetch_tpu_env_error()
-        if error is None:
-            return
-        print(f"Failed to get TPU metadata (tpu-env) from the metadata server: {error}", file=sys.stderr,
-              flush=True)
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"Failed to get TPU metadata (tpu-env) in {vm.metadata_wait_seconds:.0f} s: {error}")
-        time.sleep(RETRY_SECONDS)
+    fields = _from_environment(vm, given) if given.get(SKIP_METADATA) else _from_server(vm)
+    if fields["TPU_ACCELERATOR_TYPE"] != vm.accelerator_type:
+        raise RuntimeError(f"TPU_ACCELERATOR_TYPE is {fields['TPU_ACCELERATOR_TYPE']}, and this host "
+                           f"is a {vm.accelerator_type}")
+    if _hosts_within(fields["TPU_HOST_BOUNDS"]) > 1:
+        _join_slice(vm, fields)
 
 
-def fetch_tpu_env_error() -> str | None:
-    """Why the stand-in's metadata server did not answer, or None. Only a
-    loopback host is tried: a stand-in never sends traffic beyond it."""
-    host = os.environ.get(METADATA_HOST_VARIABLE, "")
-    if not host.startswith("127."):
-        return f"no stand-in metadata server ({METADATA_HOST_VARIABLE}={host or 'unset'})"
+def _hosts_within(bounds: str) -> int:
     try:
-        fetch_tpu_env(host, 2.0)
-    except (urllib.error.URLError, OSError, ValueError) as e:  # ValueError: too long, or not text
-        return str(e)
+        return math.prod(int(n) for n in bounds.replace(" ", "").split(","))
+    except ValueError:
+        raise RuntimeError(f"TPU_HOST_BOUNDS={bounds!r}: expected hosts along each axis, e.g. 1,1,1") from None
+
+
+def _from_environment(vm: StandinVm, given: dict[str, str]) -> dict[str, str]:
+    """The runtime's view under TPU_SKIP_MDS_QUERY: the type it cannot do
+    without, everything else defaulted as libtpu defaults it (a process's
+    bounds in place of the host's)."""
+    if not given.get("TPU_ACCELERATOR_TYPE"):
+        print(standin_metadata.could_not_determine("accelerator-type"), file=sys.stderr)
+        raise RuntimeError(f"{SKIP_METADATA} is set but TPU_ACCELERATOR_TYPE is not: the TPU runtime cannot tell "
+                           "which TPU this host has")
+    hostnames = given.get(WORKER_HOSTNAMES, "")
+    if not hostnames.strip():
+        vm.environment_error(f"Error: unexpected worker hostname '' from env var {WORKER_HOSTNAMES}. Expecting a "
+                             "valid hostname or IP address without port number, or hostname:port:address triple. "
+                             "(Full TPU workers' addr string: )")
+    bounds = given.get(PROCESS_BOUNDS_VARIABLES[1], "").strip() or given.get("TPU_HOST_BOUNDS", "").strip()
+    return {"TPU_ACCELERATOR_TYPE": given["TPU_ACCELERATOR_TYPE"], "TPU_WORKER_ID": given.get("TPU_WORKER_ID", "0"),
+            "TPU_HOST_BOUNDS": bounds or "1,1,1", WORKER_HOSTNAMES: hostnames}
+
+
+def _from_server(vm: StandinVm) -> dict[str, str]:
+    """The runtime's view read from the VM's metadata server, each key tried
+    as libtpu tries it; a key that never answers is warned of and defaulted."""
+    answers = {key: _ask(vm, key) for key in standin_metadata.KEYS[:3]}
+    fields = standin_metadata.parse_tpu_env(answers[standin_metadata.TPU_ENV] or "")
+    accelerator = fields.get("ACCELERATOR_TYPE") or answers["accelerator-type"]
+    if not accelerator:
+        raise RuntimeError("Unable to initialize backend 'tpu': Failed to get TPU metadata (tpu-env, "
+                           "accelerator-type) from the metadata server: the TPU runtime cannot tell which TPU "
+                           "this host has")
+    bounds = fields.get("HOST_BOUNDS", "1,1,1")
+    hostnames = ""
+    if _hosts_within(bounds) > 1:
+        endpoints = _ask(vm, "worker-network-endpoints") or ""
+        hostnames = ",".join(e.split(":")[-1] for e in endpoints.split(",") if e.strip())
+    return {"TPU_ACCELERATOR_TYPE": accelerator, "TPU_HOST_BOUNDS": bounds, WORKER_HOSTNAMES: hostnames,
+            "TPU_WORKER_ID": fields.get("WORKER_ID") or answers["agent-worker-number"] or "0"}
+
+
+def _ask(vm: StandinVm, key: str) -> str | None:
+    """One metadata key, tried as libtpu tries it: its answer, or None after
+    every try failed and the warning was said."""
+    for attempt in range(standin_metadata.TRIES):
+        text, error = standin_metadata.fetch_error(key, 2.0, vm.root)
+        if text is not None:
+            return text
+        print(f"Failed to get TPU metadata ({key}) from the metadata server: {error} (try {attempt + 1} of "
+              f"{standin_metadata.TRIES})", file=sys.stderr, flush=True)
+        time.sleep(vm.metadata_retry_seconds)
+    print(standin_metadata.could_not_determine(key), file=sys.stderr, flush=True)
     return None
 
 
-def fetch_tpu_env(host: str, timeout_s: float) -> str:
-    """The `tpu-env` text the metadata server at `host` answers, asked as
-    libtpu asks (the header the real server requires)."""
-    request = urllib.request.Request(f"http://{host}{METADATA_PATH}", headers={"Metadata-Flavor": "Google"})
-    with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-        return read_stream(answer, TPU_ENV_BYTES, f"the tpu-env answer of {host}", timeout_s).decode()
+def _join_slice(vm: StandinVm, fields: dict[str, str]) -> None:
+    """One host of a slice: its runtime waits for every host to join, which
+    no stand-in's do (it never connects to another host)."""
+    hosts = [h for h in fields[WORKER_HOSTNAMES].split(",") if h.strip()]
+    if len(hosts) != vm.hosts:
+        vm.environment_error(f"Error: unexpected worker hostname '{fields[WORKER_HOSTNAMES]}' from env var "
+                             f"{WORKER_HOSTNAMES}: a slice of {vm.hosts} hosts (TPU_HOST_BOUNDS "
+                             f"{fields['TPU_HOST_BOUNDS']}); going on without the workers' addresses")
+    print(f"Waiting for the {vm.hosts - 1} other hosts of the slice to join", file=sys.stderr, flush=True)
+    time.sleep(vm.slice_join_seconds)
+    raise RuntimeError(f"Unable to initialize backend 'tpu': DEADLINE_EXCEEDED: the other {vm.hosts - 1} hosts "
+                       f"of the slice did not join in {vm.slice_join_seconds:.0f} s")
 
 
-class MetadataServer:
-    """The stand-in VM's metadata server on 127.0.0.1: its `tpu-env`, to a
-    request that carries the header the real one requires."""
-
-    def __init__(self, vm: StandinVm):
-        text = vm.tpu_env().encode()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                found = self.path == METADATA_PATH and self.headers.get("Metadata-Flavor") == "Google"
-                self.send_response(200 if found else 404)
-                self.end_headers()
-                if found:
-                    self.wfile.write(text)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def host(self) -> str:
-        return f"127.0.0.1:{self.server.server_address[1]}"
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
+def metadata_server(vm: StandinVm) -> standin_metadata.MetadataServer:
+    """The VM's metadata server, to run while the VM is in use."""
+    return standin_metadata.MetadataServer(vm.root, vm.metadata())

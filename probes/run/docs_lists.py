@@ -72,7 +72,9 @@ def options() -> str:
 
 def generations() -> str:
     rows = [(f"`{c.name}`", f"`{c.topology}`" if c.topology else "not shipped: compiled live",
-             ", ".join(c.device_kinds), ", ".join(c.pci_device_ids), c.ray_accelerator_type,
+             ", ".join(c.device_kinds),
+             ", ".join(c.pci_device_ids) + (f" (subsystem {c.pci_subsystem_id})" if c.pci_subsystem_id else ""),
+             c.ray_accelerator_type,
              c.torch_tpu_name or "does not run on it", str(c.devices_per_chip)) for c in CHIPS]
     return table(("chip", "shipped layouts", "JAX device kinds", "PCI device ids", "Ray accelerator type",
                   "TorchTPU name", "JAX devices a chip"), rows)

@@ -129,6 +129,8 @@ def names_a_case_kind(name: str) -> bool:
 ONE_HOLDER = ("its producer and its consumer each hold a chip of their own (TPU_VISIBLE_CHIPS), and this host "
               "has one chip (libtpu lets one process hold a chip); kvprobe does not run a pull between two "
               "hosts yet")
+NO_CHIPS_COUNTED = ("its producer and its consumer each hold a chip of their own (TPU_VISIBLE_CHIPS), and no "
+                    "TPU runtime of this host was opened to count the chips a process may hold")
 # Why a two-process probe's kinds whose caches split over a mesh are not made there.
 ONE_CHIP_EACH = "its producer and its consumer each hold one chip of the host, too few devices to split a cache over"
 
@@ -146,7 +148,7 @@ def not_applicable(declared, chips: int | None = None) -> tuple[tuple[str, str],
     declares, and the two-process probes where its worker owns the device:
     on a host of one chip, all; on more, their kinds that split a cache."""
     both = holds_both_roles(declared, chips)
-    derived = tuple((name, ONE_HOLDER) for name, p in PROBES.items()
+    derived = tuple((name, ONE_HOLDER if chips else NO_CHIPS_COUNTED) for name, p in PROBES.items()
                     if p.two_process and not both and declared.applies(name))
     split = tuple((f"{name}/{kind}" if kind else name, ONE_CHIP_EACH) for name, p in PROBES.items()
                   if p.two_process and both and declared.owns_device and declared.applies(name)

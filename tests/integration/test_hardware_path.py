@@ -20,7 +20,7 @@ import pytest
 import kvref
 from kvref import generations
 from kvref.oracle import table
-from probes.iut import hardware, launch, registry, standin_vm
+from probes.iut import hardware, launch, registry, standin_metadata, standin_vm
 from probes.run import runner
 from probes.suite.cases import Case
 from probes.suite.matrix import build_cases, load_matrix
@@ -71,6 +71,16 @@ def test_a_tpu_is_a_google_pci_device_with_a_tpu_id(monkeypatch, tmp_path, devic
     assert hardware.tpu_visible() == bool(chips)
 
 
+@pytest.mark.parametrize("subsystem, chips", [("0x004e", ["v2"]), ("0x004f", ["v3"]), (None, [])])
+def test_v2_and_v3_are_told_apart_by_their_subsystem_id(monkeypatch, tmp_path, subsystem, chips):
+    """One PCI device id (0x0027), two chips: tpu-info tells them by
+    subsystem_device; without it, neither is assumed."""
+    fake_bus(monkeypatch, tmp_path, {"0000:00:04.0": GVNIC, "0000:00:05.0": ("0x1ae0", "0x0027")})
+    if subsystem:
+        (tmp_path / "pci" / "0000:00:05.0" / "subsystem_device").write_text(subsystem + "\n")
+    assert hardware.tpu_chips() == chips
+
+
 @pytest.mark.parametrize("kind, generation", [
     ("TPU v5 lite", "v5e"), ("TPU v5e", "v5e"), ("TPU v5", "v5p"), ("TPU v5p", "v5p"),
     ("TPU v6 lite", "v6e"), ("TPU v6e", "v6e"), ("TPU7x", "tpu7x"), ("TPU7", "tpu7x"), ("TPU v4", "v4"),
@@ -86,8 +96,8 @@ def test_one_generation_table_and_everything_derived_agrees_with_the_layouts_shi
         if chip.topology:
             assert chip.topology.split(":")[0] == chip.name
             assert shipped[chip.name]["device_kind"] == chip.device_kinds[0], chip.name
-        assert chip.pci_device_ids or chip.name == "v2"
-    ids = [i for c in generations.CHIPS for i in c.pci_device_ids]
+        assert chip.pci_device_ids
+    ids = [(i, c.pci_subsystem_id) for c in generations.CHIPS for i in c.pci_device_ids]
     assert len(ids) == len(set(ids))
     from probes.run.hosts import generation_of_accelerator
 
@@ -326,8 +336,7 @@ def test_one_host_of_a_gce_slice_is_refused_at_once_from_its_tpu_env(monkeypatch
     hardware._runtime_environment.cache_clear()
     hardware.local_runtime.cache_clear()
     try:
-        with standin_vm.MetadataServer(vm) as server:
-            monkeypatch.setenv(standin_vm.METADATA_HOST_VARIABLE, server.host)
+        with standin_vm.metadata_server(vm):
             with pytest.raises(hardware.TpuUnavailable, match=r"host 3 of a slice of 8 hosts \(tpu-env HOST_BOUNDS"):
                 hardware.local_generation()
     finally:
@@ -378,7 +387,7 @@ def test_a_two_process_probe_is_made_on_a_tpu_only_where_each_side_holds_a_chip_
     doctor say why; on a host of two chips or more they are, but for their
     kinds that split a cache over devices (each side holds one chip)."""
     from probes.report.summary import not_applicable
-    from probes.suite.matrix import ONE_CHIP_EACH, ONE_HOLDER, not_applicable as inapplicable
+    from probes.suite.matrix import NO_CHIPS_COUNTED, ONE_CHIP_EACH, ONE_HOLDER, not_applicable as inapplicable
 
     two_process = {name for name, p in PROBES.items() if p.two_process}
     assert two_process
@@ -388,7 +397,8 @@ def test_a_two_process_probe_is_made_on_a_tpu_only_where_each_side_holds_a_chip_
             made = {c.probe for c in build_cases(["v6e"], load_matrix("seed"), tuple(PROBES), name, devices=8,
                                                  chips=chips)}
             assert not made & two_process, made & two_process
-            assert {(p, ONE_HOLDER) for p in two_process if declared.applies(p)} <= set(inapplicable(declared, chips))
+            why = ONE_HOLDER if chips else NO_CHIPS_COUNTED  # no runtime opened: the chips are not known
+            assert {(p, why) for p in two_process if declared.applies(p)} <= set(inapplicable(declared, chips))
         made = build_cases(["v6e"], load_matrix("seed"), tuple(PROBES), name, devices=8, chips=2)
         pulls = [c for c in made if c.probe in two_process]
         assert pulls and not any(c.kind in PROBES[c.probe].mesh_kinds for c in pulls)
@@ -493,8 +503,7 @@ def test_the_runtimes_environment_is_read_once_in_the_parent_and_handed_to_the_w
     monkeypatch.setenv(standin_vm.VM_VARIABLE, str(vm.root))
     hardware._runtime_environment.cache_clear()
     try:
-        with standin_vm.MetadataServer(vm) as server:
-            monkeypatch.setenv(standin_vm.METADATA_HOST_VARIABLE, server.host)
+        with standin_vm.metadata_server(vm):
             given = dict(hardware.runtime_environment())
             env = launch.environment(registry.iut("tpu-sync-jax-tpu"))
     finally:
@@ -514,16 +523,15 @@ def test_a_runtime_in_a_loopback_only_namespace_cannot_reach_its_metadata(monkey
 
     if netns.unavailable():
         pytest.skip(netns.unavailable())
-    vm = standin_vm.build(tmp_path / "vm", "v6e", 1, metadata_wait_seconds=1.0, cold_start_seconds=0.0)
+    vm = standin_vm.build(tmp_path / "vm", "v6e", 1, metadata_retry_seconds=0.01, cold_start_seconds=0.0)
     script = "from probes.iut import hardware; print(hardware.tpu_device_kind())"
-    with standin_vm.MetadataServer(vm) as server:
-        env = {**os.environ, standin_vm.VM_VARIABLE: str(vm.root), standin_vm.METADATA_HOST_VARIABLE: server.host}
+    with standin_vm.metadata_server(vm):
+        env = {**os.environ, standin_vm.VM_VARIABLE: str(vm.root)}
         env.pop("TPU_SKIP_MDS_QUERY", None)
         outside = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
         inside = subprocess.run(netns.python_command(sys.executable, "-c", script), capture_output=True, text=True,
                                 env=env, timeout=120)
         monkeypatch.setenv(standin_vm.VM_VARIABLE, str(vm.root))
-        monkeypatch.setenv(standin_vm.METADATA_HOST_VARIABLE, server.host)
         hardware._runtime_environment.cache_clear()
         try:
             given = dict(env, **dict(hardware.runtime_environment()))  # as the parent hands them in
@@ -594,11 +602,11 @@ def test_a_metadata_server_that_did_not_answer_is_not_asked_again(monkeypatch, t
     monkeypatch.setattr(hardware, "started_with", lambda: {})
     asked = []
 
-    def unanswered(host, timeout_s):
-        asked.append(host)
-        raise OSError("connection refused")
+    def unanswered(key, timeout_s, vm_root):
+        asked.append(key)
+        return None, "connection refused"
 
-    monkeypatch.setattr(standin_vm, "fetch_tpu_env", unanswered)
+    monkeypatch.setattr(standin_metadata, "fetch_error", unanswered)
     hardware._runtime_environment.cache_clear()
     try:
         for _ in range(3):

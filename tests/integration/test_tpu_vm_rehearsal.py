@@ -50,6 +50,8 @@ def check_walk(vm, frame: pd.DataFrame) -> None:
     prediction, but for the library's own findings."""
     ran = frame[frame["iut"] == JAX_TPU]
     assert len(ran), "no hardware case ran"
+    errors = vm.root / "tmp" / "runtime-errors.log"  # what the runtime logged about the environment it was given
+    assert not errors.exists(), errors.read_text()[-2000:]
     assert (ran["verdict"] != "SKIP").all(), ran[ran["verdict"] == "SKIP"][["case_id"]].to_string()
     assert ran["device_kind"].str.startswith(f"{vm.device_kind} (standing in for a TPU)").all(), \
         set(ran["device_kind"])
@@ -146,6 +148,23 @@ def test_make_tpu_test_walks_each_standin_vm(tmp_path, chip, known):
         assert all("torch peer environment" in line for line in failed), failed
     assert doctor.returncode == 0, doctor.stdout[-3000:] + doctor.stderr[-2000:]
     assert "`make tpu-test` would run the hardware cases" in doctor.stdout
+
+
+def test_make_tpu_test_on_one_host_of_a_standin_slice_stops_at_once_saying_why(tmp_path):
+    """Host 1 of a v4 slice of two hosts (its tpu-env's HOST_BOUNDS, its
+    metadata's worker endpoints): `pytest -m tpu` and the doctor both say
+    the host is one of a slice, and neither starts its runtime, which would
+    wait for the other host."""
+    with standin(tmp_path / "vm", "v4", 4, host_bounds="1,1,2", worker_id=1) as (vm, env):
+        done, frame = pytest_tpu(env, tmp_path / "out", "--kvprobe-matrix", str(REHEARSAL_MATRIX),
+                                 "--kvprobe-probe", "roundtrip")
+        doctor = kvprobe(env, "doctor", "--iut", JAX_TPU)
+    why = "this TPU VM is host 1 of a slice of 2 hosts (tpu-env HOST_BOUNDS 1,1,2)"
+    assert done.returncode != 0 and why in done.stdout + done.stderr, done.stdout[-3000:] + done.stderr[-3000:]
+    assert frame.empty
+    assert doctor.returncode == 1 and f"PROBLEM: {why}" in doctor.stdout, doctor.stdout[-3000:]
+    assert f"{JAX_TPU} (tpu-sync-jax ?): cannot start here: {why}" in doctor.stdout, doctor.stdout[-3000:]
+    assert not (vm.root / "tmp" / "runtime-starts").exists()
 
 
 def test_doctor_names_what_is_broken_on_a_standin_vm(tmp_path):

@@ -1,0 +1,106 @@
+"""The stand-in VM's runtime starts as libtpu 0.0.52 does where the harness
+depends on it (probes.iut.standin_vm, standin_metadata): where it reads its
+metadata and how long it tries, what it takes from the environment under
+TPU_SKIP_MDS_QUERY and what it defaults, and one host of a slice waiting
+for the others. Each is a runtime opened in a process of its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from probes.iut import hardware, standin_metadata, standin_vm
+
+OPEN = ("import json; from probes.iut import standin_vm; "
+        "print(json.dumps([d.id for d in standin_vm.open_runtime(standin_vm.active())]))")
+# What this test process (or the libtpu kvref's compiler loaded in it) set, which no process on a VM has.
+NOT_ON_A_VM = ("TPU_SKIP_MDS_QUERY", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_HOST_BOUNDS",
+               "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_WORKER_HOSTNAMES", "ALLOW_MULTIPLE_LIBTPU_LOAD",
+               "GCE_METADATA_HOST")
+
+
+def open_runtime(vm, **variables) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in NOT_ON_A_VM}
+    env.update({standin_vm.VM_VARIABLE: str(vm.root), "JAX_PLATFORMS": "cpu",
+                "XLA_FLAGS": f"--xla_force_host_platform_device_count={vm.devices}", **variables})
+    return subprocess.run([sys.executable, "-c", OPEN], env=env, capture_output=True, text=True, timeout=300)
+
+
+def errors_logged(vm) -> str:
+    log = vm.root / "tmp" / "runtime-errors.log"
+    return log.read_text() if log.exists() else ""
+
+
+def test_the_runtime_asks_its_own_vms_server_whatever_gce_metadata_host_says(monkeypatch, tmp_path):
+    """libtpu reads metadata.google.internal, and GCE_METADATA_HOST does not
+    move it: a VM whose server is down does not start because another
+    server answers where that variable points, nor does kvprobe read that
+    one. It tries each key 30 times, then says what it could not determine."""
+    down = standin_vm.build(tmp_path / "down", "v5e", 1, metadata_retry_seconds=0.01, cold_start_seconds=0.0)
+    other = standin_vm.build(tmp_path / "other", "v5e", 1)
+    with standin_vm.metadata_server(other) as elsewhere:
+        failed = open_runtime(down, GCE_METADATA_HOST=elsewhere.host)
+        monkeypatch.setenv(standin_vm.VM_VARIABLE, str(down.root))
+        monkeypatch.setenv("GCE_METADATA_HOST", elsewhere.host)
+        with pytest.raises(hardware.TpuUnavailable, match="tpu-env.*could not be read"):
+            hardware.read_tpu_env()
+    assert failed.returncode != 0, failed.stdout
+    tries = [line for line in failed.stderr.splitlines() if line.startswith("Failed to get TPU metadata (tpu-env)")]
+    assert len(tries) == standin_metadata.TRIES, failed.stderr[-2000:]
+    assert standin_metadata.could_not_determine("accelerator-type") in failed.stderr, failed.stderr[-2000:]
+    with standin_vm.metadata_server(down):
+        started = open_runtime(down, GCE_METADATA_HOST="127.0.0.1:9")
+    assert started.returncode == 0 and started.stdout.strip() == "[0]", started.stderr[-2000:]
+    assert not errors_logged(down)
+
+
+def test_under_the_skip_flag_it_needs_the_type_and_defaults_the_rest(tmp_path):
+    """TPU_SKIP_MDS_QUERY: the type alone, with the one-host host list, starts
+    it (worker 0, the host's bounds); without the host list it starts and
+    logs libtpu's error about the worker hostname; without the type it does
+    not start, saying what to set."""
+    vm = standin_vm.build(tmp_path / "vm", "v6e", 1, cold_start_seconds=0.0)
+    skip = {"TPU_SKIP_MDS_QUERY": "1", "TPU_ACCELERATOR_TYPE": vm.accelerator_type}
+    alone = open_runtime(vm, **skip, TPU_WORKER_HOSTNAMES="localhost")
+    assert alone.returncode == 0 and alone.stdout.strip() == "[0]", alone.stderr[-2000:]
+    assert not errors_logged(vm)
+    unnamed = open_runtime(vm, **skip)
+    assert unnamed.returncode == 0, unnamed.stderr[-2000:]
+    assert "Error: unexpected worker hostname '' from env var TPU_WORKER_HOSTNAMES" in errors_logged(vm)
+    untyped = open_runtime(vm, TPU_SKIP_MDS_QUERY="1", TPU_WORKER_HOSTNAMES="localhost")
+    assert untyped.returncode != 0 and "please set env var `TPU_ACCELERATOR_TYPE`" in untyped.stderr, \
+        untyped.stderr[-2000:]
+
+
+def test_one_host_of_a_slice_waits_for_the_others_and_kvprobe_never_starts_it(monkeypatch, tmp_path):
+    """Host 3 of a v5p slice of 2x2x2 hosts: its metadata names the slice's
+    type and its eight hosts; its runtime, started as a worker would start
+    it, waits for them and fails; kvprobe refuses the host before starting
+    one, for a case's worker as for its own question."""
+    vm = standin_vm.build(tmp_path / "vm", "v5p", 4, host_bounds="2,2,2", worker_id=3, slice_join_seconds=0.5,
+                          cold_start_seconds=0.0)
+    answers = vm.metadata()
+    assert answers["accelerator-type"] == "v5p-64" and answers["agent-worker-number"] == "3"
+    assert len(answers["worker-network-endpoints"].split(",")) == 8
+    with standin_vm.metadata_server(vm):
+        waited = open_runtime(vm)
+        monkeypatch.setenv(standin_vm.VM_VARIABLE, str(vm.root))
+        for name in ("TPU_SKIP_MDS_QUERY", *hardware.MULTI_HOST_VARIABLES):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setattr(hardware, "started_with", lambda: {})
+        hardware._runtime_environment.cache_clear()
+        try:
+            with pytest.raises(hardware.TpuUnavailable, match="host 3 of a slice of 8 hosts"):
+                hardware.device_env({})
+        finally:
+            hardware._runtime_environment.cache_clear()
+    assert waited.returncode != 0 and "Waiting for the 7 other hosts of the slice" in waited.stderr
+    assert "DEADLINE_EXCEEDED" in waited.stderr, waited.stderr[-2000:]
+    # Given the slice's bounds and no host list (a worker under the skip flag), it says so and waits alike.
+    listless = open_runtime(vm, TPU_SKIP_MDS_QUERY="1", TPU_ACCELERATOR_TYPE="v5p-64", TPU_HOST_BOUNDS="2,2,2",
+                            TPU_WORKER_HOSTNAMES="localhost")
+    assert listless.returncode != 0 and "DEADLINE_EXCEEDED" in listless.stderr, listless.stderr[-2000:]
+    assert "a slice of 8 hosts" in errors_logged(vm)

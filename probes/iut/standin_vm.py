@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvref.generations import CHIPS, GOOGLE_PCI_VENDOR, NOT_TPU_PCI_IDS
-from probes.iut import standin_metadata
+from probes.iut import libtpu_reading, standin_metadata
 from probes.iut.started_with import started_with
 
 VM_VARIABLE = "KVPROBE_TPU_VM"
@@ -102,9 +102,14 @@ class StandinVm:
     def lockfile(self) -> Path:
         return self.root / "tmp" / "libtpu_lockfile"
 
+    @property
+    def chips_per_host_bounds(self) -> str:
+        """The host's chips along each axis, as a TPU VM's tpu-env has them (four chips: 2,2,1)."""
+        return {1: "1,1,1", 2: "2,1,1", 4: "2,2,1", 8: "2,4,1"}.get(self.chips, f"{self.chips},1,1")
+
     def tpu_env(self) -> str:
         """The VM's `tpu-env` metadata, in the YAML lines a TPU VM's has."""
-        fields = {"ACCELERATOR_TYPE": self.accelerator_type, "CHIPS_PER_HOST_BOUNDS": f"{self.chips},1,1",
+        fields = {"ACCELERATOR_TYPE": self.accelerator_type, "CHIPS_PER_HOST_BOUNDS": self.chips_per_host_bounds,
                   "HOST_BOUNDS": self.host_bounds, "WORKER_ID": str(self.worker_id), "ZONE": "standin-zone-a"}
         return "".join(f"{key}: '{value}'\n" for key, value in fields.items())
 
@@ -291,13 +296,31 @@ def _from_environment(vm: StandinVm, given: dict[str, str]) -> dict[str, str]:
         raise RuntimeError(f"{SKIP_METADATA} is set but TPU_ACCELERATOR_TYPE is not: the TPU runtime cannot tell "
                            "which TPU this host has")
     hostnames = given.get(WORKER_HOSTNAMES, "")
-    if not hostnames.strip():
+    reading, why = libtpu_reading.read_once(given, sys.executable, vm.root / "tmp")
+    if reading is not None:
+        _check_reading(vm, given, reading)
+    elif not hostnames.strip():  # libtpu's error, modelled where the real one cannot say it
+        print(f"the real libtpu's reading of this environment was not checked: {why}", file=sys.stderr)
         vm.environment_error(f"Error: unexpected worker hostname '' from env var {WORKER_HOSTNAMES}. Expecting a "
                              "valid hostname or IP address without port number, or hostname:port:address triple. "
                              "(Full TPU workers' addr string: )")
     bounds = given.get(PROCESS_BOUNDS_VARIABLES[1], "").strip() or given.get("TPU_HOST_BOUNDS", "").strip()
     return {"TPU_ACCELERATOR_TYPE": given["TPU_ACCELERATOR_TYPE"], "TPU_WORKER_ID": given.get("TPU_WORKER_ID", "0"),
             "TPU_HOST_BOUNDS": bounds or "1,1,1", WORKER_HOSTNAMES: hostnames}
+
+
+def _check_reading(vm: StandinVm, given: dict[str, str], reading: libtpu_reading.LibtpuReading) -> None:
+    """What the real libtpu made of the environment: each error it logged,
+    a type it did not parse, chips other than those named."""
+    for error in reading.errors:
+        vm.environment_error(error)
+    if not reading.knows_the_type:
+        vm.environment_error(f"libtpu derived no slice from TPU_ACCELERATOR_TYPE={given['TPU_ACCELERATOR_TYPE']}: "
+                             f"it does not know the type (its flags: {reading.flags})")
+    named = given.get(VISIBLE_CHIPS, "").strip()
+    if named and reading.flags.get("deepsea_hal_included_devs") != named:
+        vm.environment_error(f"{VISIBLE_CHIPS}={named}, and libtpu would open devices "
+                             f"{reading.flags.get('deepsea_hal_included_devs', 'all')}")
 
 
 def _from_server(vm: StandinVm) -> dict[str, str]:

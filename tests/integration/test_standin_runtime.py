@@ -12,8 +12,12 @@ import sys
 
 import pytest
 
-from probes.iut import hardware, standin_metadata, standin_vm
+from kvref.generations import CHIPS
+from probes.iut import hardware, libtpu_reading, standin_metadata, standin_vm
+from probes.iut.peer_env import PEER_ENVS
 
+# jax 0.12 and libtpu 0.0.52, as a TPU VM's worker has them; else this one's jax and the same libtpu.
+PEER_JAX = str(PEER_ENVS["jax"].python() or sys.executable)
 OPEN = ("import json; from probes.iut import standin_vm; "
         "print(json.dumps([d.id for d in standin_vm.open_runtime(standin_vm.active())]))")
 # What this test process (or the libtpu kvref's compiler loaded in it) set, which no process on a VM has.
@@ -69,7 +73,7 @@ def test_under_the_skip_flag_it_needs_the_type_and_defaults_the_rest(tmp_path):
     assert not errors_logged(vm)
     unnamed = open_runtime(vm, **skip)
     assert unnamed.returncode == 0, unnamed.stderr[-2000:]
-    assert "Error: unexpected worker hostname '' from env var TPU_WORKER_HOSTNAMES" in errors_logged(vm)
+    assert "unexpected worker hostname" in errors_logged(vm) and "TPU_WORKER_HOSTNAMES" in errors_logged(vm)
     untyped = open_runtime(vm, TPU_SKIP_MDS_QUERY="1", TPU_WORKER_HOSTNAMES="localhost")
     assert untyped.returncode != 0 and "please set env var `TPU_ACCELERATOR_TYPE`" in untyped.stderr, \
         untyped.stderr[-2000:]
@@ -104,3 +108,50 @@ def test_one_host_of_a_slice_waits_for_the_others_and_kvprobe_never_starts_it(mo
                             TPU_WORKER_HOSTNAMES="localhost")
     assert listless.returncode != 0 and "DEADLINE_EXCEEDED" in listless.stderr, listless.stderr[-2000:]
     assert "a slice of 8 hosts" in errors_logged(vm)
+
+
+def libtpu_or_skip(env: dict[str, str]) -> libtpu_reading.LibtpuReading:
+    reading, why = libtpu_reading.read(env, PEER_JAX)
+    if reading is None:
+        pytest.skip(f"the real libtpu's reading cannot be had here: {why}")
+    return reading
+
+
+@pytest.mark.parametrize("chip", [c.name for c in CHIPS])
+def test_the_real_libtpu_takes_every_environment_kvprobe_gives_a_worker(monkeypatch, tmp_path, chip):
+    """A host of two chips of each generation: the environment kvprobe hands
+    a worker that holds the host (tpu-env's fields as libtpu's variables),
+    and each of two workers that hold a chip apiece, read by the real libtpu
+    as far as it starts without a chip: no error, the type parsed, and the
+    bounds, chips and port each was meant to have."""
+    vm = standin_vm.build(tmp_path / "vm", chip, 2)
+    monkeypatch.setenv(standin_vm.VM_VARIABLE, str(vm.root))
+    monkeypatch.delenv("TPU_VISIBLE_CHIPS", raising=False)
+    monkeypatch.setattr(hardware, "started_with", lambda: {})
+    hardware._runtime_environment.cache_clear()
+    try:
+        with standin_vm.metadata_server(vm):
+            whole = hardware.device_env({})
+    finally:
+        hardware._runtime_environment.cache_clear()
+    read = libtpu_or_skip(whole)
+    assert not read.errors and read.knows_the_type, (read.errors, read.flags)
+    assert read.flags["deepsea_chips_per_host_bounds"] == vm.chips_per_host_bounds
+    assert read.flags.get("deepsea_host_bounds", "1,1,1") == "1,1,1"
+    for index in range(2):
+        side = libtpu_or_skip(hardware.one_chip_environment(whole, index))
+        assert not side.errors and side.knows_the_type, (side.errors, side.flags)
+        assert side.flags["deepsea_hal_included_devs"] == str(index)
+        assert side.flags["deepsea_chips_per_host_bounds"] == "1,1,1" == side.flags["deepsea_host_bounds"]
+        assert side.flags["deepsea_slice_builder_worker_port"] == str(hardware.FIRST_PROCESS_PORT + index)
+
+
+def test_a_type_or_host_list_libtpu_cannot_take_is_an_error_it_logs(tmp_path):
+    """The teeth of the reading: a type libtpu's parser does not know (the
+    `v7x-N` the stand-in once invented) and a worker without a host list."""
+    unknown = libtpu_or_skip({"TPU_SKIP_MDS_QUERY": "1", "TPU_ACCELERATOR_TYPE": "v7x-2",
+                              "TPU_WORKER_HOSTNAMES": "localhost"})
+    assert not unknown.knows_the_type
+    assert "Failed to find host bounds for accelerator type: v7x-2" in unknown.errors
+    listless = libtpu_or_skip({"TPU_SKIP_MDS_QUERY": "1", "TPU_ACCELERATOR_TYPE": "tpu7x-2"})
+    assert listless.knows_the_type and any("unexpected worker hostname" in e for e in listless.errors)

@@ -18,11 +18,13 @@ behaviour is read from the wheel that has it:
   own server, each key tried 30 times, then libtpu's "could not determine"
   warning; with TPU_SKIP_MDS_QUERY set, TPU_ACCELERATOR_TYPE from the
   environment (the one variable it cannot default), TPU_WORKER_ID (0 by
-  default), the host's bounds or a process's, defaulting to the host's, and
-  TPU_WORKER_HOSTNAMES: without it libtpu logs "Error: unexpected worker
-  hostname ''" and goes on. Each such error about the environment is
-  also written to the VM's `tmp/runtime-errors.log`, which a rehearsal
-  holds empty.
+  default), the host's bounds or a process's, defaulting to the host's.
+  What the variables mean is the real libtpu's to say
+  (probes.iut.libtpu_reading: it reads them without a chip): each error
+  it logs about them, a type it does not parse and chips other than those
+  named go to the VM's `tmp/runtime-errors.log`, which a rehearsal holds
+  empty (where it cannot be started, its "unexpected worker hostname"
+  error without TPU_WORKER_HOSTNAMES is logged in its place).
 - One host of a slice: its runtime waits for the slice's other hosts to
   join (whether it was given their addresses or not), and fails when they
   do not, after `slice_join_seconds`.

@@ -1,7 +1,7 @@
 """The attention stand-in against the kernel module's own ref_ragged_paged_attention
 (mixed decode and prefill, GQA, head_dim 64 padded to 128): run in the jax
 peer environment, PYTHONPATH=.venv-peer/beside .venv-peer/bin/python tests/engine/check_attention.py.
-Measured 2026-12-05: output max diff 1.2e-07, cache identical."""
+Measured 2026-12-06: output max diff 4.8e-07, cache identical."""
 import os; os.environ["JAX_PLATFORMS"]="cpu"
 import sys; sys.path.insert(0, ".")
 from tests.connectors.bootstrap import load_tpu_inference

@@ -101,7 +101,7 @@ def consume(model: Path, mode: driver.Mode, started: float) -> dict:
         up = time.monotonic() - started
         ask(producer, None)  # the producer is up too
         rounds, prefills = [], []
-        for batch in driver.prompts(driver.vocab_of(model)):
+        for batch in driver.prompts(driver.vocab_of(model), mode.block):
             faulthandler.dump_traceback_later(ROUND_SECONDS, exit=True)
             made = ask(producer, batch)
             prefills.append(made)

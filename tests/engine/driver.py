@@ -18,8 +18,10 @@ namespace (`unshare -rn ... -m probes.run.netns`):
   switched on ($KVREF_FAULTS), to show the comparison catches it;
 - any of them @tpN (baseline@tp2, offload@tp2+FAULT): tensor parallelism
   over N JAX CPU devices, each cache split over them; @bf16: the model (and
-  so its KV cache) in bfloat16; @fp8: an fp8 KV cache (together:
-  @tp2@bf16); each compared with the baseline of the same configuration.
+  so its KV cache) in bfloat16; @fp8: an fp8 KV cache; @mla: a
+  DeepSeek-V2-like model whose cache is multi-head latent attention's (one
+  latent array per layer, blocks of 32 tokens); together: @tp2@bf16,
+  @mla@fp8; each compared with the baseline of the same configuration.
 
 Both run the same rounds of prompts (prompts that repeat and share prefixes,
 greedy, local prefix caching off so that repeats can only hit the
@@ -44,6 +46,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 MODES = ("baseline", "offload", "disagg")
 BLOCK = 16
+MLA_BLOCK = 32  # an MLA cache packs 32 tokens per row (MLA_KV_PACKING_SIZE): a block holds a multiple of them
 MAX_TOKENS = 8  # generated per prompt, greedy
 ENVIRONMENT = {
     "JAX_PLATFORMS": "cpu",
@@ -57,34 +60,41 @@ ENVIRONMENT = {
 }
 
 
-def prompts(vocab: int, seed: int = 7) -> list[list[list[int]]]:
+def prompts(vocab: int, block: int = BLOCK, seed: int = 7) -> list[list[list[int]]]:
     """Rounds of token prompts: two shared prefixes of 4 blocks, prompts
     extending them, and the first round's prompts again in the second."""
     import random
     rng = random.Random(seed)
     words = lambda n: [rng.randrange(3, vocab) for _ in range(n)]  # noqa: E731
-    a, b = words(4 * BLOCK), words(4 * BLOCK)
-    first = [a + words(BLOCK + 5), b + words(2 * BLOCK + 1), words(3 * BLOCK + 3)]
-    second = [first[0], a + words(7), first[2], b + words(BLOCK)]
+    a, b = words(4 * block), words(4 * block)
+    first = [a + words(block + 5), b + words(2 * block + 1), words(3 * block + 3)]
+    second = [first[0], a + words(7), first[2], b + words(block)]
     third = [first[1], second[1]]
     return [first, second, third]
 
 
 KV_DTYPES = ("fp8",)  # vLLM's kv_cache_dtype values a mode may name; the default is the model's
 MODEL_DTYPES = {"bf16": "bfloat16"}  # the model's (and so the cache's) dtype a mode may name; the default float32
+MLA = "mla"
+# What an MLA model needs of tpu-inference: vLLM's DeepseekV2 (tpu-inference's own DeepseekV3 hard-codes
+# V3's sizes and fp8 weights), and the model design and DP attention it requires of every MLA model.
+MLA_ENVIRONMENT = {"MODEL_IMPL_TYPE": "vllm", "NEW_MODEL_DESIGN": "1",
+                   "KVPROBE_ENGINE_HBM_BYTES": str(256 << 20)}  # a cache of ~14,000 blocks is plenty
+MLA_CONFIG = {"sharding": {"sharding_strategy": {"enable_dp_attention": True}}}
 
 
 @dataclass(frozen=True)
 class Mode:
     """A mode as written: KIND[@CONFIG...][+FAULT], each CONFIG tpN (tensor
-    parallelism over N CPU devices), a model dtype (bf16) or a KV cache
-    dtype (fp8)."""
+    parallelism over N CPU devices), a model dtype (bf16), a KV cache dtype
+    (fp8) or the MLA model (mla)."""
 
     kind: str
     tp: int = 1
     kv_dtype: str = "auto"
     fault: str = ""
     dtype: str = "float32"
+    mla: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "Mode":
@@ -93,17 +103,19 @@ class Mode:
         tps = [int(c[2:]) for c in parts if re.fullmatch(r"tp[1-8]", c)]
         kv_dtypes = [c for c in parts if c in KV_DTYPES]
         dtypes = [MODEL_DTYPES[c] for c in parts if c in MODEL_DTYPES]
-        if kind not in MODES or len(tps) + len(kv_dtypes) + len(dtypes) != len(parts) \
-                or max(len(tps), len(kv_dtypes), len(dtypes)) > 1 or (fault and kind == "baseline"):
+        mla = [c for c in parts if c == MLA]
+        if kind not in MODES or len(tps) + len(kv_dtypes) + len(dtypes) + len(mla) != len(parts) \
+                or max(len(tps), len(kv_dtypes), len(dtypes), len(mla)) > 1 or (fault and kind == "baseline"):
             raise ValueError(f"mode {text!r}: expected KIND[@CONFIG...][+FAULT], KIND one of {', '.join(MODES)} "
                              f"(a FAULT for offload or disagg), each CONFIG at most once: tpN (N from 1 to 8), "
-                             f"a model dtype ({', '.join(MODEL_DTYPES)}) or a KV cache dtype ({', '.join(KV_DTYPES)})")
+                             f"a model dtype ({', '.join(MODEL_DTYPES)}), a KV cache dtype ({', '.join(KV_DTYPES)}) "
+                             f"or {MLA}")
         return cls(kind, tps[0] if tps else 1, kv_dtypes[0] if kv_dtypes else "auto", fault,
-                   dtypes[0] if dtypes else "float32")
+                   dtypes[0] if dtypes else "float32", bool(mla))
 
     @property
     def config(self) -> str:
-        parts = ([f"tp{self.tp}"] if self.tp > 1 else []) \
+        parts = ([MLA] if self.mla else []) + ([f"tp{self.tp}"] if self.tp > 1 else []) \
             + [name for name, dtype in MODEL_DTYPES.items() if dtype == self.dtype] \
             + ([self.kv_dtype] if self.kv_dtype != "auto" else [])
         return "".join(f"@{part}" for part in parts)
@@ -115,7 +127,20 @@ class Mode:
     @property
     def baseline(self) -> str:
         """The mode whose tokens this one's must equal: the baseline of the same configuration."""
-        return Mode("baseline", self.tp, self.kv_dtype, dtype=self.dtype).text
+        return Mode("baseline", self.tp, self.kv_dtype, dtype=self.dtype, mla=self.mla).text
+
+    @property
+    def block(self) -> int:
+        return MLA_BLOCK if self.mla else BLOCK
+
+    def model(self, models: Path) -> Path:
+        """Where its model is written, in the folder of the engine's models."""
+        return models / ("mla" if self.mla else "llama")
+
+    @property
+    def model_config(self) -> dict:
+        from tests.engine import model
+        return model.MLA_CONFIG if self.mla else model.CONFIG
 
 
 class Tally:
@@ -155,7 +180,7 @@ def prepare(mode: Mode) -> tuple[Tally, list[str]]:
     environment, the mode's CPU devices and kvref fault model, the facade
     installed as `tpu_raiden` with its calls counted (but for the
     baseline), and the stand-ins."""
-    for key, value in ENVIRONMENT.items():
+    for key, value in {**ENVIRONMENT, **(MLA_ENVIRONMENT if mode.mla else {})}.items():
         os.environ.setdefault(key, value)
     if mode.tp > 1:
         os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={mode.tp}"
@@ -169,16 +194,18 @@ def prepare(mode: Mode) -> tuple[Tally, list[str]]:
         tally.note_caches(tpu_sync.KVCacheManager)
         for cls in (tpu_sync.KVCacheManager, tpu_sync.KVCacheStore, tpu_sync.TransferFuture):
             tally.wrap(cls)
-    return tally, standins.install()
+    return tally, standins.install(mla=mode.mla)
 
 
 def engine(model: Path, mode: Mode, **kwargs):
     """vLLM's `LLM` over the tiny model, greedy-ready, prefix caching off."""
     from vllm import LLM
-    return LLM(model=str(model), skip_tokenizer_init=True, dtype=mode.dtype, block_size=BLOCK, max_model_len=256,
-               max_num_seqs=4, max_num_batched_tokens=256, enable_prefix_caching=False, async_scheduling=False,
-               enforce_eager=True, seed=0, load_format="safetensors", tensor_parallel_size=mode.tp,
-               kv_cache_dtype=mode.kv_dtype, **kwargs)
+    if mode.mla:
+        kwargs["additional_config"] = MLA_CONFIG
+    return LLM(model=str(model), skip_tokenizer_init=True, dtype=mode.dtype, block_size=mode.block,
+               max_model_len=256, max_num_seqs=4, max_num_batched_tokens=256, enable_prefix_caching=False,
+               async_scheduling=False, enforce_eager=True, seed=0, load_format="safetensors",
+               tensor_parallel_size=mode.tp, kv_cache_dtype=mode.kv_dtype, **kwargs)
 
 
 def greedy(max_tokens: int = MAX_TOKENS, kv_transfer_params: dict | None = None):
@@ -215,7 +242,7 @@ def run_one(text: str, model: Path) -> dict:
     llm = engine(model, mode, **kwargs)
     up = time.monotonic() - started
     rounds = [outputs(llm.generate([{"prompt_token_ids": p} for p in batch], greedy(), use_tqdm=False))
-              for batch in prompts(vocab_of(model))]
+              for batch in prompts(vocab_of(model), mode.block)]
     return {"mode": mode.text, "startup_s": round(up, 1), "run_s": round(time.monotonic() - started, 1),
             "standins": applied, "rounds": rounds, "external_hits": hits, "facade_calls": dict(tally.calls),
             "caches": tally.caches}
@@ -248,7 +275,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=REPO / "reports/cpu/engine.json")
     parser.add_argument("--one", help="one mode, KIND[@CONFIG...][+FAULT]")
-    parser.add_argument("--model", type=Path, default=REPO / "build/engine-model")
+    parser.add_argument("--models", type=Path, default=REPO / "build/engine-models",
+                        help="the folder the engine's models are written to, one folder each")
+    parser.add_argument("--model", type=Path, help="with --one: the model the mode runs")
     parser.add_argument("--modes", default=",".join(MODES),
                         help="comma-separated, each KIND[@CONFIG...][+FAULT]; each is compared with the baseline "
                              "of its configuration")
@@ -259,20 +288,23 @@ def main(argv=None) -> int:
             Mode.parse(mode)
         except ValueError as e:
             parser.error(str(e))
+    if args.one and args.model is None:
+        parser.error("--one runs one mode on the model --model names")
     if args.one:
         args.out.write_text(json.dumps(run_one(args.one, args.model), indent=1))
         return 0
     from tests.engine import model
-    model.write(args.model)
+    args.out.parent.mkdir(parents=True, exist_ok=True)  # each mode's own summary is written beside it
     modes = args.modes.split(",")
+    for mode in map(Mode.parse, modes):
+        model.write(mode.model(args.models), mode.model_config)
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        done = pool.map(lambda m: in_namespace(sys.executable, m, args.model, args.out.with_suffix(f".{m}.json")),
-                        modes)
+        done = pool.map(lambda m: in_namespace(sys.executable, m, Mode.parse(m).model(args.models),
+                                               args.out.with_suffix(f".{m}.json")), modes)
         runs = dict(zip(modes, done))
     tokens = {m: [[o["tokens"] for o in r] for r in run.get("rounds", [])] for m, run in runs.items()}
     same = {m: bool(t) and t == tokens.get(Mode.parse(m).baseline) for m, t in tokens.items()}
     summary = {"identical": all(same.values()), "same_as_baseline": same, "tokens": tokens, "runs": runs}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=1))
     print(json.dumps({"same_as_baseline": same,
                       **{m: {k: r.get(k) for k in ("startup_s", "run_s", "wall_s", "facade_calls", "error")}

@@ -29,12 +29,17 @@ TEETH = ("loads_neighbouring_chunk", "saves_neighbouring_block")
 PULL_TEETH = ("pull_written_one_block_off",)
 # Cache configurations the connectors meet, each on every path: a bf16 model
 # under tensor parallelism over two CPU devices (each cache bf16, split over
-# both), an fp8 KV cache.
+# both), an fp8 KV cache, an MLA model's latent cache (one array a layer,
+# [blocks, 1, 32 tokens, latent and rope key]).
 CONFIGS = {"tp2@bf16": lambda cache: cache["devices"] == 2 and cache["dtype"] == "bfloat16",
-           "fp8": lambda cache: cache["dtype"] == "float8_e4m3fn"}
-MODES = ("baseline", "offload", *(f"offload+{fault}" for fault in TEETH),
-         "disagg", *(f"disagg+{fault}" for fault in PULL_TEETH),
-         *(f"{kind}@{config}" for config in CONFIGS for kind in ("baseline", "offload", "disagg")))
+           "fp8": lambda cache: cache["dtype"] == "float8_e4m3fn",
+           "mla": lambda cache: cache["shape"][1:] == [1, driver.MLA_BLOCK, 256] and cache["dtype"] == "float32"}
+# The teeth are shown on the default model's cache and on the MLA model's latent one.
+TEETH_CONFIGS = ("", "@mla")
+MODES = ("baseline", "offload", "disagg",
+         *(f"{kind}@{config}" for config in CONFIGS for kind in ("baseline", "offload", "disagg")),
+         *(f"offload{config}+{fault}" for config in TEETH_CONFIGS for fault in TEETH),
+         *(f"disagg{config}+{fault}" for config in TEETH_CONFIGS for fault in PULL_TEETH))
 ENGINE_SECONDS = 3600  # every mode, one at a time; one takes 20-170 s as the machine is loaded, bf16, fp8 and disagg more
 MIN_DISTINCT_TOKENS = 20  # random weights: a cache read wrongly changes what follows
 
@@ -50,7 +55,7 @@ def runs(tmp_path_factory) -> dict:
         pytest.skip(netns.unavailable())
     out = tmp_path_factory.mktemp("engine") / "engine.json"
     done = subprocess.run([str(python), "-m", "tests.engine.driver", "--out", str(out),
-                           "--model", str(REPO / "build" / "engine-model"), "--modes", ",".join(MODES)],
+                           "--models", str(REPO / "build" / "engine-models"), "--modes", ",".join(MODES)],
                           cwd=REPO, capture_output=True, text=True, timeout=ENGINE_SECONDS)
     assert out.exists(), f"the driver exited {done.returncode} and wrote no summary:\n{done.stderr[-4000:]}"
     summary = json.loads(out.read_text())
@@ -82,11 +87,12 @@ def test_repeated_prompts_were_served_from_the_facade(runs):
     assert calls.get("KVCacheManager.d2h_auto_allocate", 0) > 0 and calls.get("KVCacheManager.h2d", 0) > 0, calls
 
 
+@pytest.mark.parametrize("config", TEETH_CONFIGS)
 @pytest.mark.parametrize("fault", TEETH)
-def test_a_facade_that_moves_the_wrong_block_changes_the_tokens(runs, fault):
-    run = runs["runs"][f"offload+{fault}"]
+def test_a_facade_that_moves_the_wrong_block_changes_the_tokens(runs, fault, config):
+    run = runs["runs"][f"offload{config}+{fault}"]
     assert run["facade_calls"].get("KVCacheManager.h2d", 0) > 0, run["facade_calls"]
-    assert tokens(runs, f"offload+{fault}") != tokens(runs, "baseline")
+    assert tokens(runs, f"offload{config}+{fault}") != tokens(runs, f"baseline{config}")
 
 
 def test_a_consumer_engine_decoding_from_pulled_blocks_gives_the_baseline_tokens(runs):
@@ -109,11 +115,12 @@ def test_the_consumer_pulled_every_prompts_full_blocks_from_the_producer(runs):
     assert run["facade_calls"].get("KVCacheManager.start_read", 0) == pulls, run["facade_calls"]
 
 
+@pytest.mark.parametrize("config", TEETH_CONFIGS)
 @pytest.mark.parametrize("fault", PULL_TEETH)
-def test_a_facade_that_writes_a_pull_wrongly_changes_the_consumers_tokens(runs, fault):
-    run = runs["runs"][f"disagg+{fault}"]
+def test_a_facade_that_writes_a_pull_wrongly_changes_the_consumers_tokens(runs, fault, config):
+    run = runs["runs"][f"disagg{config}+{fault}"]
     assert run["facade_calls"].get("KVCacheManager.start_read", 0) > 0, run["facade_calls"]
-    assert tokens(runs, f"disagg+{fault}") != tokens(runs, "baseline")
+    assert tokens(runs, f"disagg{config}+{fault}") != tokens(runs, f"baseline{config}")
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -129,6 +136,23 @@ def test_each_cache_configuration_gives_its_baselines_tokens_on_each_path(runs, 
     assert run["facade_calls"].get(moved, 0) > 0, run["facade_calls"]
 
 
+def test_the_mla_kernel_stand_in_computes_what_the_kernels_reference_does():
+    """The stand-in every @mla mode attends with, against tpu-inference's own
+    reference of the MLA kernel: the same cache written, the same output to
+    float32's rounding (bfloat16's own rounding aside)."""
+    python = build_env.ENV.venv / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"no engine environment at {build_env.ENV.venv}: `make engine-env` builds it")
+    if netns.unavailable():
+        pytest.skip(netns.unavailable())
+    done = subprocess.run(["unshare", "-rn", str(python), "tests/engine/check_mla_kernel.py"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    found = {r["dtype"]: r for r in map(json.loads, (l for l in done.stdout.splitlines() if l.startswith("{")))}
+    assert set(found) == {"float32", "bfloat16"}, done.stderr[-3000:]
+    assert found["float32"]["output"] < 1e-5 and found["bfloat16"]["output"] < 0.05, found
+    assert found["float32"]["cache"] == 0 == found["bfloat16"]["cache"], found
+
+
 def test_a_mode_names_its_path_configuration_and_fault_and_is_refused_otherwise():
     mode = driver.Mode.parse("disagg@tp2@fp8+pull_written_one_block_off")
     assert (mode.kind, mode.tp, mode.kv_dtype, mode.fault) == ("disagg", 2, "fp8", "pull_written_one_block_off")
@@ -136,7 +160,10 @@ def test_a_mode_names_its_path_configuration_and_fault_and_is_refused_otherwise(
     assert driver.Mode.parse("offload").baseline == "baseline"
     bf16 = driver.Mode.parse("offload@bf16@tp2")
     assert (bf16.dtype, bf16.tp, bf16.text, bf16.baseline) == ("bfloat16", 2, "offload@tp2@bf16", "baseline@tp2@bf16")
+    mla = driver.Mode.parse("disagg@fp8@mla")
+    assert (mla.mla, mla.block, mla.text, mla.baseline) == (True, driver.MLA_BLOCK, "disagg@mla@fp8", "baseline@mla@fp8")
+    assert mla.model(Path("m")) == Path("m/mla") and driver.Mode.parse("offload").model(Path("m")) == Path("m/llama")
     for text in ("baseline+saves_neighbouring_block", "offload@tp9", "offload@fp16", "offload@tp2@tp4", "serve",
-                 "offload@bf16@bf16"):
+                 "offload@bf16@bf16", "offload@mla@mla"):
         with pytest.raises(ValueError, match="expected KIND"):
             driver.Mode.parse(text)

@@ -15,7 +15,8 @@ HERE = Path(__file__).resolve().parent
 APPLIED: list[str] = []
 
 
-def install() -> list[str]:
+def install(mla: bool = False) -> list[str]:
+    """Apply them; with `mla`, those an MLA model needs too."""
     if APPLIED:
         return APPLIED
     # libtpu: a package on sys.path (vLLM's platform choice imports it).
@@ -30,4 +31,8 @@ def install() -> list[str]:
     # torchvision first: importing tpu_inference imports transformers, which imports torchvision.
     for module in (torchvision_ops, moe_kernel, hbm, mesh, compiler_options, attention):
         APPLIED.append(module.install())
+    if mla:
+        from tests.engine.standins import host_free, mla_kernel, unquantized_mla
+        for module in (mla_kernel, host_free, unquantized_mla):
+            APPLIED.append(module.install())
     return APPLIED

@@ -23,6 +23,8 @@ import sys
 import jax
 import jax.numpy as jnp
 
+from tests.engine.standins import ragged
+
 KERNEL = "tpu_inference.kernels.ragged_paged_attention.v3.kernel"
 
 
@@ -45,34 +47,20 @@ def _rpa(queries, keys, values, kv_cache, kv_lens, page_indices, cu_q_lens, dist
     kernel = sys.modules[KERNEL]
     if out_dtype is None:
         out_dtype = jnp.float32 if queries.dtype == jnp.float32 else jnp.bfloat16
-    if mask_value is None:
-        mask_value = float(jnp.finfo(jnp.float32).min)
     num_tokens, num_q_heads, actual_head_dim = queries.shape
     num_kv_heads = keys.shape[1]
     group = num_q_heads // num_kv_heads
     pages_total, page_size, heads_x2_packed, packing, head_dim = kv_cache.shape
-    max_seqs = kv_lens.shape[0]
-    pages_per_seq = page_indices.shape[0] // max_seqs
-    num_seqs = distribution[2]
-
-    # Each token's sequence, and its position within that sequence's kv.
-    token = jnp.arange(num_tokens, dtype=jnp.int32)
-    seq = jnp.clip(jnp.searchsorted(cu_q_lens[1:], token, side="right"), 0, max_seqs - 1).astype(jnp.int32)
-    valid = (seq < num_seqs) & (token < cu_q_lens[jnp.minimum(num_seqs, max_seqs)])
-    q_end = cu_q_lens[seq + 1]
-    pos = kv_lens[seq] - (q_end - token)  # kv_len - q_len + index within the query
-    table = page_indices.reshape(max_seqs, pages_per_seq)
+    pages_per_seq = page_indices.shape[0] // kv_lens.shape[0]
+    at = ragged.place(num_tokens, kv_lens, page_indices, cu_q_lens, distribution, page_size, pages_total)
 
     if update_kv_cache:
         merged = kernel.merge_kv(keys, values)  # [tokens, heads_x2_packed, packing, head_dim]
-        page = table[seq, jnp.clip(pos, 0) // page_size]
-        slot = jnp.clip(pos, 0) % page_size
-        page = jnp.where(valid & (pos >= 0), page, pages_total)  # out of range: dropped
-        kv_cache = kv_cache.at[page, slot].set(merged.astype(kv_cache.dtype), mode="drop")
+        kv_cache = kv_cache.at[at.page, at.slot].set(merged.astype(kv_cache.dtype), mode="drop")
 
     # Every token's sequence kv: [tokens, pages_per_seq * page_size, heads_x2, head_dim].
-    gathered = kv_cache[table[seq]].reshape(num_tokens, pages_per_seq * page_size, heads_x2_packed * packing,
-                                            head_dim)
+    gathered = kv_cache[at.table[at.seq]].reshape(num_tokens, pages_per_seq * page_size, heads_x2_packed * packing,
+                                                  head_dim)
     k = gathered[:, :, 0:2 * num_kv_heads:2, :actual_head_dim]
     v = gathered[:, :, 1:2 * num_kv_heads:2, :actual_head_dim]
     k = jnp.repeat(k, group, axis=2).astype(jnp.float32)
@@ -80,25 +68,13 @@ def _rpa(queries, keys, values, kv_cache, kv_lens, page_indices, cu_q_lens, dist
     q = queries.astype(jnp.float32)
     if q_scale is not None:
         q = q / q_scale
-    attn = jnp.einsum("thd,tkhd->thk", q, k) * sm_scale
-    if k_scale is not None:
-        attn = attn * k_scale
-    if q_scale is not None:
-        attn = attn * q_scale
-    if soft_cap is not None:
-        attn = soft_cap * jnp.tanh(attn / soft_cap)
-    key = jnp.arange(pages_per_seq * page_size, dtype=jnp.int32)[None, :]
-    mask = key < kv_lens[seq][:, None]
-    if use_causal_mask:
-        mask = mask & (key <= pos[:, None])
-    if sliding_window is not None:
-        mask = mask & (key > pos[:, None] - sliding_window)
-    attn = jnp.where(mask[:, None, :], attn, mask_value)
-    attn = jax.nn.softmax(attn, axis=-1)
+    attn = ragged.weights(jnp.einsum("thd,tkhd->thk", q, k) * sm_scale, at, kv_lens, causal=use_causal_mask,
+                          sliding_window=sliding_window, soft_cap=soft_cap, q_scale=q_scale, k_scale=k_scale,
+                          mask_value=mask_value)
     out = jnp.einsum("thk,tkhd->thd", attn, v)
     if v_scale is not None:
         out = out * v_scale
-    out = jnp.where(valid[:, None, None], out, 0).astype(out_dtype)
+    out = jnp.where(at.valid[:, None, None], out, 0).astype(out_dtype)
     return out, kv_cache
 
 

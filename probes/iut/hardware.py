@@ -235,7 +235,7 @@ RUNTIME_FIELDS = {"ACCELERATOR_TYPE": "TPU_ACCELERATOR_TYPE", "WORKER_ID": "TPU_
                   "CHIPS_PER_HOST_BOUNDS": "TPU_CHIPS_PER_HOST_BOUNDS", "HOST_BOUNDS": "TPU_HOST_BOUNDS",
                   "WRAP": "TPU_TOPOLOGY_WRAP", "ALT": "TPU_TOPOLOGY_ALT", "WORKER_HOSTNAMES": "TPU_WORKER_HOSTNAMES"}
 # Without it, libtpu under TPU_SKIP_MDS_QUERY logs an INVALID_ARGUMENT about an unexpected worker hostname.
-WORKER_HOSTNAMES = "TPU_WORKER_HOSTNAMES"
+WORKER_HOSTNAMES = standin_vm.WORKER_HOSTNAMES
 
 
 # What the parent's own jax and libtpu (or a test) set, which a process that
@@ -260,7 +260,7 @@ def device_env(env: dict[str, str]) -> dict[str, str]:
         if name in users and name != STANDIN_VARIABLE:
             env[name] = users[name]
     env.update(runtime_environment())
-    if reason := multi_host() or slice_host(env):
+    if tpu_visible() and (reason := multi_host() or slice_host(env)):
         raise TpuUnavailable(reason)
     return env
 

@@ -15,9 +15,10 @@ v7x-2"."""
 
 from __future__ import annotations
 
+import fcntl
+import glob
 import hashlib
 import json
-import os
 import re
 import shutil
 import socket
@@ -27,6 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SKIP_METADATA = "TPU_SKIP_MDS_QUERY"
+MULTIPLE_LOADS = "ALLOW_MULTIPLE_LIBTPU_LOAD"  # libtpu's bypass of its lockfile
+# A machine's own TPU device nodes: where they are, libtpu would open its chips, not stop short of them.
+TPU_NODES = ("/dev/accel[0-9]*", "/dev/vfio/[0-9]*")
 FLAG = re.compile(r"argv\[\d+\]: '--([a-z_]+)=(.*)'$")
 ERROR = re.compile(r"^([EF]\d{4} |Failed |Error)")  # its log's errors, and what it prints bare
 NO_CHIP = "jellyfish"  # the version it assumes without hardware: what follows from that is no finding
@@ -65,6 +69,8 @@ def read(env: dict[str, str], python: str) -> tuple[LibtpuReading | None, str]:
     variables = runtime_variables(env)
     if not variables.get(SKIP_METADATA):
         return None, f"without {SKIP_METADATA} libtpu would ask the metadata server"
+    if nodes := [n for pattern in TPU_NODES for n in glob.glob(pattern)]:
+        return None, f"this machine has TPU device nodes ({', '.join(nodes[:3])}): libtpu would open its chips"
     prefix = []
     if not only_loopback():
         if not (unshare := shutil.which("unshare")):
@@ -72,7 +78,7 @@ def read(env: dict[str, str], python: str) -> tuple[LibtpuReading | None, str]:
         prefix = [unshare, "-rn"]
     with tempfile.TemporaryDirectory(prefix="libtpu-reading-") as logs:
         started = {**variables, "PATH": "/usr/bin:/bin", "HOME": logs, "TPU_LOG_DIR": logs, "JAX_PLATFORMS": "tpu",
-                   "TPU_STDERR_LOG_LEVEL": "0", "TPU_MIN_LOG_LEVEL": "0", "ALLOW_MULTIPLE_LIBTPU_LOAD": "true"}
+                   "TPU_STDERR_LOG_LEVEL": "0", "TPU_MIN_LOG_LEVEL": "0", MULTIPLE_LOADS: "true"}
         try:
             done = subprocess.run([*prefix, python, "-c", START], env=started, capture_output=True, text=True,
                                   timeout=SECONDS)
@@ -81,25 +87,30 @@ def read(env: dict[str, str], python: str) -> tuple[LibtpuReading | None, str]:
         except OSError as e:
             return None, f"libtpu could not be started: {e}"
     lines = done.stderr.splitlines()
+    tail = " ".join((done.stderr or done.stdout).split())[-300:]
+    if prefix and done.returncode and done.stderr.startswith("unshare:"):
+        return None, f"`unshare -rn` was refused: {tail}"
     if done.returncode or STOPPED not in done.stdout:
-        tail = " ".join((done.stderr or done.stdout).split())[-300:]
         return None, f"libtpu did not get as far as looking for its device: {tail}"
     flags = dict(m.groups() for line in lines if (m := FLAG.search(line)))
+    if not flags:  # jax says the same when there is no libtpu to load
+        return None, f"libtpu said none of its driver's flags (not installed in {python}, or not loaded): {tail}"
     errors = tuple(line for line in lines if ERROR.match(line) and NO_CHIP not in line)
     return LibtpuReading(flags, errors), ""
 
 
 def read_once(env: dict[str, str], python: str, folder: Path) -> tuple[LibtpuReading | None, str]:
-    """read(), kept in `folder` by the variables read, so that the many
-    workers of one run started alike pay for it once."""
-    key = hashlib.sha256(json.dumps(sorted(runtime_variables(env).items())).encode()).hexdigest()[:16]
-    kept = folder / f"libtpu-reading-{key}.json"
-    if kept.exists():
-        fields = json.loads(kept.read_text())
-        return LibtpuReading(fields["flags"], tuple(fields["errors"])), ""
-    reading, why = read(env, python)
-    if reading is not None:  # whole or not at all: another worker may be reading it
-        partial = kept.with_suffix(f".{os.getpid()}")
-        partial.write_text(reading.to_json())
-        os.replace(partial, kept)
-    return reading, why
+    """read(), kept in `folder` by the interpreter and the variables read, so
+    that the many workers of one run started alike pay for it once (one
+    reads while the others wait for it)."""
+    asked = json.dumps([python, sorted(runtime_variables(env).items())])
+    kept = folder / f"libtpu-reading-{hashlib.sha256(asked.encode()).hexdigest()[:16]}.json"
+    with open(kept.with_suffix(".lock"), "a") as lock:
+        fcntl.lockf(lock, fcntl.LOCK_EX)  # released when the file closes; a reading is bounded by SECONDS
+        if kept.exists():
+            fields = json.loads(kept.read_text())
+            return LibtpuReading(fields["flags"], tuple(fields["errors"])), ""
+        reading, why = read(env, python)
+        if reading is not None:
+            kept.write_text(reading.to_json())
+        return reading, why

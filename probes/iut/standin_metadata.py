@@ -34,6 +34,7 @@ TPU_ENV = "tpu-env"
 KEYS = (TPU_ENV, "accelerator-type", "agent-worker-number", "worker-network-endpoints")
 ANSWER_BYTES = 64 * 1024  # a few dozen KEY: value lines; an answer beyond it is cut off and refused
 TRIES = 30  # libtpu asks each key 30 times, 1 s apart, before it goes on without it
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # a proxy variable never reroutes it
 SERVER_FILE = "etc/metadata-server"  # in a stand-in VM's folder: where its metadata server answers
 # What libtpu cannot determine without each key, and the variable it then asks for (its warning's two %s).
 DETERMINES = {"tpu-env": ("TPU environment", "TPU_ACCELERATOR_TYPE"),
@@ -67,7 +68,7 @@ def fetch(key: str, timeout_s: float, vm_root: Path | None = None) -> str:
     asked as libtpu asks (the header the real server requires)."""
     host = server_of(vm_root)
     request = urllib.request.Request(f"http://{host}{ATTRIBUTES_PATH}{key}", headers={"Metadata-Flavor": "Google"})
-    with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+    with NO_PROXY.open(request, timeout=timeout_s) as answer:
         return read_stream(answer, ANSWER_BYTES, f"the {key} answer of {host}", timeout_s).decode()
 
 

@@ -60,7 +60,7 @@ from probes.iut import libtpu_reading, standin_metadata
 from probes.iut.started_with import started_with
 
 VM_VARIABLE = "KVPROBE_TPU_VM"
-SKIP_METADATA = "TPU_SKIP_MDS_QUERY"
+SKIP_METADATA = libtpu_reading.SKIP_METADATA
 # What libtpu reads of the environment when it skips the metadata server: the
 # type (which it cannot default), the worker, and the bounds of the host.
 RUNTIME_VARIABLES = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
@@ -68,7 +68,8 @@ PROCESS_BOUNDS_VARIABLES = ("TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_BOUNDS"
 VISIBLE_CHIPS = "TPU_VISIBLE_CHIPS"
 UNKNOWN_PCI_ID = "0x0099"  # no chip kvref or jax knows has it
 WORKER_HOSTNAMES = "TPU_WORKER_HOSTNAMES"
-MULTIPLE_LOADS = "ALLOW_MULTIPLE_LIBTPU_LOAD"  # libtpu's bypass of its lockfile
+UNREAD = "libtpu-unread.log"  # in the VM's tmp/: each environment the real libtpu could not read, and why
+MULTIPLE_LOADS = libtpu_reading.MULTIPLE_LOADS
 _HELD = []  # the lock files of the runtime this process opened (libtpu's, its chips'), held until it exits
 _OPENED: list[list] = []  # the devices of the runtime this process opened, once
 
@@ -89,7 +90,7 @@ class StandinVm:
 
     @property
     def hosts(self) -> int:
-        return math.prod(int(n) for n in self.host_bounds.split(","))
+        return _hosts_within(self.host_bounds)
 
     @property
     def devices(self) -> int:
@@ -301,8 +302,11 @@ def _from_environment(vm: StandinVm, given: dict[str, str]) -> dict[str, str]:
     reading, why = libtpu_reading.read_once(given, sys.executable, vm.root / "tmp")
     if reading is not None:
         _check_reading(vm, given, reading)
-    elif not hostnames.strip():  # libtpu's error, modelled where the real one cannot say it
+    else:  # kept for the rehearsal, which holds that every environment was read
         print(f"the real libtpu's reading of this environment was not checked: {why}", file=sys.stderr)
+        with open(vm.root / "tmp" / UNREAD, "a") as unread:
+            unread.write(why + "\n")
+    if reading is None and not hostnames.strip():  # libtpu's error, modelled where the real one cannot say it
         vm.environment_error(f"Error: unexpected worker hostname '' from env var {WORKER_HOSTNAMES}. Expecting a "
                              "valid hostname or IP address without port number, or hostname:port:address triple. "
                              "(Full TPU workers' addr string: )")
@@ -359,16 +363,17 @@ def _ask(vm: StandinVm, key: str) -> str | None:
 
 
 def _join_slice(vm: StandinVm, fields: dict[str, str]) -> None:
-    """One host of a slice: its runtime waits for every host to join, which
-    no stand-in's do (it never connects to another host)."""
+    """One host of a slice, as the runtime was told: it waits for every host
+    to join, which no stand-in's do (it never connects to another host)."""
+    slice_hosts = _hosts_within(fields["TPU_HOST_BOUNDS"])
     hosts = [h for h in fields[WORKER_HOSTNAMES].split(",") if h.strip()]
-    if len(hosts) != vm.hosts:
+    if len(hosts) != slice_hosts:
         vm.environment_error(f"Error: unexpected worker hostname '{fields[WORKER_HOSTNAMES]}' from env var "
-                             f"{WORKER_HOSTNAMES}: a slice of {vm.hosts} hosts (TPU_HOST_BOUNDS "
+                             f"{WORKER_HOSTNAMES}: a slice of {slice_hosts} hosts (TPU_HOST_BOUNDS "
                              f"{fields['TPU_HOST_BOUNDS']}); going on without the workers' addresses")
-    print(f"Waiting for the {vm.hosts - 1} other hosts of the slice to join", file=sys.stderr, flush=True)
+    print(f"Waiting for the {slice_hosts - 1} other hosts of the slice to join", file=sys.stderr, flush=True)
     time.sleep(vm.slice_join_seconds)
-    raise RuntimeError(f"Unable to initialize backend 'tpu': DEADLINE_EXCEEDED: the other {vm.hosts - 1} hosts "
+    raise RuntimeError(f"Unable to initialize backend 'tpu': DEADLINE_EXCEEDED: the other {slice_hosts - 1} hosts "
                        f"of the slice did not join in {vm.slice_join_seconds:.0f} s")
 
 

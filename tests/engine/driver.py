@@ -48,6 +48,7 @@ MODES = ("baseline", "offload", "disagg")
 BLOCK = 16
 MLA_BLOCK = 32  # an MLA cache packs 32 tokens per row (MLA_KV_PACKING_SIZE): a block holds a multiple of them
 MAX_TOKENS = 8  # generated per prompt, greedy
+MODE_SECONDS = 900  # one mode's run, at most (measured alone: 20-150 s): a stuck one is its own error, not the run's
 ENVIRONMENT = {
     "JAX_PLATFORMS": "cpu",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # EngineCore in this process: the facade's tally is here
@@ -79,7 +80,7 @@ MLA = "mla"
 # What an MLA model needs of tpu-inference: vLLM's DeepseekV2 (tpu-inference's own DeepseekV3 hard-codes
 # V3's sizes and fp8 weights), and the model design and DP attention it requires of every MLA model.
 MLA_ENVIRONMENT = {"MODEL_IMPL_TYPE": "vllm", "NEW_MODEL_DESIGN": "1",
-                   "KVPROBE_ENGINE_HBM_BYTES": str(256 << 20)}  # a cache of ~14,000 blocks is plenty
+                   "KVPROBE_ENGINE_HBM_BYTES": str(256 << 20)}  # thousands of blocks: plenty, and 2 GiB each is not
 MLA_CONFIG = {"sharding": {"sharding_strategy": {"enable_dp_attention": True}}}
 
 
@@ -264,7 +265,11 @@ def in_namespace(python: str, mode: str, model: Path, out: Path) -> dict:
     cmd = ["unshare", "-rn", python, "-m", "probes.run.netns", "tests.engine.driver",
            "--one", mode, "--model", str(model), "--out", str(out)]
     started = time.monotonic()
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    try:
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=MODE_SECONDS)
+    except subprocess.TimeoutExpired as e:
+        return {"mode": mode, "error": f"did not end in {MODE_SECONDS} s: {str(e.stderr)[-3000:]}",
+                "wall_s": MODE_SECONDS}
     wall = round(time.monotonic() - started, 1)
     if done.returncode or not out.exists():
         return {"mode": mode, "error": done.stderr[-3000:], "returncode": done.returncode, "wall_s": wall}

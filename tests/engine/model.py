@@ -16,6 +16,8 @@ corrupted cache.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 COMMON = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
@@ -47,8 +49,8 @@ def attention_weights(c: dict, w) -> dict:
 def write(path: Path, config: dict = CONFIG, seed: int = 0) -> Path:
     import numpy as np
     from safetensors.numpy import save_file
-    path.mkdir(parents=True, exist_ok=True)
-    if (path / "model.safetensors").exists() and json.loads((path / "config.json").read_text()) == config:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if (path / "config.json").exists() and json.loads((path / "config.json").read_text()) == config:
         return path
     c = config
     rng = np.random.default_rng(seed)
@@ -66,6 +68,11 @@ def write(path: Path, config: dict = CONFIG, seed: int = 0) -> Path:
         tensors.update({p + "mlp.gate_proj.weight": w(i, h), p + "mlp.up_proj.weight": w(i, h),
                         p + "mlp.down_proj.weight": w(h, i), p + "input_layernorm.weight": np.ones(h, np.float32),
                         p + "post_attention_layernorm.weight": np.ones(h, np.float32)})
-    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    (path / "config.json").write_text(json.dumps(config, indent=1))
+    # Whole or not at all: the folder is written beside it and moved into place.
+    partial = path.with_name(f"{path.name}.{os.getpid()}")
+    partial.mkdir()
+    save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
+    (partial / "config.json").write_text(json.dumps(config, indent=1))
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(partial, path)
     return path

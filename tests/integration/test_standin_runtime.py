@@ -103,7 +103,7 @@ def test_one_host_of_a_slice_waits_for_the_others_and_kvprobe_never_starts_it(mo
             hardware._runtime_environment.cache_clear()
     assert waited.returncode != 0 and "Waiting for the 7 other hosts of the slice" in waited.stderr
     assert "DEADLINE_EXCEEDED" in waited.stderr, waited.stderr[-2000:]
-    # Given the slice's bounds and no host list (a worker under the skip flag), it says so and waits alike.
+    # Given the slice's bounds and a one-host list (a worker under the skip flag), it says so and waits alike.
     listless = open_runtime(vm, TPU_SKIP_MDS_QUERY="1", TPU_ACCELERATOR_TYPE="v5p-64", TPU_HOST_BOUNDS="2,2,2",
                             TPU_WORKER_HOSTNAMES="localhost")
     assert listless.returncode != 0 and "DEADLINE_EXCEEDED" in listless.stderr, listless.stderr[-2000:]

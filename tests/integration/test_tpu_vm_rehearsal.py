@@ -17,6 +17,7 @@ import fcntl
 import pandas as pd
 import pytest
 
+from probes.iut import standin_vm
 from probes.iut.peer_env import PEER_ENVS
 from probes.report.results import disagreements
 from probes.suite.matrix import makes
@@ -52,6 +53,9 @@ def check_walk(vm, frame: pd.DataFrame) -> None:
     assert len(ran), "no hardware case ran"
     errors = vm.root / "tmp" / "runtime-errors.log"  # what the runtime logged about the environment it was given
     assert not errors.exists(), errors.read_text()[-2000:]
+    unread = vm.root / "tmp" / standin_vm.UNREAD  # every worker's environment was read by the real libtpu
+    assert not unread.exists() and list((vm.root / "tmp").glob("libtpu-reading-*.json")), \
+        unread.read_text()[-2000:] if unread.exists() else "no reading"
     assert (ran["verdict"] != "SKIP").all(), ran[ran["verdict"] == "SKIP"][["case_id"]].to_string()
     assert ran["device_kind"].str.startswith(f"{vm.device_kind} (standing in for a TPU)").all(), \
         set(ran["device_kind"])

@@ -22,6 +22,9 @@ REHEARSAL_MATRIX = REPO / "tests" / "matrices" / "rehearsal.csv"
 # ALLOW_MULTIPLE_LIBTPU_LOAD is libtpu's bypass of its lockfile, a user's choice.
 NOT_ON_A_VM = ("JAX_PLATFORMS", STANDIN_VARIABLE, "XLA_FLAGS", "TPU_SKIP_MDS_QUERY", "PYTEST_CURRENT_TEST",
                "ALLOW_MULTIPLE_LIBTPU_LOAD")
+# A process that opens the stand-in VM's runtime (KVPROBE_TPU_VM) and prints its devices' ids.
+OPEN_RUNTIME = ("import json; from probes.iut import standin_vm; "
+                "print(json.dumps([d.id for d in standin_vm.open_runtime(standin_vm.active())]))")
 
 
 @contextlib.contextmanager

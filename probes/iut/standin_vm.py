@@ -306,10 +306,10 @@ def _from_environment(vm: StandinVm, given: dict[str, str]) -> dict[str, str]:
         print(f"the real libtpu's reading of this environment was not checked: {why}", file=sys.stderr)
         with open(vm.root / "tmp" / UNREAD, "a") as unread:
             unread.write(why + "\n")
-    if reading is None and not hostnames.strip():  # libtpu's error, modelled where the real one cannot say it
-        vm.environment_error(f"Error: unexpected worker hostname '' from env var {WORKER_HOSTNAMES}. Expecting a "
-                             "valid hostname or IP address without port number, or hostname:port:address triple. "
-                             "(Full TPU workers' addr string: )")
+        if not hostnames.strip():  # libtpu's error, modelled where the real one cannot say it
+            vm.environment_error(f"Error: unexpected worker hostname '' from env var {WORKER_HOSTNAMES}. Expecting "
+                                 "a valid hostname or IP address without port number, or hostname:port:address "
+                                 "triple. (Full TPU workers' addr string: )")
     bounds = given.get(PROCESS_BOUNDS_VARIABLES[1], "").strip() or given.get("TPU_HOST_BOUNDS", "").strip()
     return {"TPU_ACCELERATOR_TYPE": given["TPU_ACCELERATOR_TYPE"], "TPU_WORKER_ID": given.get("TPU_WORKER_ID", "0"),
             "TPU_HOST_BOUNDS": bounds or "1,1,1", WORKER_HOSTNAMES: hostnames}

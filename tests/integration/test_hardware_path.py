@@ -27,6 +27,7 @@ from probes.suite.matrix import build_cases, load_matrix
 from probes.suite.registry import PROBES
 from tests.processes import alive, cmdline, descendants
 from tests.terminal_signals import terminal_signals
+from tests.tpu_vm import OPEN_RUNTIME
 
 
 def fake_bus(monkeypatch, tmp_path, devices: dict[str, tuple[str, str]], nodes: tuple[str, ...] = ()):
@@ -439,10 +440,6 @@ def test_each_side_of_a_pull_on_a_tpu_holds_one_chip_of_its_own(monkeypatch, tmp
         launch.side_environments(registry.iut("tpu-sync-jax-tpu"), worker, 2)
 
 
-OPEN_STANDIN = ("import json; from probes.iut import standin_vm; "
-                "print(json.dumps([d.id for d in standin_vm.open_runtime(standin_vm.active())]))")
-
-
 def test_a_standin_chip_opens_in_one_process_at_a_time(tmp_path):
     """The stand-in VM's runtime opens the chips TPU_VISIBLE_CHIPS names
     (each a process's alone, as the driver has it), whose per-process
@@ -453,18 +450,18 @@ def test_a_standin_chip_opens_in_one_process_at_a_time(tmp_path):
             "XLA_FLAGS": f"--xla_force_host_platform_device_count={vm.devices}", "TPU_SKIP_MDS_QUERY": "1",
             "TPU_ACCELERATOR_TYPE": vm.accelerator_type, "TPU_WORKER_ID": "0",
             "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1", "TPU_PROCESS_BOUNDS": "1,1,1", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
-    holder_code = OPEN_STANDIN + "; import sys; sys.stdout.flush(); sys.stdin.read()"
+    holder_code = OPEN_RUNTIME + "; import sys; sys.stdout.flush(); sys.stdin.read()"
     holder = subprocess.Popen([sys.executable, "-c", holder_code], env={**base, "TPU_VISIBLE_CHIPS": "0"},
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "[0]"
-        other = subprocess.run([sys.executable, "-c", OPEN_STANDIN], env={**base, "TPU_VISIBLE_CHIPS": "1"},
+        other = subprocess.run([sys.executable, "-c", OPEN_RUNTIME], env={**base, "TPU_VISIBLE_CHIPS": "1"},
                                capture_output=True, text=True, timeout=120)
         assert other.returncode == 0 and other.stdout.strip() == "[1]", other.stderr[-2000:]
-        same = subprocess.run([sys.executable, "-c", OPEN_STANDIN], env={**base, "TPU_VISIBLE_CHIPS": "0"},
+        same = subprocess.run([sys.executable, "-c", OPEN_RUNTIME], env={**base, "TPU_VISIBLE_CHIPS": "0"},
                               capture_output=True, text=True, timeout=120)
         assert same.returncode and "cannot open TPU chip 0: Device or resource busy" in same.stderr, same.stderr
-        wrong = subprocess.run([sys.executable, "-c", OPEN_STANDIN],
+        wrong = subprocess.run([sys.executable, "-c", OPEN_RUNTIME],
                                env={**base, "TPU_VISIBLE_CHIPS": "1", "TPU_CHIPS_PER_PROCESS_BOUNDS": "2,1,1"},
                                capture_output=True, text=True, timeout=120)
         assert wrong.returncode and "holds a different number of chips" in wrong.stderr, wrong.stderr

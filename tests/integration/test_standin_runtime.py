@@ -15,22 +15,19 @@ import pytest
 from kvref.generations import CHIPS
 from probes.iut import hardware, libtpu_reading, standin_metadata, standin_vm
 from probes.iut.peer_env import PEER_ENVS
+from tests import tpu_vm
 
 # jax 0.12 and libtpu 0.0.52, as a TPU VM's worker has them; else this one's jax and the same libtpu.
 PEER_JAX = str(PEER_ENVS["jax"].python() or sys.executable)
-OPEN = ("import json; from probes.iut import standin_vm; "
-        "print(json.dumps([d.id for d in standin_vm.open_runtime(standin_vm.active())]))")
-# What this test process (or the libtpu kvref's compiler loaded in it) set, which no process on a VM has.
-NOT_ON_A_VM = ("TPU_SKIP_MDS_QUERY", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_HOST_BOUNDS",
-               "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_WORKER_HOSTNAMES", "ALLOW_MULTIPLE_LIBTPU_LOAD",
-               "GCE_METADATA_HOST")
+# What a shell on a VM has not, nor the runtime variables each case gives its runtime itself.
+NOT_GIVEN = (*tpu_vm.NOT_ON_A_VM, *standin_vm.RUNTIME_VARIABLES, standin_vm.WORKER_HOSTNAMES, "GCE_METADATA_HOST")
 
 
 def open_runtime(vm, **variables) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in NOT_ON_A_VM}
+    env = {k: v for k, v in os.environ.items() if k not in NOT_GIVEN}
     env.update({standin_vm.VM_VARIABLE: str(vm.root), "JAX_PLATFORMS": "cpu",
                 "XLA_FLAGS": f"--xla_force_host_platform_device_count={vm.devices}", **variables})
-    return subprocess.run([sys.executable, "-c", OPEN], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-c", tpu_vm.OPEN_RUNTIME], env=env, capture_output=True, text=True, timeout=300)
 
 
 def errors_logged(vm) -> str:

@@ -43,6 +43,9 @@ def ray_processes() -> list[psutil.Process]:
 @pytest.fixture(scope="module")
 def cluster():
     os.environ["KVPROBE_TPU_STANDIN"] = "cpu"  # the hardware adapter's code on JAX CPU devices
+    # Ray waits 30 s for its GCS server to write its port; beside the engine test on two cores that
+    # ran out once (CI, 2026-12-06). Ray's own knob for that wait, set for the cluster this module starts.
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1"})
     for gen in TPU_HOSTS:
         cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", resources={ray_resource(gen): 1},

@@ -23,9 +23,6 @@ from kvref.staging import Staging
 from kvref.values import REQUEST_ID_BYTES, request_id, request_uuid
 
 SERVICE = "kvref.BlockPull"
-# How long a pull waits for its registration (timeout_s, if shorter): a scheduler step or more. The
-# production library waits up to 5 s; every pull that names nothing registered waits this long to fail.
-LATE_REGISTRATION_S = 1.0
 
 
 @dataclass
@@ -124,7 +121,8 @@ class Registrations:
         grpc = _grpc()
         # A serving engine's producer registers a request in its next step, and its consumer may
         # pull before that: a pull waits for its registration a while, as the production library's does.
-        waits = 0.0 if self._faults.unregistered_pull_fails_at_once else min(self.timeout_s, LATE_REGISTRATION_S)
+        # It waits up to timeout_s, the bound of everything a pull does (and no longer than the consumer waits).
+        waits = 0.0 if self._faults.unregistered_pull_fails_at_once else self.timeout_s
         until = time.monotonic() + waits
         with self._registered:
             self._expire()

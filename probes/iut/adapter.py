@@ -94,6 +94,7 @@ class Adapter:
         self.iut, self.generation, self.faults, self.options = iut, generation, faults, options
         self.arrays = iut.arrays(generation)
         self.library = iut.library(faults, options)
+        self._layouts: dict[kvref.ShapeKey, kvref.Shape] = {}  # a shape's layout on this device does not change
 
     def fresh(self) -> "Adapter":
         """This IUT made again, arrays and library: for a forked child, whose
@@ -126,7 +127,9 @@ class Adapter:
         return "; ".join(reasons) or None
 
     def layout(self, key: kvref.ShapeKey) -> kvref.Shape:
-        return self.iut.layout_of(self.generation, key)[0]
+        if key not in self._layouts:
+            self._layouts[key] = self.iut.layout_of(self.generation, key)[0]
+        return self._layouts[key]
 
     def make_caches(self, key: kvref.ShapeKey, seeds, mode: CacheMode | str = CacheMode.PUT, finite: bool = False):
         if mode not in tuple(CacheMode):

@@ -32,9 +32,11 @@ def stripped(detail: str) -> str:
     return "\n".join(line for line in reason.strip().splitlines() if not LOG_LINE.match(line))[:DETAIL_CHARS]
 
 
-def write_finding(case: Case, verdict: str, detail: str, iut_version: str, found_in: str, directory: Path) -> Path:
+def write_finding(case: Case, verdict: str, detail: str, iut_version: str, found_in: str, directory: Path,
+                  extra: dict | None = None) -> Path:
     """`case`'s failure as data: a new finding in `directory`, or the one of
-    the same case failing alike under another option set, with this set added."""
+    the same case failing alike under another option set, with this set added.
+    `extra`: fields of its model's own (a contract finding's key and pattern)."""
     model = MODELS[case.probe]
     directory.mkdir(parents=True, exist_ok=True)
     stem = f"{model}-{file_safe(case.iut)}-{verdict.lower()}"
@@ -44,15 +46,23 @@ def write_finding(case: Case, verdict: str, detail: str, iut_version: str, found
     for path in sorted(directory.glob(f"{stem}-*.json")):
         known = json.loads(path.read_text())
         if {**known["case"], "iut_options": []} == {**plain, "iut_options": []} and known["detail"] == detail:
-            if options not in known["option_sets"]:
-                known["option_sets"].append(options)
-                path.write_text(json.dumps(known, indent=1) + "\n")
+            add_option_set(path, case)
             return path
     path = directory / f"{stem}-{len(list(directory.glob(f'{stem}-*.json'))) + 1}.json"
     path.write_text(json.dumps({"model": model, "iut": case.iut, "iut_version": iut_version, "verdict": str(verdict),
-                                "detail": detail, "found_in": found_in, "option_sets": [options], "case": plain},
+                                "detail": detail, "found_in": found_in, "option_sets": [options], "case": plain,
+                                **(extra or {})},
                                indent=1) + "\n")
     return path
+
+
+def add_option_set(path: Path, case: Case) -> None:
+    """The finding at `path` failed alike under `case`'s way of building the manager too."""
+    known = json.loads(path.read_text())
+    options = [list(pair) for pair in case.iut_options]
+    if options not in known["option_sets"]:
+        known["option_sets"].append(options)
+        path.write_text(json.dumps(known, indent=1) + "\n")
 
 
 def read_finding(path: Path, model: str) -> dict:

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
-import time
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -29,11 +28,12 @@ import kvref
 from probes.fuzz.sequences import addressable_shapes, random_sequence
 from probes.iut import iut
 from probes.run import options, reproducers
+from probes.run.campaign import Campaign, known_in, run_lanes
 from probes.run.findings import read_finding, write_finding
 from probes.run.runner import CaseResult, run_case, run_cases
 from probes.run.subcommand import Command
 from probes.suite.cases import Case
-from probes.suite.contract_sequences import findings_in, sequence_in, shorter
+from probes.suite.contract_known import Known
 from probes.suite.registry import probe
 from probes.suite.verdicts import CRASH, HANG, PASS
 
@@ -133,61 +133,31 @@ def summary(results: list[CaseResult], findings: list[Finding]) -> str:
 
 CONTRACT = "contract_sequences"
 MAX_SEQUENCES = 10**6  # a fuzz worker draws sequences until its time is up
-SHRINK_SECONDS = 600.0  # shrinking the crashes and hangs of a campaign across workers, at most
-MIN_SHRINK_SECONDS = 60.0  # and at least, where the campaign drew for less
 
 
 def fuzz_contract(name: str, generation: str, cases: int, seed: int = 0, faults: kvref.Faults = kvref.Faults(),
                   seconds: float = 60.0, jobs: int | None = None, out: Path = Path("reports"),
-                  long: int = 0) -> tuple[list[CaseResult], list[Path]]:
-    """`cases` workers per way the manager is built, each drawing contract
-    sequences for `seconds` (with `long`, one long run of that many steps);
-    every kind of failure written once as a JSON finding."""
+                  long: int = 0, known: Known | None = None) -> Campaign:
+    """`cases` lanes per way the manager is built, each drawing contract
+    sequences for `seconds` (with `long`, one long run of that many steps) in
+    workers, one after another where a crash or a hang ends one; every
+    failure written once as a JSON finding, and steered away from after."""
     declared = iut(name)
     declared.check_target(generation)
     declared.check_faults(faults)
-    calls = {"long": long} if long else None
-    ends, results, rounds = time.monotonic() + seconds, [], 0
-    # A worker a crash or a hang ended early is followed by another, on new seeds, while time is left.
-    while not rounds or (not long and ends - time.monotonic() > min(10.0, seconds / 4)
-                         and any(r.outcome.verdict in (CRASH, HANG) for r in results[-batch:])):
-        left = seconds if not rounds else ends - time.monotonic()
-        made = [contract_case(name, generation, faults, left, seed * 1000 + rounds * 100 + i, options, calls)
-                for options in declared.library.OPTION_SETS for i in range(cases)]
-        batch, rounds = len(made), rounds + 1
-        results += run_cases(made, jobs)
-    shrinking = min(SHRINK_SECONDS, max(MIN_SHRINK_SECONDS, seconds))
-    return results, write_findings(results, Path(out) / generation / "findings", shrinking)
+    known = known or Known()
+    campaign = Campaign(Path(out) / generation / "findings", known, known_before=len(known.keys))
+    lanes = [(options, i) for options in declared.library.OPTION_SETS for i in range(cases)]
 
+    def make_case(lane, round_: int, left: float, known_now: dict) -> Case:
+        options, i = lane
+        calls = {"long": long} if long else {"sequences": MAX_SEQUENCES}
+        return contract_case(name, generation, faults, left, seed * 1000 + round_ * 100 + i, options,
+                             {**calls, "known": known_now})
 
-def write_findings(results: list[CaseResult], directory: Path, shrink_seconds: float = SHRINK_SECONDS) -> list[Path]:
-    """Every kind of failure the results hold, written once as a JSON finding
-    (a crash or a hang shrunk first, by replays: the first of each kind, all
-    of them within `shrink_seconds`)."""
-    kinds: dict[tuple, Path] = {}
-    shrunk_kinds: set[tuple] = set()
-    until = time.monotonic() + shrink_seconds
-    for result in results:
-        if result.outcome.verdict == PASS:
-            continue
-        if result.outcome.verdict in (CRASH, HANG):  # another worker's crash of the same kind adds nothing
-            kind = (result.outcome.verdict, result.case.options_text, _reason(result.outcome.detail))
-            if kind in shrunk_kinds:
-                continue
-            shrunk_kinds.add(kind)
-        result = finished(result, until)
-        # A crash's or a hang's sequence is the one its replays shrank; each other finding carries its own.
-        shrunk = result.case.calls if result.case.calls and "spec" in result.case.calls else None
-        for verdict, headline, sequence in findings_in(result.outcome.detail, result.outcome.verdict, result.stderr):
-            key = (verdict, result.case.options_text, _reason(headline))
-            if verdict in (CRASH, HANG) and shrunk is not None:
-                sequence = shrunk
-            if key not in kinds:
-                sequence = sequence or sequence_in(result.stderr)
-                case = replace(result.case, calls=sequence) if sequence else result.case
-                kinds[key] = write_finding(case, verdict, headline, result.outcome.iut_version,
-                                           result.case.case_id, directory)
-    return list(dict.fromkeys(kinds.values()))
+    run_lanes(campaign, lanes, make_case, seconds, jobs or os.cpu_count() or 1,
+              stop_early=lambda result: result.outcome.verdict in (CRASH, HANG))
+    return campaign
 
 
 def contract_case(name: str, generation: str, faults: kvref.Faults, seconds: float, seed: int,
@@ -196,29 +166,6 @@ def contract_case(name: str, generation: str, faults: kvref.Faults, seconds: flo
     return Case(CONTRACT, generation, name, f"contract-{seed}", probe(CONTRACT).subject, faults, 2.5 * seconds,
                 iut(name).startup_seconds, seed=seed, iut_options=tuple(sorted((options or {}).items())),
                 calls=calls or {"sequences": MAX_SEQUENCES})
-
-
-def finished(result: CaseResult, until: float) -> CaseResult:
-    """A crash or a hang, which ended its worker before it could shrink, shrunk
-    here by replaying shorter sequences each in a worker of its own, until
-    the clock reads `until` (time.monotonic())."""
-    if result.outcome.verdict not in (CRASH, HANG):
-        return result
-    sequence = sequence_in(result.stderr)
-    if sequence is None:
-        return result
-    best = result
-
-    def fails_alike(candidate: dict) -> dict | None:
-        nonlocal best
-        tried = run_case(replace(result.case, calls=candidate))
-        if tried.outcome.verdict != result.outcome.verdict:
-            return None
-        best = tried
-        return candidate
-
-    shrunk = shorter(sequence, fails_alike, until, max_replays=MAX_SHRINK_RUNS)
-    return best if "spec" in best.case.calls else replace(result, case=replace(result.case, calls=shrunk))
 
 
 def replay(path: Path, name: str | None, generation: str | None, faults: kvref.Faults,
@@ -239,27 +186,6 @@ def replay(path: Path, name: str | None, generation: str | None, faults: kvref.F
     generation = generation or (found["case"]["generation"] if found else None) or iut(name).targets[0]
     iut(name).check_target(generation)
     return run_case(contract_case(name, generation, faults, seconds, 0, calls=sequence))
-
-
-def _reason(detail: str) -> str:
-    first = detail.strip().splitlines()[0] if detail.strip() else ""
-    return re.sub(r"\{.*?\}|\[[^\]]*\]|\(.*?\)|-?\d+", "N", first.split(": ", 1)[-1])[:60]
-
-
-def contract_summary(results: list[CaseResult], findings: list[Path]) -> str:
-    counts: dict[str, int] = {}
-    for r in results:
-        counts[r.outcome.verdict] = counts.get(r.outcome.verdict, 0) + 1
-    lines = [f"{len(results)} workers: " + ", ".join(f"{v} {n}" for v, n in sorted(counts.items()))]
-    lines += [f"  {r.outcome.detail.strip().splitlines()[0][:300]}" for r in results if r.outcome.verdict == PASS]
-    for path in findings:
-        finding = read_finding(path, "contract")
-        steps = len(finding["case"]["calls"].get("steps", ())) or "?"
-        sets = "; ".join(Case.from_json(json.dumps({**finding["case"], "iut_options": s})).options_text
-                         for s in finding["option_sets"])
-        lines.append(f"  {finding['verdict']} [{sets}] in {steps} step(s): {finding['detail'][:200]}"
-                     f"\n    -> {path}")
-    return "\n".join(lines)
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
@@ -283,6 +209,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
                         help="blocks: print the standalone reproducer script of this finding (JSON)")
     parser.add_argument("--option-set", type=int, default=0, metavar="N",
                         help="blocks: with --reproducer, the finding's Nth way of building the manager (from 0)")
+    parser.add_argument("--known", type=Path, default=None, metavar="DIR",
+                        help="contract: the findings in this folder are known: never shrunk or written again, and "
+                             "their patterns not drawn, so the campaign explores past them")
     parser.add_argument("--seed", type=int, default=0)
     options.add_one(parser, "timeout", 60.0, "blocks: seconds per sequence")
     options.add(parser, "faults", "jobs", "out")
@@ -301,10 +230,11 @@ def run(args) -> int:
         return 0 if result.outcome.verdict == PASS else 1
     if args.model == "contract":
         generation = args.generation or iut(args.iut).targets[0]
-        results, findings = fuzz_contract(args.iut, generation, args.sequences or 2, args.seed, faults,
-                                          args.seconds, args.jobs, args.out, args.long)
-        print(contract_summary(results, findings))
-        return 1 if findings else 0
+        known = known_in(args.known) if args.known is not None else None
+        campaign = fuzz_contract(args.iut, generation, args.sequences or 2, args.seed, faults,
+                                 args.seconds, args.jobs, args.out, args.long, known)
+        print(campaign.summary())
+        return 1 if campaign.written else 0
     args.sequences = args.sequences or 40
     generation = args.generation or iut(args.iut).targets[0]
     results, findings = fuzz_iut(args.iut, generation, args.sequences, args.seed,

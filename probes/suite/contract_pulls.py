@@ -9,9 +9,10 @@ What holds: a pull of registered blocks lands exactly (remote block i into
 local block i, every layer); one the producer cannot serve (a uuid not
 registered, a registration already pulled, blocks of another size) fails
 and writes nothing; a pull whose registration comes LATE_BY_S after it
-lands (a serving engine's producer registers in its next step, and its
-consumer may be ahead: kvref's producer waits for a registration up to 1 s,
-the production library's up to 5 s); one in flight when its producer goes
+lands, and one whose registration comes past the manager's timeout_s
+fails (a serving engine's producer registers in its next step, and its
+consumer may be ahead: a producer waits for a registration up to its
+timeout_s; the delay is drawn across that bound); one in flight when its producer goes
 away may land or fail; a registration not pulled within timeout_s
 expires, and is told done sending; a request that cannot be carried out is refused at the call that receives it; every
 accepted pull settles exactly once, as done or failed, within its
@@ -39,6 +40,9 @@ from probes.suite.verdicts import CORRUPT, ERROR
 
 TIMEOUT_S = 6.0  # each pull manager's timeout_s: a pull that cannot land fails within it
 LATE_BY_S = 0.2  # how long an `early` pull's registration comes after it: the pull reaches the producer first
+# How late an `early` pull's registration may come, drawn across the bound the API states (a pull waits for
+# its registration up to timeout_s): well within it, it must land; well past it, it must fail.
+LATE_BY = ((LATE_BY_S, 0.8), (1.5, 0.08), (TIMEOUT_S * 0.6, 0.07), (TIMEOUT_S + 2.0, 0.05))
 # A registration not pulled within timeout_s expires (told done sending). One
 # younger than FRESH_S must still be served; an older one may have expired
 # (a loaded machine, or a model step that compiles, takes seconds).
@@ -159,7 +163,8 @@ def pull(session: Session, index: int, step: dict) -> None:
     if registered is not None and consumer == 0 and list(step["remote"]) == [registered[i] for i in step["pick"]]:
         expect = DONE if w.fresh(uuid) else EITHER
     elif step.get("early") and registered is None and uuid not in w.pulled and consumer == 0:
-        expect = DONE  # registered just after the pull began: the producer waits for it
+        # registered after the pull began: the producer waits for it up to its timeout_s
+        expect = DONE if _late_by(step) < TIMEOUT_S else FAILED
     else:
         expect = FAILED
     endpoint = w.managers[0].get_local_endpoints()
@@ -186,12 +191,20 @@ def pull(session: Session, index: int, step: dict) -> None:
     w.started.append((step["req"], w.pulls[step["req"]]))
     if step.get("drop"):  # the producer dies in the middle of the pull
         drop_producer(session, index, step)
-    if step.get("early") and registered is None and expect != FAILED:  # its registration comes after it
-        w.pulled.add(uuid)
-        time.sleep(LATE_BY_S)
+    if step.get("early") and registered is None and uuid not in w.pulled and consumer == 0:
+        # Its registration comes after it: taken by the pull that waits for it, or (past timeout_s) left.
+        time.sleep(_late_by(step))
         judged(session, Judgment(Must.DO, "a registration its pull came before, which waits for it"),
-               f"register_read {step['req']} after its pull",
+               f"register_read {step['req']} {_late_by(step):g} s after its pull",
                lambda: w.managers[0].register_read(step["req"], uuid, step["remote"]))
+        if expect == FAILED:
+            w.registrations[uuid], w.registered_at[uuid] = list(step["remote"]), time.monotonic()
+        else:
+            w.pulled.add(uuid)
+
+
+def _late_by(step: dict) -> float:
+    return float(step.get("late_by", LATE_BY_S))
 
 
 def serve(session: Session, index: int, step: dict) -> None:
@@ -398,7 +411,8 @@ def draw_pull_step(rng, session: Session) -> dict:
     elif odd < 0.22:
         step["consumer"] = 1  # blocks of another size
     elif odd < 0.3:
-        step.update(uuid=uuid, early=True)  # registered just after the pull began
+        late_by = float(rng.choice([d for d, _ in LATE_BY], p=[p for _, p in LATE_BY]))
+        step.update(uuid=uuid, early=True, late_by=late_by)  # registered after the pull began
     elif odd < 0.42:
         step["drop"] = True  # its producer goes away while it runs
     return step

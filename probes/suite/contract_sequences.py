@@ -26,7 +26,8 @@ import numpy as np
 from probes.iut.adapter import Adapter
 from probes.suite import contract_hosts, contract_pulls, contract_rules as rules
 from probes.suite.cases import Case
-from probes.suite.contract_draws import Parts, addressable_shapes, draw_spec, draw_step
+from probes.suite.contract_draws import DRAWS, Parts, addressable_shapes, draw_spec, draw_step
+from probes.suite.contract_known import Key, Known, Pattern, key_of, said, signature
 from probes.suite.contract_long import LONG_SPEC, long_run
 from probes.suite.contract_rules import Broken, Session, Stop
 from probes.suite.refusals import first_line
@@ -38,6 +39,7 @@ BUDGET_SECONDS = 60.0  # drawing, at most, per case (and 0.4 of the case's timeo
 CASE_SECONDS = 150.0  # a case's timeout: its budget, shrinking, and its worker's start and exit
 MAX_REPLAYS = 120  # shrinking: replays of shorter sequences
 FOUND = "kvprobe-contract-finding"  # the worker's output line of each finding of a `kvprobe fuzz` case
+HELD = "kvprobe-contract-held"  # the worker's output line, after each sequence: steps held per rule, draws steered
 RULES = rules.RULES | contract_pulls.RULES | contract_hosts.RULES
 
 
@@ -60,29 +62,52 @@ def contract_sequences(case: Case, iut: Adapter) -> Outcome:
     if case.calls is not None and "long" in case.calls:
         return _long(case, iut, parts, case.calls["long"])
     drawn = (case.calls or {}).get("sequences")
+    known = Known.from_json((case.calls or {}).get("known"))
     start, budget = time.monotonic(), case.timeout * 0.4 if drawn else min(BUDGET_SECONDS, case.timeout * 0.4)
     wanted = drawn or SEQUENCES
     sequences = steps = 0
-    found: dict[tuple, Outcome] = {}  # kind -> its shrunk finding, in the order found
+    held: dict[str, int] = {}  # rule -> steps held to the model
+    found: dict[Key, Outcome] = {}  # where each failure arose -> its shrunk finding, in the order found
     while sequences < wanted and time.monotonic() - start < budget:
         rng = np.random.default_rng([case.seed, sequences])
         sequence = {"spec": draw_spec(rng, shapes, parts), "seed": int(rng.integers(2**31)), "steps": []}
-        failure = run_sequence(iut, sequence, parts, rng=rng)
+        failure = run_sequence(iut, sequence, parts, rng=rng, known=known)
         sequences += 1
         steps += len(sequence["steps"])
-        if failure is None or failure_kind(failure) in found:
+        _tally(held, sequence["steps"][:failure[0] if failure else None])
+        if drawn:
+            print(f"{HELD} {json.dumps({'rules': held, 'steered': known.steered})}", file=sys.stderr, flush=True)
+        if failure is None:
+            continue
+        key = key_of(failure[1].verdict, failure[1].detail, sequence, failure[0])
+        if known.find(key) is not None or key in found:  # shrunk already, here or by the campaign
+            known.add(key, None)
             continue
         # A probe's case ends at its first finding; `kvprobe fuzz` goes on for other kinds.
         # Shrinking ends with room left for a last replay and the worker's exit (pull managers closing).
         deadline = start + case.timeout * 0.7 if not drawn else min(start + budget, time.monotonic() + 30)
         shrunk = shrink(iut, sequence, failure, parts, deadline=deadline)
-        outcome = _outcome(run_sequence(iut, shrunk, parts) or failure, shrunk, sequence, sequences)
-        found[failure_kind(failure)] = outcome
+        again = run_sequence(iut, shrunk, parts) or failure
+        drawn_key = key  # where it arose in the sequence drawn; shrinking may move it to another step
+        key = key_of(again[1].verdict, again[1].detail, shrunk, again[0]) if again is not failure else key
+        pattern = Pattern.of(shrunk, again[0])
+        new = known.add(key, pattern)  # not drawn again by this worker
+        if drawn_key != key:
+            known.add(drawn_key, None)
+        if not new:  # shrunk to a failure known already
+            continue
+        outcome = _outcome(again, shrunk, sequence, sequences)
+        found[key] = outcome
         if not drawn:
             break
         # On the worker's output too: a crash later in the case keeps what it found before.
-        said = {"verdict": outcome.verdict, "detail": outcome.detail.splitlines()[0], "sequence": shrunk}
-        print(f"{FOUND} {json.dumps(said)}", file=sys.stderr, flush=True)
+        line = {"verdict": outcome.verdict, "detail": outcome.detail.splitlines()[0], "sequence": shrunk,
+                **json.loads(said(key, pattern))}
+        print(f"{FOUND} {json.dumps(line)}", file=sys.stderr, flush=True)
+    per_rule = f"; steps held per rule: {json.dumps(dict(sorted(held.items())))}" if drawn else ""
+    if known.repeats or known.steered:
+        per_rule += f"; known findings met again {sum(known.repeats.values())} times, {known.steered} draws " \
+                    "steered away from known patterns"
     if found:
         first = next(iter(found.values()))
         if len(found) == 1:
@@ -91,8 +116,17 @@ def contract_sequences(case: Case, iut: Adapter) -> Outcome:
                                                 for n, o in enumerate(found.values(), 1)))
     if not steps:
         return Outcome(ERROR, "no sequence ran within the budget")
-    cut = f" (the {budget:.0f} s budget ended it before {wanted})" if sequences < wanted and not drawn else ""
-    return Outcome(PASS, f"{sequences} sequences{cut}, {steps} steps held to the contract's model")
+    elapsed = time.monotonic() - start
+    if sequences < wanted and not drawn:
+        return Outcome(ERROR, f"drew {sequences} of the {wanted} sequences in the {budget:.0f} s budget "
+                              f"({steps} steps held to the contract's model): too few to pass")
+    return Outcome(PASS, f"{sequences} sequences, {steps} steps held to the contract's model in {elapsed:.0f} s"
+                         f"{per_rule}")
+
+
+def _tally(held: dict[str, int], steps: list[dict]) -> None:
+    for step in steps:
+        held[step["rule"]] = held.get(step["rule"], 0) + 1
 
 
 def _long(case: Case, iut: Adapter, parts: Parts, steps: int) -> Outcome:
@@ -110,9 +144,11 @@ def _long(case: Case, iut: Adapter, parts: Parts, steps: int) -> Outcome:
                                    f"steps, not shrunk): {json.dumps(sequence)}")
 
 
-def run_sequence(iut: Adapter, sequence: dict, parts: Parts, rng=None) -> tuple[int, Broken] | None:
+def run_sequence(iut: Adapter, sequence: dict, parts: Parts, rng=None,
+                 known: Known | None = None) -> tuple[int, Broken] | None:
     """Replay `sequence` (or, with `rng`, draw its steps as it goes and
-    record them): the first broken rule, as (step, Broken), or None."""
+    record them, none completing a `known` pattern): the first broken rule,
+    as (step, Broken), or None."""
     # On the worker's output, so a hang's or a crash's detail names the sequence it ended in.
     print(f"sequence {json.dumps({'spec': sequence['spec'], 'seed': sequence['seed']})}", file=sys.stderr, flush=True)
     try:
@@ -126,7 +162,12 @@ def run_sequence(iut: Adapter, sequence: dict, parts: Parts, rng=None) -> tuple[
     try:
         while index < (len(steps) if rng is None else STEPS):
             if rng is not None:
-                steps.append(draw_step(rng, session, parts))
+                step = (known or Known()).draw(lambda only: draw_step(rng, session, parts, only),
+                                               sequence["spec"]["mode"], [signature(s) for s in steps],
+                                               tuple(DRAWS), family)
+                if step is None:
+                    break
+                steps.append(step)
                 sequence["steps"] = steps
             step = steps[index]
             print(f"step {index} {json.dumps(step)}", file=sys.stderr, flush=True)
@@ -179,6 +220,11 @@ def applies(session: Session, step: dict, parts: Parts) -> bool:
     if rule in contract_hosts.RULES:
         return parts.hosts and contract_hosts.applies(session, step)
     return True
+
+
+def family(rule: str) -> str:
+    """The rule a sequence's draw picks for a step of `rule` (a pull's and a host's steps are drawn as one)."""
+    return "pulls" if rule in contract_pulls.RULES else "hosts" if rule in contract_hosts.RULES else rule
 
 
 def failure_kind(failure: tuple[int, Broken]) -> tuple[str, str]:
@@ -241,18 +287,21 @@ def without(steps: list[dict], start: int, count: int) -> list[dict]:
     return kept
 
 
-def findings_in(detail: str, verdict: str, output: str = "") -> list[tuple[str, str, dict | None]]:
+def findings_in(detail: str, verdict: str, output: str = "", keyed: bool = False) -> list[tuple]:
     """Each finding a case's detail gives, and each its worker said on its
-    output before it ended: (verdict, its first line, its sequence)."""
+    output before it ended: (verdict, its first line, its sequence), and
+    with `keyed` what the worker said of where it arose ({key, pattern}, or None)."""
     said = []
     for line in output.splitlines():
         if line.startswith(FOUND + " "):
             try:
                 found = json.loads(line[len(FOUND) + 1:])
-                said.append((found["verdict"], found["detail"], found["sequence"]))
+                where = {"key": found["key"], "pattern": found.get("pattern")} if "key" in found else None
+                said.append((found["verdict"], found["detail"], found["sequence"], where))
             except (ValueError, KeyError, TypeError, RecursionError):  # a line an IUT wrote, not the worker
                 continue
-    return said + _findings_in(detail, verdict)
+    found = said + [(*f, None) for f in _findings_in(detail, verdict)]
+    return found if keyed else [f[:3] for f in found]
 
 
 def _findings_in(detail: str, verdict: str) -> list[tuple[str, str, dict | None]]:

@@ -272,8 +272,8 @@ def test_the_model_forgets_a_save_of_a_block_a_load_in_flight_may_fail_to_write(
 
 def test_a_finding_replays_from_its_json_on_any_iut(tmp_path, capsys):
     faults = kvref.Faults(unchecked_unlock=True)
-    results, findings = fuzz_command.fuzz_contract("kvref-sim", "tpu7x", 1, seed=0, faults=faults, seconds=20,
-                                                   out=tmp_path)
+    campaign = fuzz_command.fuzz_contract("kvref-sim", "tpu7x", 1, seed=0, faults=faults, seconds=20, out=tmp_path)
+    results, findings = campaign.workers, campaign.written
     assert findings and findings[0].parent == tmp_path / "tpu7x" / "findings", results[0].outcome.detail
     finding = json.loads(findings[0].read_text())
     assert finding["model"] == "contract" and finding["iut"] == "kvref-sim"
@@ -284,6 +284,56 @@ def test_a_finding_replays_from_its_json_on_any_iut(tmp_path, capsys):
     # The same sequence on another IUT, the fault off: it holds.
     assert cli.main(["fuzz", "--replay", str(findings[0]), "--iut", "kvref-jax", "-g", "cpu"]) == 0
     assert "held to the model" in capsys.readouterr().out
+
+
+def test_a_campaign_that_knows_a_finding_explores_past_it(tmp_path, capsys):
+    """`--known DIR`: a second campaign over the same fault neither shrinks
+    nor writes what the first found; its workers steer away from the known
+    patterns and still hold the rules those patterns use."""
+    faults = ["unchecked_unlock"]
+    first = tmp_path / "first"
+    assert cli.main(["fuzz", "-g", "tpu7x", "--faults", *faults, "--seconds", "15", "--sequences", "1",
+                     "--out", str(first)]) == 1
+    printed = capsys.readouterr().out
+    assert "distinct findings new to this campaign, 0 known before it" in printed, printed
+    known = first / "tpu7x" / "findings"
+    keys = [json.loads(p.read_text())["key"] for p in known.glob("contract-*.json")]
+    assert keys and all(k["verdict"] == "ERROR" and k["step"].startswith("unlock") for k in keys), keys
+    second = tmp_path / "second"
+    cli.main(["fuzz", "-g", "tpu7x", "--faults", *faults, "--seconds", "15", "--sequences", "1", "--seed", "1",
+              "--known", str(known), "--out", str(second)])
+    printed = capsys.readouterr().out
+    again = [json.loads(p.read_text())["key"] for p in (second / "tpu7x" / "findings").glob("contract-*.json")]
+    assert not [k for k in again if k in keys], printed
+    assert f"{len(keys)} known before it" in printed and re.search(r"unlock \d+", printed), printed
+
+
+def test_a_known_pattern_is_never_drawn_and_the_rest_still_is():
+    """A worker handed a known pattern (here: a d2h that is awaited, a step
+    every sequence draws) draws no step that completes it, counts the draws
+    it steered, and still draws every other kind of transfer."""
+    from probes.suite.contract_known import Known, Pattern, Key, signature
+    from probes.suite.contract_sequences import HELD
+
+    step = {"rule": "transfer", "d2h": True, "src": [1], "dst": [2], "sizes": None, "wait": True}
+    known = Known([Key("ERROR", signature(step), "a reason")], [Pattern("put", (signature(step),))])
+    case = fuzz_command.contract_case("kvref-sim", "v5e", kvref.Faults(), 20.0, 5,
+                                      calls={"sequences": 8, "known": known.to_json()})
+    [result] = run_cases([case], jobs=1)
+    assert result.outcome.verdict == "PASS", result.outcome.detail[:2000]
+    drawn, mode = [], None  # each step drawn, with its sequence's mode
+    for line in result.stderr.splitlines():
+        if line.startswith("sequence "):
+            mode = json.loads(line[len("sequence "):])["spec"]["mode"]
+        elif line.startswith("step "):
+            drawn.append((mode, json.loads(line.split(" ", 2)[2])))
+    assert any(mode == "put" for mode, _ in drawn)
+    assert not [s for mode, s in drawn if mode == "put" and signature(s) == signature(step)]
+    transfers = {signature(s) for _, s in drawn if s["rule"] == "transfer"}
+    assert {"transfer d2h=True dst sizes=None src wait=False", "transfer d2h=False dst sizes=None src wait=True"} \
+        <= transfers, transfers
+    tally = json.loads([line for line in result.stderr.splitlines() if line.startswith(HELD)][-1][len(HELD) + 1:])
+    assert tally["steered"] > 0 and "steered away from known patterns" in result.outcome.detail
 
 
 def test_a_replay_file_that_is_no_sequence_is_refused_by_name(tmp_path):
@@ -297,8 +347,7 @@ def test_each_finding_of_a_crashed_worker_keeps_its_own_sequence(tmp_path):
     """A worker that said an ERROR on its output and then crashed: the crash's
     finding carries the sequence its replays shrank, the ERROR's its own (both
     were written with the crash's)."""
-    import json
-
+    from probes.run.campaign import Campaign
     from probes.run.runner import CaseResult
     from probes.suite.contract_sequences import FOUND
     from probes.suite.verdicts import Outcome
@@ -308,40 +357,51 @@ def test_each_finding_of_a_crashed_worker_keeps_its_own_sequence(tmp_path):
     said = {"spec": spec, "seed": 2, "steps": [{"rule": "save", "blocks": [1], "sizes": None, "wait": True}]}
     case = fuzz_command.contract_case("kvref-sim", "tpu7x", kvref.Faults(), 10.0, 0, calls=crashed)
     output = f"{FOUND} {json.dumps({'verdict': 'ERROR', 'detail': 'step 0 ...: a save refused', 'sequence': said})}\n"
-    written = fuzz_command.write_findings([CaseResult(case, Outcome("CRASH", "killed by SIGSEGV"), 1.0, output)],
-                                          tmp_path)
+    campaign = Campaign(tmp_path)
+    campaign.take(CaseResult(case, Outcome("CRASH", "killed by SIGSEGV"), 1.0, output), time.monotonic() + 30)
+    written = list(campaign.written)
     findings = {json.loads(p.read_text())["verdict"]: json.loads(p.read_text())["case"]["calls"] for p in written}
     assert findings == {"ERROR": said, "CRASH": crashed}
-    # The same failures under another way of building the manager add that way to the findings.
+    # The same failures under another way of building the manager are not written again: that way is
+    # added to the findings.
     other = dataclasses.replace(case, iut_options=(("listen_address", "127.0.0.1:0"),))
-    again = fuzz_command.write_findings([CaseResult(other, Outcome("CRASH", "killed by SIGSEGV"), 1.0, output)],
-                                        tmp_path)
-    assert sorted(again) == sorted(written)
+    campaign.take(CaseResult(other, Outcome("CRASH", "killed by SIGSEGV"), 1.0, output), time.monotonic() + 30)
+    assert sorted(campaign.written) == sorted(written) and len(campaign.known.keys) == 2
     assert all(len(json.loads(p.read_text())["option_sets"]) == 2 for p in written)
+    assert sum(campaign.known.repeats.values()) == 2
 
 
-def test_crashes_of_one_kind_are_shrunk_once_and_all_shrinking_within_its_budget(tmp_path, monkeypatch):
+def test_crashes_where_they_arise_are_shrunk_once_each_within_its_budget(tmp_path, monkeypatch):
     """Every worker of a campaign on tpu-sync-jax may end in the same SIGSEGV: a
-    `--seconds 300` run spent over 20 minutes shrinking each of them."""
+    `--seconds 300` run spent over 20 minutes shrinking each of them. A crash
+    is shrunk once per place it arises (its signal, the step it died in, the
+    top frames of its stack), and one known from an earlier campaign not at all."""
+    from probes.run import campaign as campaigns
     from probes.run.runner import CaseResult
+    from probes.suite.contract_known import Key, Known
     from probes.suite.verdicts import Outcome
 
     spec = {"shape": "bf16[32,8,128]", "layers": 1, "host_blocks": 8, "mode": "put", "store": 0}
     shrunk = []
 
-    def finished(result, until):
-        shrunk.append(until)
-        return result
+    def finished(result, sequence, until):
+        shrunk.append((result.outcome.detail, until))
+        return result, sequence
 
-    monkeypatch.setattr(fuzz_command, "finished", finished)
-    results = [CaseResult(fuzz_command.contract_case("kvref-sim", "tpu7x", kvref.Faults(), 10.0, seed,
-                                                     calls={"spec": spec, "seed": seed, "steps": []}),
-                          Outcome("CRASH", detail), 1.0, "")
-               for seed, detail in enumerate(["killed by SIGSEGV"] * 3 + ["killed by SIGABRT"])]
+    monkeypatch.setattr(campaigns, "finished", finished)
+    stack = 'Current thread 0x00007f (most recent call first):\n  File "/x/tpu_sync.py", line 9 in {}\n'
+    runs = [("killed by SIGSEGV", "d2h"), ("killed by SIGSEGV", "d2h"), ("killed by SIGSEGV", "h2d"),
+            ("killed by SIGABRT", "d2h"), ("killed by SIGSEGV", "d2h")]
+    known = Known([Key("CRASH", "", "killed by SIGABRT")])
+    campaign = campaigns.Campaign(tmp_path, known, known_before=1)
     started = time.monotonic()
-    fuzz_command.write_findings(results, tmp_path, shrink_seconds=30.0)
-    assert len(shrunk) == 2  # one SIGSEGV and the SIGABRT
-    assert all(started + 30.0 <= until <= time.monotonic() + 30.0 for until in shrunk)
+    for seed, (detail, function) in enumerate(runs):
+        case = fuzz_command.contract_case("kvref-sim", "tpu7x", kvref.Faults(), 10.0, seed,
+                                          calls={"spec": spec, "seed": seed, "steps": []})
+        campaign.take(CaseResult(case, Outcome("CRASH", detail), 1.0, stack.format(function)), started + 30.0)
+    assert [d for d, _ in shrunk] == ["killed by SIGSEGV", "killed by SIGSEGV"]  # in d2h, in h2d; SIGABRT known
+    assert all(until == started + 30.0 for _, until in shrunk)
+    assert len(campaign.written) == 2 and sum(campaign.known.repeats.values()) == 3
 
 
 @pytest.mark.parametrize("name, generation", [("kvref-jax", "cpu"), ("kvref-sim", "v5e")])

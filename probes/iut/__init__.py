@@ -24,6 +24,8 @@ FACE = {
     # This machine's TPU, the environments of their own IUTs run in, library builds.
     "hardware": "hardware", "TpuUnavailable": "hardware:TpuUnavailable", "peer_env": "peer_env",
     "PEER_ENVS": "peer_env:PEER_ENVS", "builds": "builds",
+    # What a library offers its callers, read from it (`kvprobe coverage`).
+    "Entry": "surface:Entry",
     # The production library's halves, for a reproducer and the peer benchmark.
     "tpu_sync": "tpu_sync", "jax_arrays": "jax_arrays",
 }

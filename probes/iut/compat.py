@@ -10,6 +10,7 @@ import os
 
 import kvref
 from kvref.compat import tpu_sync
+from probes.iut.surfaces import KVREF_COMPAT
 from probes.iut.standin_rails import rails_environment
 from probes.iut.store_views import KvrefStoreView
 from probes.iut.tpu_sync import PULL_SLOT_BLOCKS, PULL_SLOTS, SyncLibrary, SyncManagerView, WrapperHostTransfers, pool_port
@@ -41,6 +42,7 @@ class CompatLibrary(WrapperHostTransfers, SyncLibrary):
     """The facade, built as tpu-inference's connectors build the wrapper. Its
     fault models are kvref's, which the manager underneath reads from
     $KVREF_FAULTS (set here: the facade's constructor is the wrapper's)."""
+    SURFACE = KVREF_COMPAT  # what it offers, mapped to the model (`kvprobe coverage`)
 
     distribution = "kvref"
     module = "kvref.compat.tpu_sync"

@@ -14,6 +14,7 @@ from kvref.compat.tpu_sync import SHM_KEY_VARIABLE
 from kvref.oracle import device_kind, lookup
 from kvref.sharding import uneven_parts
 from kvref.sim_mesh import SimMesh
+from probes.iut.surfaces import KVREF
 from probes.iut.host_data import random_host
 from probes.iut.protocol import CacheMode, NoViews
 from probes.iut.store_views import KvrefStoreView
@@ -35,6 +36,7 @@ def _installed(distribution: str) -> str:
 
 class KvrefLibrary:
     """kvref.KVCacheManager with the case's fault models switched on."""
+    SURFACE = KVREF  # what it offers, mapped to the model (`kvprobe coverage`)
 
     distribution = "kvref"
     supports_faults = True

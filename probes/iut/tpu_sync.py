@@ -14,6 +14,7 @@ from importlib import metadata
 import numpy as np
 
 import kvref
+from probes.iut.surfaces import TPU_SYNC_JAX
 from probes.iut.sockets import free_loopback_port
 from probes.iut.standin_rails import multi_rail_switches
 from probes.iut.store_views import NativeStoreView
@@ -316,6 +317,7 @@ class WrapperHostTransfers:
 
 class TpuSyncJaxLibrary(WrapperHostTransfers, SyncLibrary):
     """tpu-sync-jax (Python 3.12: its workers run in the jax peer environment)."""
+    SURFACE = TPU_SYNC_JAX  # what it offers, mapped to the model (`kvprobe coverage`)
 
     distribution = "tpu-sync-jax"
     wheel = "jax"

@@ -9,14 +9,15 @@ import signal
 import sys
 import traceback
 
-from probes.run import (bisect, diff_command, doctor, explain_command, fuzz_command, generations_command,
-                        iuts_command, model_command, peer_env_command, run_command)
+from probes.run import (bisect, coverage_command, diff_command, doctor, explain_command, fuzz_command,
+                        generations_command, iuts_command, model_command, peer_env_command, run_command)
 
 
 # Every command, in the order `kvprobe --help` lists them; each declared by its own module.
 COMMANDS = (explain_command.COMMAND, run_command.RUN, run_command.REPORT, peer_env_command.COMMAND,
             fuzz_command.COMMAND, generations_command.COMMAND, run_command.QUALIFY, bisect.COMMAND,
-            doctor.COMMAND, iuts_command.COMMAND, model_command.COMMAND, diff_command.COMMAND)
+            doctor.COMMAND, iuts_command.COMMAND, model_command.COMMAND, coverage_command.COMMAND,
+            diff_command.COMMAND)
 
 
 EXIT_CODES = """exit codes (each command):

@@ -38,15 +38,20 @@ from probes.suite.pull_sides import pull_bytes
 from probes.suite.pull_telemetry import record_problem, records_in
 from probes.suite.verdicts import CORRUPT, ERROR
 
-TIMEOUT_S = 6.0  # each pull manager's timeout_s: a pull that cannot land fails within it
-LATE_BY_S = 0.2  # how long an `early` pull's registration comes after it: the pull reaches the producer first
-# How late an `early` pull's registration may come, drawn across the bound the API states (a pull waits for
-# its registration up to timeout_s): well within it, it must land; well past it, it must fail.
-LATE_BY = ((LATE_BY_S, 0.8), (1.5, 0.08), (TIMEOUT_S * 0.6, 0.07), (TIMEOUT_S + 2.0, 0.05))
-# A registration not pulled within timeout_s expires (told done sending). One
+TIMEOUT_S = 6.0  # each consumer's timeout_s: a pull that cannot land fails within it
+# The producer's: how long it keeps a registration no pull took, and how long a pull waits for its registration.
+# Shorter, so a pull of what is not registered (a registration already pulled, a uuid never registered) fails
+# in seconds, not in a consumer's whole timeout.
+PRODUCER_TIMEOUT_S = 2.0
+LATE_BY_S = 0.2  # how long an `early` pull's registration mostly comes after it: the pull reaches the producer first
+# How late an `early` pull's registration comes, drawn across the bounds the API states: within the
+# producer's timeout_s it must land; past the consumer's, it must have failed. The later ones are drawn
+# rarely: each holds its sequence that long.
+LATE_BY = ((LATE_BY_S, 0.9), (PRODUCER_TIMEOUT_S / 2, 0.08), (TIMEOUT_S + 2.0, 0.02))
+# A registration not pulled within the producer's timeout_s expires (told done sending). One
 # younger than FRESH_S must still be served; an older one may have expired
 # (a loaded machine, or a model step that compiles, takes seconds).
-FRESH_S = TIMEOUT_S / 2
+FRESH_S = PRODUCER_TIMEOUT_S / 2
 MAX_BLOCKS = 8  # the most blocks one pull moves
 SETTLE_S = TIMEOUT_S + 10.0  # beyond which a pull that never settled is a finding (a loaded machine is slow)
 POLL_S = 0.005
@@ -102,7 +107,8 @@ def world(session: Session) -> PullWorld:
             caches.append(own)
             blocks.append(own_blocks)
         try:
-            managers = [lib.pull_manager(c, "slots", True, TIMEOUT_S, MAX_BLOCKS) for c in caches]
+            managers = [lib.pull_manager(c, "slots", True, PRODUCER_TIMEOUT_S if n == 0 else TIMEOUT_S, MAX_BLOCKS)
+                        for n, c in enumerate(caches)]
         except Exception as e:  # these caches are addressable: building a pull manager must work
             raise Broken(ERROR, f"a pull manager could not be built: {type(e).__name__}: {e}") from e
         session.pulls = PullWorld(lib, session.key, managers, keys, blocks, caches)
@@ -164,7 +170,7 @@ def pull(session: Session, index: int, step: dict) -> None:
         expect = DONE if w.fresh(uuid) else EITHER
     elif step.get("early") and registered is None and uuid not in w.pulled and consumer == 0:
         # registered after the pull began: the producer waits for it up to its timeout_s
-        expect = DONE if _late_by(step) < TIMEOUT_S else FAILED
+        expect = DONE if _late_by(step) < PRODUCER_TIMEOUT_S else FAILED if _late_by(step) > TIMEOUT_S else EITHER
     else:
         expect = FAILED
     endpoint = w.managers[0].get_local_endpoints()
@@ -274,7 +280,7 @@ def drop_producer(session: Session, index: int, step: dict) -> None:
     w.lib.close_manager(w.managers[0])
     w.registrations.clear()
     try:
-        w.managers[0] = w.lib.pull_manager(w.caches[0], "slots", True, TIMEOUT_S, MAX_BLOCKS)
+        w.managers[0] = w.lib.pull_manager(w.caches[0], "slots", True, PRODUCER_TIMEOUT_S, MAX_BLOCKS)
     except Exception as e:  # as at the first build
         raise Broken(ERROR, f"a pull manager could not be built again: {type(e).__name__}: {e}") from e
     w.sent.clear()
@@ -394,7 +400,7 @@ def draw_pull_step(rng, session: Session) -> dict:
         return {"rule": "register", "req": req, "uuid": uuid, "blocks": blocks}
     uuids = sorted(registrations)
     taken = uuids[int(rng.integers(len(uuids)))]
-    if pulled and rng.random() < 0.25:  # a registration a pull took already
+    if pulled and rng.random() < 0.15:  # a registration a pull took already
         taken = pulled[int(rng.integers(len(pulled)))]
         registrations = {taken: [int(b) for b in rng.choice(rows, 2, replace=False)]}
     blocks = registrations[taken]
@@ -406,9 +412,9 @@ def draw_pull_step(rng, session: Session) -> dict:
     if odd < 0.08:  # refused at once: lists of different lengths, or a local block out of range
         step["local"] = local[:-1] if len(local) > 1 and rng.random() < 0.5 else local[:-1] + [rows]
         return step
-    if odd < 0.12:
-        step["uuid"] = uuid  # never registered
-    elif odd < 0.22:
+    if odd < 0.09:
+        step["uuid"] = uuid  # never registered: its producer waits for it timeout_s, so drawn rarely
+    elif odd < 0.2:
         step["consumer"] = 1  # blocks of another size
     elif odd < 0.3:
         late_by = float(rng.choice([d for d, _ in LATE_BY], p=[p for _, p in LATE_BY]))

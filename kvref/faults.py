@@ -58,6 +58,9 @@ class Faults:
     leaked_pool: bool = _fault(
         "a dropped manager's host pool is never freed: each manager built over the same caches "
         "adds a pool")
+    leaks_per_save: bool = _fault(
+        "each d2h_auto_allocate keeps a kilobyte of its bookkeeping for ever: a slow leak, found "
+        "only over thousands of saves")
     buffer_resolved_once: bool = _fault(
         "buffers are resolved at construction only: a transfer after an in-place op moves "
         "stale storage (pending ops never run; an XLA tensor's new buffer is never seen)")

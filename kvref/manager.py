@@ -43,6 +43,8 @@ ChunkState = _core.ChunkState  # what a host chunk holds, and whether it is lock
 BUDGET_SHARE = 0.5  # default budget: this share of the memory available now
 PULL_TIMEOUT_S = 120.0  # how long a pull may take when timeout_s is not given
 _LEAKED_POOLS: list = []  # the leaked_pool fault model's pools, never freed
+_LEAKED_PER_SAVE: list = []  # the leaks_per_save fault model's bookkeeping, never freed
+LEAKED_PER_SAVE_BYTES = 1024
 
 
 class KVCacheManager:
@@ -166,6 +168,8 @@ class KVCacheManager:
             src = _neighbours(src, sizes, self.device_blocks)
         self._bring_up_to_date()
         ids, core = self._mover.save(src, sizes)
+        if self.faults.leaks_per_save:
+            _LEAKED_PER_SAVE.append(bytearray(LEAKED_PER_SAVE_BYTES))
         return ids, self._future(core)
 
     def unlock_blocks(self, chunk_ids) -> None:

@@ -18,6 +18,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
+FOUND = "kvprobe-contract-finding"  # the worker's output line of each finding of a `kvprobe fuzz` case
 REDRAWS = 8  # draws of a step that would complete a known pattern, before another rule's step is drawn
 FRAMES = 3  # a crash's or a hang's top frames in its key
 # A stack frame as faulthandler prints it: `  File "path", line N in function`.

@@ -27,7 +27,7 @@ from probes.iut.adapter import Adapter
 from probes.suite import contract_hosts, contract_pulls, contract_rules as rules
 from probes.suite.cases import Case
 from probes.suite.contract_draws import DRAWS, Parts, addressable_shapes, draw_spec, draw_step
-from probes.suite.contract_known import Key, Known, Pattern, key_of, said, signature
+from probes.suite.contract_known import FOUND, Key, Known, Pattern, key_of, said, signature
 from probes.suite.contract_long import LONG_SPEC, long_run
 from probes.suite.contract_rules import Broken, Session, Stop
 from probes.suite.refusals import first_line
@@ -38,7 +38,6 @@ SEQUENCES = 120  # sequences a case draws, unless its time runs out first
 BUDGET_SECONDS = 60.0  # drawing, at most, per case (and 0.4 of the case's timeout)
 CASE_SECONDS = 150.0  # a case's timeout: its budget, shrinking, and its worker's start and exit
 MAX_REPLAYS = 120  # shrinking: replays of shorter sequences
-FOUND = "kvprobe-contract-finding"  # the worker's output line of each finding of a `kvprobe fuzz` case
 HELD = "kvprobe-contract-held"  # the worker's output line, after each sequence: steps held per rule, draws steered
 RULES = rules.RULES | contract_pulls.RULES | contract_hosts.RULES
 
@@ -130,18 +129,20 @@ def _tally(held: dict[str, int], steps: list[dict]) -> None:
 
 
 def _long(case: Case, iut: Adapter, parts: Parts, steps: int) -> Outcome:
-    """One long sequence of cycles (probes.suite.contract_long); not shrunk: its finding is the whole run."""
+    """One long sequence of cycles (probes.suite.contract_long), going on past
+    what breaks; not shrunk: its finding is the whole run."""
     rng = np.random.default_rng([case.seed, 0])
     spec = {**LONG_SPEC, "store": 64 if parts.store else 0, "without": [], "favour": "rebuild"}
     sequence = {"spec": spec, "seed": int(rng.integers(2**31)), "steps": []}
     print(f"sequence {json.dumps({'spec': spec, 'seed': sequence['seed']})}", file=sys.stderr, flush=True)
-    failure = long_run(iut, sequence, parts, rng, steps)
-    if failure is None:
-        return Outcome(PASS, f"{steps} steps of save, load, unlock, store and rebuild held to the model, and every "
-                             "resource back to its baseline")
-    index, broken = failure
-    return Outcome(broken.verdict, f"long run, step {index}: {broken.detail}\nsequence (long, {len(sequence['steps'])} "
-                                   f"steps, not shrunk): {json.dumps(sequence)}")
+    known = Known.from_json(case.calls.get("known"))
+    found = long_run(iut, sequence, parts, rng, steps, known)
+    if not found:
+        return Outcome(PASS, f"{steps} steps of save, load, unlock, store and rebuild held to the model, no resource "
+                             "grew with any rule's operations, and every resource back to its baseline")
+    said = "\n".join(f"long run, step {index}: {broken.detail}" for index, broken in found)
+    return Outcome(found[0][1].verdict, f"{said}\nsequence (long, {len(sequence['steps'])} steps, not shrunk): "
+                                         f"{json.dumps(sequence)}")
 
 
 def run_sequence(iut: Adapter, sequence: dict, parts: Parts, rng=None,

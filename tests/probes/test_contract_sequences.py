@@ -51,8 +51,9 @@ FOUND_BY_SEQUENCES = {
     # Host-to-host transfers.
     "host_pairs_sorted": "CORRUPT", "host_write_unclaimed": "ERROR|CORRUPT",
 }
-# Found by a long run's resources coming back to their baseline.
-FOUND_BY_LONG_RUNS = {"leaked_pool": "ERROR"}
+# Found by a long run: resources not back to their baseline, or the heap growing with the operations made.
+FOUND_BY_LONG_RUNS = {"leaked_pool": "not back to the baseline: address space",
+                      "leaks_per_save": "the heap in use grows by"}
 # Found where a copy the device holds meets the next call: a shorter sequence
 # may not hold the copy as long (and a hang's ends the worker).
 RACES = ("unordered_transfers", "unfenced_copies", "no_materialize_before_await", "lost_pull_unsettled",
@@ -84,7 +85,7 @@ OUT_OF_REACH = {
         "registration_waits_for_controller")},
     "shm_segment_left": "a pool attached under a shared-memory key",
 }
-LONG_STEPS = 3000
+LONG_STEPS = 6000
 CLEAN = [("kvref-sim", "tpu7x"), ("kvref-sim", "v5e"), ("kvref-sim", "v3"), ("kvref-jax", "cpu"),
          ("kvref-compat", "cpu")]
 
@@ -117,6 +118,9 @@ def ran(request):
               for p in selected(request, "test_a_long_run_comes_back_to_its_baseline")}
     cases |= {("long", fault): long_case("kvref-sim", "tpu7x", [fault])
               for p in selected(request, "test_a_leak_is_found_by_a_long_run") for fault in [p["fault"]]}
+    if selected(request, "test_a_long_run_goes_on_past_what_breaks_to_its_resource_check"):
+        cases[("long", "unchecked_unlock,leaks_per_save")] = long_case("kvref-sim", "tpu7x",
+                                                                       ["unchecked_unlock", "leaks_per_save"])
     return dict(zip(cases, run_cases(list(cases.values()), jobs=2)))
 
 
@@ -175,8 +179,17 @@ def test_a_long_run_comes_back_to_its_baseline(ran, name, generation):
 @pytest.mark.parametrize("fault", sorted(FOUND_BY_LONG_RUNS))
 def test_a_leak_is_found_by_a_long_run(ran, fault):
     outcome = ran["long", fault].outcome
-    assert outcome.verdict == FOUND_BY_LONG_RUNS[fault], outcome.detail[:3000]
-    assert "not back to the baseline: address space" in outcome.detail
+    assert outcome.verdict == "ERROR" and FOUND_BY_LONG_RUNS[fault] in outcome.detail, outcome.detail[:3000]
+
+
+def test_a_long_run_goes_on_past_what_breaks_to_its_resource_check(ran):
+    """A manager that accepts a bad unlock and leaks a kilobyte a save: the
+    long run says each place the unlock breaks once, goes on over a fresh
+    manager, and still finds the leak at its end."""
+    outcome = ran["long", "unchecked_unlock,leaks_per_save"].outcome
+    assert outcome.verdict == "ERROR", outcome.detail[:3000]
+    said = outcome.detail.split("\nsequence (long")[0].splitlines()
+    assert any("must be refused" in line for line in said) and "the heap in use grows by" in said[-1], said
 
 
 def test_every_call_of_the_library_protocol_has_a_rule():

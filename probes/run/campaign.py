@@ -63,11 +63,12 @@ class Campaign:
             return
         began = sequence_in(result.stderr)
         key = key_of(verdict, result.outcome.detail, began, None, result.stderr)
-        last = Pattern.of({**began, "steps": began["steps"][-1:]}) if began and began["steps"] else None
+        last = Pattern.of({**began, "steps": began["steps"][-1:]}, rules_only=True) \
+            if began and began["steps"] else None
         if not self._new(key, last, result):  # known at once: a lane meeting it while it shrinks steers away
             return
         shrunk, sequence = finished(result, began, shrink_until)
-        pattern = Pattern.of(sequence) if sequence else last
+        pattern = Pattern.of(sequence, rules_only=True) if sequence else last
         with self.lock:
             if last in self.known.patterns and pattern != last:
                 self.known.patterns[self.known.patterns.index(last)] = pattern

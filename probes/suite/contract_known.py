@@ -44,11 +44,12 @@ def signature(step: dict) -> str:
 
 
 def reason_of(detail: str) -> str:
-    """A failure's first line after the step it names, numbers, lists, quotes
-    and parenthesised remarks taken out."""
+    """A failure's first line after the step and the call it names, with
+    numbers, lists and quotes taken out (what it says of why is kept)."""
     first = detail.strip().splitlines()[0] if detail.strip() else ""
-    first = first.split("}: ", 1)[-1] if first.startswith("step ") else first.split(": ", 1)[-1]
-    return re.sub(r"\{.*?\}|\[[^\]]*\]|\(.*?\)|-?\d+|True|False|'[^']*'|\"[^\"]*\"", "N", first)[:60]
+    first = first.split("}: ", 1)[-1] if first.startswith("step ") else first
+    first = first.split(": ", 1)[-1] if re.match(r"^[\w ]+ [\[\d(]", first) else first  # `d2h [1] -> [2] ...: why`
+    return re.sub(r"\{.*?\}|\[[^\]]*\]|-?\d+|True|False|'[^']*'|\"[^\"]*\"", "N", first)[:80]
 
 
 def top_frames(stderr: str, count: int = FRAMES) -> tuple[str, ...]:
@@ -105,9 +106,13 @@ def failing_step(sequence: dict | None, index: int | None = None) -> dict | None
 
 
 def key_of(verdict: str, detail: str, sequence: dict | None, index: int | None = None, stderr: str = "") -> Key:
+    """Where a failure arises: the rule of the step it broke at and the caches'
+    mode, its reason, and a crash's or a hang's top frames."""
     step = failing_step(sequence, index)
     frames = top_frames(stderr) if verdict in ("CRASH", "HANG") else ()
-    return Key(str(verdict), signature(step) if step else "", reason_of(detail), frames)
+    mode = (sequence or {}).get("spec", {}).get("mode", "")
+    where = f"{step.get('rule', '?')}{f' on {mode} caches' if mode else ''}" if step else ""
+    return Key(str(verdict), where, reason_of(detail), frames)
 
 
 @dataclass(frozen=True)
@@ -118,20 +123,24 @@ class Pattern:
     steps: tuple[str, ...]
 
     @classmethod
-    def of(cls, sequence: dict, upto: int | None = None) -> "Pattern":
-        """The pattern of `sequence`'s steps up to the one at index `upto`, that one included."""
+    def of(cls, sequence: dict, upto: int | None = None, rules_only: bool = False) -> "Pattern":
+        """The pattern of `sequence`'s steps up to the one at index `upto`, that
+        one included; `rules_only`: each step by its rule alone, whatever its
+        choices (a crash's: what takes the process down is the call, not how it was asked)."""
         steps = sequence.get("steps") or []
         if upto is not None and 0 <= upto < len(steps):
             steps = steps[:upto + 1]
-        return cls(str(sequence.get("spec", {}).get("mode", "")), tuple(signature(s) for s in steps))
+        signed = tuple(str(s.get("rule", "?")) if rules_only else signature(s) for s in steps)
+        return cls(str(sequence.get("spec", {}).get("mode", "")), signed)
 
     def completed_by(self, mode: str, drawn: list[str], candidate: str) -> bool:
         """Whether `candidate`, drawn after `drawn` on caches of `mode`, completes
-        this pattern: it is the pattern's last step, and the rest occur before it in order."""
-        if not self.steps or mode != self.mode or candidate != self.steps[-1]:
+        this pattern: it is the pattern's last step, and the rest occur before it
+        in order (a step of the pattern that is a rule alone matches any step of it)."""
+        if not self.steps or mode != self.mode or not _is(candidate, self.steps[-1]):
             return False
         wanted = iter(drawn)
-        return all(any(s == w for w in wanted) for s in self.steps[:-1])
+        return all(any(_is(w, s) for w in wanted) for s in self.steps[:-1])
 
     def to_json(self) -> dict:
         return {"mode": self.mode, "steps": list(self.steps)}
@@ -139,6 +148,10 @@ class Pattern:
     @classmethod
     def from_json(cls, data: dict) -> "Pattern":
         return cls(str(data["mode"]), tuple(str(s) for s in data["steps"]))
+
+
+def _is(signed: str, pattern_step: str) -> bool:
+    return signed == pattern_step or (" " not in pattern_step and signed.split(" ", 1)[0] == pattern_step)
 
 
 @dataclass

@@ -35,18 +35,33 @@ def test_a_crash_is_keyed_by_its_signal_its_step_and_its_top_frames():
               '  File "/site/tpu_sync/manager.py", line 88 in d2h\n  File "/w/probes/iut/tpu_sync.py", line 12 in '
               'd2h\n  File "/w/probes/suite/contract_rules.py", line 190 in transfer\n  File "/w/x.py", line 1 in f\n')
     assert top_frames(stderr) == ("manager.py:d2h", "tpu_sync.py:d2h", "contract_rules.py:transfer")
-    key = key_of("CRASH", "killed by SIGSEGV", {"steps": [SAVE, D2H]}, None, stderr)
-    assert key == Key("CRASH", signature(D2H), "killed by SIGSEGV", top_frames(stderr))
+    key = key_of("CRASH", "killed by SIGSEGV", {"spec": {"mode": "deferred"}, "steps": [SAVE, D2H]}, None, stderr)
+    assert key == Key("CRASH", "transfer on deferred caches", "killed by SIGSEGV", top_frames(stderr))
+    # How the step was asked (awaited or not) is not where it arises; the caches' mode is.
+    assert key_of("CRASH", "killed by SIGSEGV", {"spec": {"mode": "deferred"}, "steps": [{**D2H, "wait": False}]},
+                  None, stderr) == key
+    assert key_of("CRASH", "killed by SIGSEGV", {"spec": {"mode": "put"}, "steps": [D2H]}, None, stderr) != key
     # A finding kept before frames were recorded is the same place; another signal, or other frames, is not.
-    assert key.same_as(Key("CRASH", signature(D2H), "killed by SIGSEGV"))
-    assert not key.same_as(Key("CRASH", signature(D2H), "killed by SIGABRT"))
-    assert not key.same_as(Key("CRASH", signature(D2H), "killed by SIGSEGV", ("a.py:f",)))
-    assert not key.same_as(Key("CRASH", signature(SAVE), "killed by SIGSEGV"))
+    where = "transfer on deferred caches"
+    assert key.same_as(Key("CRASH", where, "killed by SIGSEGV"))
+    assert not key.same_as(Key("CRASH", where, "killed by SIGABRT"))
+    assert not key.same_as(Key("CRASH", where, "killed by SIGSEGV", ("a.py:f",)))
+    assert not key.same_as(Key("CRASH", "save on deferred caches", "killed by SIGSEGV"))
 
 
-def test_a_reason_loses_its_numbers_lists_and_quotes():
+def test_a_reason_loses_its_numbers_lists_and_quotes_and_keeps_why():
     assert reason_of('step 4 {"rule": "unlock", "ids": [0]}: unlock [0]: accepted; it must be refused (chunk 0)') \
-        == reason_of('step 9 {"rule": "unlock", "ids": [7]}: unlock [7, 8]: accepted; it must be refused (chunk 7)')
+        == reason_of('step 9 {"rule": "unlock", "ids": [7]}: unlock [7, 8]: accepted; it must be refused (chunk 7)') \
+        == "accepted; it must be refused (chunk N)"
+    assert reason_of("step 0 {}: h2d [7] -> [3] sizes [0]: accepted; it must be refused (copy size 0)") != \
+        reason_of("step 0 {}: h2d [7] -> [3] sizes None: accepted; it must be refused (range out of the cache)")
+
+
+def test_a_crash_s_pattern_holds_its_steps_by_rule_alone():
+    pattern = Pattern.of({"spec": {"mode": "deferred"}, "steps": [D2H]}, rules_only=True)
+    assert pattern == Pattern("deferred", ("transfer",))
+    assert pattern.completed_by("deferred", [], signature({**D2H, "d2h": False, "wait": False}))
+    assert not pattern.completed_by("deferred", [], signature(SAVE))
 
 
 def test_a_step_that_would_complete_a_pattern_is_drawn_again_or_of_another_rule():

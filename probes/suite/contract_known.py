@@ -106,11 +106,13 @@ def failing_step(sequence: dict | None, index: int | None = None) -> dict | None
 
 
 def key_of(verdict: str, detail: str, sequence: dict | None, index: int | None = None, stderr: str = "") -> Key:
-    """Where a failure arises: the rule of the step it broke at and the caches'
-    mode, its reason, and a crash's or a hang's top frames."""
+    """Where a failure arises: the rule of the step it broke at, its reason,
+    and for a crash or a hang the caches' mode (what takes a process down
+    depends on whether its caches have landed) and the top frames."""
     step = failing_step(sequence, index)
-    frames = top_frames(stderr) if verdict in ("CRASH", "HANG") else ()
-    mode = (sequence or {}).get("spec", {}).get("mode", "")
+    ended = verdict in ("CRASH", "HANG")
+    frames = top_frames(stderr) if ended else ()
+    mode = (sequence or {}).get("spec", {}).get("mode", "") if ended else ""
     where = f"{step.get('rule', '?')}{f' on {mode} caches' if mode else ''}" if step else ""
     return Key(str(verdict), where, reason_of(detail), frames)
 

@@ -47,6 +47,11 @@ def test_a_crash_is_keyed_by_its_signal_its_step_and_its_top_frames():
     assert not key.same_as(Key("CRASH", where, "killed by SIGABRT"))
     assert not key.same_as(Key("CRASH", where, "killed by SIGSEGV", ("a.py:f",)))
     assert not key.same_as(Key("CRASH", "save on deferred caches", "killed by SIGSEGV"))
+    # A refusal that is missing is the same wherever the caches stand.
+    refused = "step 0 {}: unlock [0]: accepted; it must be refused (chunk 0 is not locked)"
+    assert key_of("ERROR", refused, {"spec": {"mode": "deferred"}, "steps": [SAVE]}, 0) == \
+        key_of("ERROR", refused, {"spec": {"mode": "put"}, "steps": [SAVE]}, 0) == \
+        Key("ERROR", "save", "accepted; it must be refused (chunk N is not locked)")
 
 
 def test_a_reason_loses_its_numbers_lists_and_quotes_and_keeps_why():

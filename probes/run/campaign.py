@@ -29,6 +29,7 @@ from probes.suite.verdicts import CRASH, HANG, PASS
 
 MAX_SHRINK_RUNS = 40  # replays that shrink one crash or hang
 MIN_SHRINK_SECONDS = 60.0  # a crash found as its lane's time runs out is still shrunk, for at most this long
+REPLAY_SECONDS = 60.0  # one replay of a shrinking crash or hang, at most (a sequence of 40 steps takes seconds)
 FOUND_AT = re.compile(r"^step (\d+) ")
 
 
@@ -179,7 +180,10 @@ def finished(result: CaseResult, sequence: dict | None, until: float) -> tuple[C
 
     def fails_alike(candidate: dict) -> dict | None:
         nonlocal best
-        tried = run_case(replace(result.case, calls=candidate))
+        # A replay of one short sequence that runs past REPLAY_SECONDS hangs: it is not waited for to the
+        # drawing worker's timeout, nor past the time shrinking has.
+        limit = max(10.0, min(REPLAY_SECONDS, until - time.monotonic()))
+        tried = run_case(replace(result.case, calls=candidate, timeout=min(result.case.timeout, limit)))
         if tried.outcome.verdict != result.outcome.verdict:
             return None
         best = tried

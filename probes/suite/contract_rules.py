@@ -440,7 +440,11 @@ def store_call(session: Session, index: int, step: dict) -> None:
     elif call == "pin":
         if len(model.lookup(hashes)) != len(hashes):
             return  # pins only what is stored (a replay without the insert)
-        store.pin(hashes)
+        try:
+            store.pin(hashes)
+        except KeyError as e:  # a view's word that the store does not hold one of them
+            raise Broken(ERROR, f"store pin {step['hashes']}: {e.args[0] if e.args else e}; the model stores each "
+                                f"(capacity {model.capacity}, pinned {sorted(_named(model.pins))})") from e
         model.pin(hashes)
     elif call == "release":
         store.release(hashes)

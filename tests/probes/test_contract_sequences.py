@@ -470,3 +470,21 @@ def test_dropping_steps_keeps_every_later_reference_to_the_step_it_named():
         {"rule": "load", "of": 0}, {"rule": "wait", "of": -1}]
     assert contract_sequences.without(steps, 0, 3) == [{"rule": "unlock", "of": -1}, {"rule": "load", "of": -1},
                                                        {"rule": "wait", "of": -1}]
+
+
+def test_a_store_that_lost_what_the_model_stores_is_a_finding_at_its_pin():
+    """tpu-sync-jax's store answered a pin of hashes the model stores with
+    "not stored" (its eviction chose others); that is the store's finding,
+    never a failure of the harness."""
+    from types import SimpleNamespace
+
+    class Forgetful:
+        def pin(self, hashes):
+            raise KeyError("pin: a hash is not stored")
+
+    store = StoreModel(4)
+    store.insert([h.to_bytes(8, "little") for h in (7, 0)], [1, 2])
+    session = SimpleNamespace(store=Forgetful(), model=SimpleNamespace(store=store))
+    with pytest.raises(contract_rules.Broken, match=r"store pin \[7, 0\]: pin: a hash is not stored") as broken:
+        contract_rules.store_call(session, 3, {"call": "pin", "hashes": [7, 0]})
+    assert broken.value.verdict == "ERROR"

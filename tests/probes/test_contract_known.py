@@ -98,3 +98,14 @@ def test_known_failures_cross_processes_as_data():
     assert again.keys == known.keys and again.patterns == known.patterns
     assert not again.add(Key("CRASH", "save", "killed by SIGSEGV", ("a.py:f",)), None)
     assert again.repeats == {known.keys[0].text(): 1}
+
+
+def test_the_kept_contract_findings_are_known_to_a_campaign_that_names_their_folder():
+    from pathlib import Path
+
+    from probes.run.campaign import known_in
+
+    folder = Path(__file__).resolve().parents[2] / "reports" / "cpu" / "findings"
+    kept = sorted(folder.glob("contract-*.json"))
+    known = known_in(folder)
+    assert kept and len(known.keys) == len(kept) and len(known.patterns) == len(kept)

@@ -27,7 +27,7 @@ from probes.iut.adapter import Adapter
 from probes.suite import contract_hosts, contract_pulls, contract_rules as rules
 from probes.suite.cases import Case
 from probes.suite.contract_draws import DRAWS, Parts, addressable_shapes, draw_spec, draw_step
-from probes.suite.contract_known import FOUND, Key, Known, Pattern, key_of, said, signature
+from probes.suite.contract_known import FOUND, Key, Known, Pattern, key_of, reason_of, said, signature
 from probes.suite.contract_long import LONG_SPEC, long_run
 from probes.suite.contract_rules import Broken, Session, Stop
 from probes.suite.refusals import first_line
@@ -231,9 +231,9 @@ def family(rule: str) -> str:
 
 
 def failure_kind(failure: tuple[int, Broken]) -> tuple[str, str]:
-    """Failures of one kind share the verdict and the reason, numbers and lists taken out."""
-    reason = re.sub(r"\[[^\]]*\]|\(.*?\)|-?\d+|True|False|'[^']*'", "N", failure[1].detail.split(": ", 1)[-1])
-    return failure[1].verdict, reason[:60]
+    """Failures of one kind, for shrinking, share the verdict and the reason
+    (contract_known.reason_of), wherever in the sequence they arise."""
+    return failure[1].verdict, reason_of(failure[1].detail)
 
 
 def shrink(iut: Adapter, sequence: dict, failure: tuple[int, Broken], parts: Parts, deadline: float) -> dict:

@@ -169,14 +169,15 @@ class Known:
         return next((k for k in self.keys if k.same_as(key)), None)
 
     def add(self, key: Key, pattern: Pattern | None) -> bool:
-        """Record `key` (and the pattern to steer away from); False if it was known (counted again)."""
+        """Record `key`, and the pattern to steer away from (a known key met by
+        another pattern adds that one too); False if the key was known (counted again)."""
+        if pattern is not None and pattern.steps and pattern not in self.patterns:
+            self.patterns.append(pattern)
         known = self.find(key)
         if known is not None:
             self.repeats[known.text()] = self.repeats.get(known.text(), 0) + 1
             return False
         self.keys.append(key)
-        if pattern is not None and pattern.steps and pattern not in self.patterns:
-            self.patterns.append(pattern)
         return True
 
     def draw(self, draw, mode: str, drawn: list[str], rules: tuple[str, ...], family) -> dict | None:

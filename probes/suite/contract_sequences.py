@@ -34,9 +34,11 @@ from probes.suite.refusals import first_line
 from probes.suite.verdicts import ERROR, PASS, SKIP, Outcome
 
 STEPS = 40  # steps a drawn sequence takes
-SEQUENCES = 120  # sequences a case draws: all of them, or it says it could not (never a PASS on fewer)
-# Drawing them, at most (and 0.6 of the case's timeout): on a machine at load 4, the JAX IUTs draw the 120 in
-# about 140 s (kvref-sim in 50 s), so the count is reached there.
+# Sequences a case draws: all of them, or it says it could not (never a PASS on fewer). A test suite's run of
+# every probe on kvref-jax, beside the engine test, drew a sequence in about 4 s: 40 is what such a run reaches.
+SEQUENCES = 40
+# Drawing them, at most (and 0.6 of the case's timeout): at load 4 kvref-jax and kvref-compat draw about one
+# sequence a second, kvref-sim 2.5.
 BUDGET_SECONDS = 240.0
 CASE_SECONDS = 400.0  # a case's timeout: its budget, shrinking, and its worker's start and exit
 MAX_REPLAYS = 120  # shrinking: replays of shorter sequences
@@ -49,8 +51,9 @@ def contract_sequences(case: Case, iut: Adapter) -> Outcome:
     saves, loads, unlocks, the store) with model steps, stalls and failing
     copies between them, every step held to the contract's model; a
     failing sequence is shrunk and given as JSON. With case.calls, a
-    sequence ({spec, seed, steps}) is replayed, or {"sequences": N} are drawn
-    for 0.4 of the case's timeout (`kvprobe fuzz`)."""
+    sequence ({spec, seed, steps}) is replayed, {"sequences": N} are drawn
+    for 0.4 of the case's timeout (`kvprobe fuzz`), or {"count": N} take the
+    place of SEQUENCES."""
     parts = Parts.of(iut)
     if case.calls is not None and "spec" in case.calls:
         failure = run_sequence(iut, case.calls, parts)
@@ -65,7 +68,7 @@ def contract_sequences(case: Case, iut: Adapter) -> Outcome:
     drawn = (case.calls or {}).get("sequences")
     known = Known.from_json((case.calls or {}).get("known"))
     start, budget = time.monotonic(), case.timeout * 0.4 if drawn else min(BUDGET_SECONDS, case.timeout * 0.6)
-    wanted = drawn or SEQUENCES
+    wanted = drawn or (case.calls or {}).get("count") or SEQUENCES
     sequences = steps = 0
     held: dict[str, int] = {}  # rule -> steps held to the model
     found: dict[Key, Outcome] = {}  # where each failure arose -> its shrunk finding, in the order found

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 
 FOUND = "kvprobe-contract-finding"  # the worker's output line of each finding of a `kvprobe fuzz` case
@@ -208,6 +209,9 @@ class Known:
                    [Pattern.from_json(p) for p in data.get("patterns", ())])
 
 
-def said(key: Key, pattern: Pattern | None) -> str:
-    """A key and its pattern as one JSON text (the worker's output line of a finding)."""
-    return json.dumps({"key": key.to_json(), "pattern": pattern.to_json() if pattern else None})
+def say_found(verdict: str, detail: str, sequence: dict, key: Key, pattern: Pattern | None) -> None:
+    """A worker's finding on its output (FOUND), with where it arose and the
+    pattern to steer away from: a crash later in the case keeps it."""
+    line = {"verdict": str(verdict), "detail": detail.splitlines()[0] if detail else "", "sequence": sequence,
+            "key": key.to_json(), "pattern": pattern.to_json() if pattern else None}
+    print(f"{FOUND} {json.dumps(line)}", file=sys.stderr, flush=True)

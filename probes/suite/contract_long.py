@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
-import json
 import os
-import sys
 from collections import deque
 from dataclasses import dataclass
 
@@ -34,7 +33,7 @@ import numpy as np
 
 from probes.suite import contract_rules as rules
 from probes.suite.contract_draws import Parts, draw_step
-from probes.suite.contract_known import FOUND, Known, Pattern, key_of, said, signature
+from probes.suite.contract_known import Known, Pattern, key_of, say_found, signature
 from probes.suite.contract_rules import Broken, Session, Stop
 from probes.suite.host_budget import address_space_bytes
 from probes.suite.verdicts import ERROR
@@ -61,15 +60,23 @@ class _MallInfo2(ctypes.Structure):
                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
-def _heap_in_use() -> int:
-    """Bytes malloc has handed out and not had back, in every arena and mapped chunk (glibc's mallinfo2); 0 where
-    the C library has none."""
+@functools.cache
+def _mallinfo2():
+    """glibc's mallinfo2, loaded once; None where the C library has none."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
         libc.mallinfo2.restype = _MallInfo2
     except (OSError, AttributeError):
+        return None
+    return libc.mallinfo2
+
+
+def _heap_in_use() -> int:
+    """Bytes malloc has handed out and not had back, in every arena and mapped chunk; 0 without mallinfo2."""
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is None:
         return 0
-    info = libc.mallinfo2()
+    info = mallinfo2()
     return int(info.uordblks + info.hblkhd)
 
 
@@ -189,9 +196,7 @@ def _broke(found: list, known: Known, index: int, broken: Broken, tail: dict) ->
     pattern = Pattern.of(tail)
     if known.add(key, pattern):
         found.append((index, broken))
-        line = {"verdict": broken.verdict, "detail": f"long run, step {index}: {broken.detail}".splitlines()[0],
-                "sequence": tail, **json.loads(said(key, pattern))}
-        print(f"{FOUND} {json.dumps(line)}", file=sys.stderr, flush=True)
+        say_found(broken.verdict, f"long run, step {index}: {broken.detail}", tail, key, pattern)
 
 
 def _settle(session: Session, index: int) -> None:

@@ -27,7 +27,7 @@ from probes.iut.adapter import Adapter
 from probes.suite import contract_hosts, contract_pulls, contract_rules as rules
 from probes.suite.cases import Case
 from probes.suite.contract_draws import DRAWS, Parts, addressable_shapes, draw_spec, draw_step
-from probes.suite.contract_known import FOUND, Key, Known, Pattern, key_of, reason_of, said, signature
+from probes.suite.contract_known import FOUND, Key, Known, Pattern, key_of, reason_of, say_found, signature
 from probes.suite.contract_long import LONG_SPEC, long_run
 from probes.suite.contract_rules import Broken, Session, Stop
 from probes.suite.refusals import first_line
@@ -104,10 +104,7 @@ def contract_sequences(case: Case, iut: Adapter) -> Outcome:
         found[key] = outcome
         if not drawn:
             break
-        # On the worker's output too: a crash later in the case keeps what it found before.
-        line = {"verdict": outcome.verdict, "detail": outcome.detail.splitlines()[0], "sequence": shrunk,
-                **json.loads(said(key, pattern))}
-        print(f"{FOUND} {json.dumps(line)}", file=sys.stderr, flush=True)
+        say_found(outcome.verdict, outcome.detail, shrunk, key, pattern)
     per_rule = f"; steps held per rule: {json.dumps(dict(sorted(held.items())))}" if drawn else ""
     if known.repeats or known.steered:
         per_rule += f"; known findings met again {sum(known.repeats.values())} times, {known.steered} draws " \

@@ -185,6 +185,13 @@ class Faults:
     shm_segment_left: bool = _fault(
         "a manager attached under a shared-memory key leaves its segment in /dev/shm when it "
         "closes: every run adds one")
+    # What managers export (kvref.metrics).
+    counts_requested_bytes: bool = _fault(
+        "a transfer's bytes are counted when it is asked for, not once it completed successfully: "
+        "refused and failed transfers count, and a count runs ahead of what landed")
+    gauge_of_last_pool: bool = _fault(
+        "the pool gauge holds the last manager's pool, not the sum of every live one's: with two "
+        "managers alive it reports one pool, and it keeps a closed manager's")
     duplicate_reports: bool = _fault(
         "poll_stats does not forget what it reported: each settled request is reported on "
         "every poll")

@@ -22,7 +22,7 @@ import weakref
 
 import numpy as np
 
-from kvref import _core
+from kvref import _core, metrics
 from kvref.addressing import plan_host
 from kvref.buffers import DeviceBufferView, check_live, is_simulated, is_still, split_shards, unpack_buffer
 from kvref.errors import HostBudgetError
@@ -64,8 +64,9 @@ class KVCacheManager:
             if self._attachment is not None:
                 self._attachment.release()
             raise
+        metrics.LEDGER.pool_opened(id(self), self.host_bytes, self.faults)
         self._close = weakref.finalize(self, _closer(self._listener, self._pulls, self._host_transfers,
-                                                     self._attachment))  # runs once
+                                                     self._attachment, id(self)))  # runs once
 
     def _build(self, kv_caches, settings: ManagerSettings) -> None:
         self.timeout_s = settings.timeout_s
@@ -170,7 +171,7 @@ class KVCacheManager:
         ids, core = self._mover.save(src, sizes)
         if self.faults.leaks_per_save:
             _LEAKED_PER_SAVE.append(bytearray(LEAKED_PER_SAVE_BYTES))
-        return ids, self._future(core)
+        return ids, self._future(core, metrics.D2H_BYTES, len(ids))
 
     def unlock_blocks(self, chunk_ids) -> None:
         """Give locked chunks back: each becomes CACHED (its bytes kept until it
@@ -321,9 +322,13 @@ class KVCacheManager:
         if self.faults.loads_neighbouring_chunk and direction == _core.Direction.HOST_TO_DEVICE:
             src = _neighbours(src, sizes, self.host_blocks)
         self._bring_up_to_date()
-        return self._future(self._mover.copy(direction, src, dst, sizes))
+        counter = metrics.D2H_BYTES if direction == _core.Direction.DEVICE_TO_HOST else metrics.H2D_BYTES
+        return self._future(self._mover.copy(direction, src, dst, sizes), counter, int(np.sum(sizes)))
 
-    def _future(self, core) -> TransferFuture:
+    def _future(self, core, counter: metrics.Metric, blocks: int) -> TransferFuture:
+        """The transfer's future; its bytes (`blocks` of every layer and shard) count once it succeeds."""
+        row = sum(n * size for n, size in zip(self._host_slots, self.layer_bytes_per_block))
+        metrics.LEDGER.track(core, counter, blocks * row, self.faults)
         future = TransferFuture(core, self.timeout_s)
         if self._lands_before_return and not self.faults.unfenced_copies:
             future.wait_landed()
@@ -366,9 +371,10 @@ class KVCacheManager:
 
 
 def _closer(listener: Listener | None, pulls: PullService, host_transfers: HostTransfers,
-            attachment: PoolAttachment | None):
+            attachment: PoolAttachment | None, token: int):
     """What a dropped manager's finalizer does (it must not hold the manager)."""
     def close():
+        metrics.LEDGER.pool_closed(token)
         if listener is not None:
             listener.stop()
         pulls.close()

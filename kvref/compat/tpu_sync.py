@@ -48,7 +48,7 @@ from kvref import worker_registration
 from kvref.compat import data_rails
 from kvref.manager import shards_of
 from kvref.endpoints import LOOPBACK, is_wildcard, with_port
-from kvref import kv_store
+from kvref import kv_store, metrics
 from kvref.kv_store import RaidenId  # noqa: F401 (the facade's name)
 from kvref.values import flag, integer
 
@@ -284,6 +284,9 @@ def _adoptable(manager, recovered: list) -> tuple[list, list]:
         named.add(chunk)
     return adoptable[::-1], dropped[::-1]
 
+
+# The production library's scrape of every manager's metrics in the process (its native module's name).
+get_raiden_metrics_prometheus_text = metrics.prometheus_text
 
 EXPORTED = ("KVCacheManager", "KVCacheStore", "RaidenId")  # what `from <name> import ...` finds
 

@@ -10,6 +10,7 @@ import os
 
 import kvref
 from kvref.compat import tpu_sync
+from probes.iut.exports import KV_EXPORTS, scraped
 from probes.iut.surfaces import KVREF_COMPAT
 from probes.iut.standin_rails import rails_environment
 from probes.iut.store_views import KvrefStoreView
@@ -64,6 +65,11 @@ class CompatLibrary(WrapperHostTransfers, SyncLibrary):
     def refuses(self, e: BaseException) -> bool:
         """kvref's refusals, as the facade raises them (a full pool is also the wrapper's RuntimeError)."""
         return isinstance(e, (kvref.LayoutError, kvref.HostBudgetError, ValueError))
+
+    EXPORTS = KV_EXPORTS
+
+    def exports(self) -> dict[str, float]:
+        return scraped(tpu_sync.get_raiden_metrics_prometheus_text())
 
     def pull_manager(self, caches, form, listen, timeout_s, max_blocks, sub_managers=1):
         """As the disaggregated connector builds it ("slots": max_blocks,

@@ -10,7 +10,7 @@ from probes.iut.compat import CompatLibrary
 from probes.iut.jax_arrays import JaxCpuArrays, JaxTpuArrays
 from probes.iut.reference import KvrefLibrary, SimArrays
 from probes.iut.torch_tpu import TORCH_TPU_GENERATIONS, TorchTpuArrays
-from probes.iut.tpu_sync import TpuSyncJaxLibrary, TpuSyncTorchLibrary
+from probes.iut.tpu_sync import TELEMETRY_VARIABLE, TpuSyncJaxLibrary, TpuSyncTorchLibrary
 from probes.iut.xla_arrays import TorchXlaArrays
 
 # Why a probe does not apply, said once for every IUT it holds for.
@@ -40,6 +40,9 @@ NO_XLA_ALIASING = tuple((probe, "torch_xla gives an in-place step's output a buf
                                 "donates a cache in place") for probe in ("donation_in_place", "pull_across_donation"))
 # The wheel records its pulls for dump_metrics_to_string only with this set, exactly so.
 PULL_RECORDS = ("ENABLE_RAIDEN_METRICS", "true")
+# Its process-wide metrics (bytes moved, the pool gauge) are scraped only through a telemetry backend a serving
+# stack names; the prometheus one, as for a /metrics endpoint.
+TELEMETRY = (TELEMETRY_VARIABLE, "prometheus")
 # JAX, torch_xla and TorchTPU deadlock in a forked child of a process that used them: no cache is made there.
 NO_FORKED_CACHES = tuple((f"fork_forms/{kind}", "this framework deadlocks in a forked child of a process that used "
                           "it (its runtime's threads stay in the parent), so no cache can be made there")
@@ -64,7 +67,7 @@ KVREF_JAX = IUT("kvref-jax", JaxCpuArrays, KvrefLibrary, targets=("cpu",), prelo
                 environment=(JAX_CPU_MESH,),
                 not_applicable=(NO_JAX_VIEWS, *LANDS_BEFORE_RETURN, *NO_FORKED_CACHES, NO_WORKER))
 TPU_SYNC_JAX = IUT("tpu-sync-jax", JaxCpuArrays, TpuSyncJaxLibrary, targets=("cpu",), interpreter="jax",
-                   preload=("jax",), environment=(JAX_CPU_MESH, PULL_RECORDS), loopback_only=True,
+                   preload=("jax",), environment=(JAX_CPU_MESH, PULL_RECORDS, TELEMETRY), loopback_only=True,
                    not_applicable=(NO_JAX_VIEWS, NO_JAX_PLANS, *NO_FORKED_CACHES))
 # kvref's drop-in facade on the arrays tpu-sync-jax runs on, through the wrapper's API.
 KVREF_COMPAT = IUT("kvref-compat", JaxCpuArrays, CompatLibrary, targets=("cpu",), preload=("jax",),
@@ -77,7 +80,7 @@ KVREF_TORCH_XLA = IUT("kvref-torch-xla", TorchXlaArrays, KvrefLibrary, targets=(
                       unheld_dtypes=XLA_NO_F8)
 TPU_SYNC_JAX_TPU = IUT("tpu-sync-jax-tpu", JaxTpuArrays, TpuSyncJaxLibrary, targets=kvref.GENERATIONS,
                        interpreter="jax", jax_platforms=None, owns_device=True, startup_seconds=300.0,
-                       any_tpu_type=True, loopback_only=True,
+                       any_tpu_type=True, loopback_only=True, environment=(TELEMETRY,),
                        not_applicable=(NO_JAX_VIEWS, NO_JAX_PLANS, LANDS_AT_ONCE, *NO_FORKED_CACHES))
 TPU_SYNC_TORCH_TPU = IUT("tpu-sync-torch-tpu", TorchTpuArrays, TpuSyncTorchLibrary,
                          targets=TORCH_TPU_GENERATIONS, interpreter="torch", jax_platforms=None,

@@ -253,6 +253,18 @@ class Library(Protocol):
         """What the manager's active_plan must read back for this request."""
 
 
+@runtime_checkable
+class ExportingLibrary(Protocol):
+    """What a Library whose process exports metrics also provides: a scrape
+    (probes.iut.exports reads Prometheus text), judged against the contract
+    model after every step (probes.suite.export_model)."""
+
+    EXPORTS: tuple[str, ...]  # the kvref.metrics names its scrape holds
+
+    def exports(self) -> dict[str, float]:
+        """Every metric of the process now, by name (its prefix dropped, each summed over its labels)."""
+
+
 # How a pulling manager is built: "slots" (max_blocks, num_slots and a
 # control port, as a serving stack's disaggregated connector builds it) or
 # "pool" (host_blocks_to_allocate, as its offload connector does).

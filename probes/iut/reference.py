@@ -10,11 +10,13 @@ from importlib import metadata
 import numpy as np
 
 import kvref
+import kvref.metrics
 from kvref.compat.tpu_sync import SHM_KEY_VARIABLE
 from kvref.oracle import device_kind, lookup
 from kvref.sharding import uneven_parts
 from kvref.sim_mesh import SimMesh
 from probes.iut.surfaces import KVREF
+from probes.iut.exports import KV_EXPORTS, scraped
 from probes.iut.host_data import random_host
 from probes.iut.protocol import CacheMode, NoViews
 from probes.iut.store_views import KvrefStoreView
@@ -62,6 +64,11 @@ class KvrefLibrary:
 
     def refuses(self, e: BaseException) -> bool:
         return isinstance(e, (kvref.LayoutError, kvref.HostBudgetError, ValueError))
+
+    EXPORTS = KV_EXPORTS
+
+    def exports(self) -> dict[str, float]:
+        return scraped(kvref.metrics.prometheus_text())
 
     def kv_store(self, capacity: int) -> KvrefStoreView:
         return KvrefStoreView(kvref.KVCacheStore(capacity, faults=self.faults))

@@ -139,6 +139,15 @@ def _module_entries(module, only: str | None):
             yield from _class_entries(f"{name}.{attr}", value)
         elif callable(value):
             yield from _callable_entries(f"{name}.{attr}", value)
+        elif _metrics(value):
+            for metric in value:
+                yield Entry("export", f"{name}.{attr}.{metric.name}", str(metric.description))
+
+
+def _metrics(value) -> bool:
+    """A registry's list of the metrics it exports: each item named and described."""
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(getattr(item, "name", None), str) and hasattr(item, "description") for item in value)
 
 
 def _class_entries(qualified: str, cls):

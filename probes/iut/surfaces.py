@@ -69,13 +69,31 @@ MANAGER_CALLS = (
     ("call *Future", ("wait",)),
     ("setting *Future(*", ("wait",)),
 )
+# What a manager's process exports (kvref.metrics names them as the production library does), judged after
+# every step against the contract's model (probes.suite.export_model) by the rules that move bytes or pools.
+def exports(registry: str, scrape: str) -> tuple:
+    """The rules that judge what a manager's process exports (kvref.metrics names it as the production
+    library does): after every step, against the contract's model (probes.suite.export_model)."""
+    return (
+        (f"export {registry}.d2h_bytes_total", ("transfer", "save", "fill", "wait", "concurrent", "host_save")),
+        (f"export {registry}.h2d_bytes_total", ("transfer", "load", "wait", "concurrent", "host_check")),
+        (f"export {registry}.buffer_allocated_bytes", ("rebuild", "host_save", "contract_sequences")),
+        (f"* {scrape}", ("transfer", "save", "rebuild", "contract_sequences")),
+    )
+
+
+KVREF_EXPORTS = exports("kvref.metrics.METRICS", "kvref.metrics.prometheus_text")
+LATENCY = ("a latency histogram: no model predicts how long a copy takes, and its sample counts are not yet "
+           "judged")
+NETWORK = ("bytes and failures of pulls over the network: not yet a projection of the model, which leaves "
+           "open whether a pull counts as a device transfer on either side")
 WEIGHT_SYNC = "weight synchronization from an RL trainer to its samplers: not a KV-cache manager's contract"
 GLOBAL_STORE = ("the store's global tier and its storage backends (remote reads, saves to another replica, "
                 "eviction sweeps and leases): no serving stack this harness qualifies calls them; the offload "
                 "connector uses the local store alone")
-TELEMETRY = ("the process-wide metrics registry (counters, gauges, histograms, Prometheus text, Cloud Logging "
-             "lines): not yet a projection of the model, which judges the per-pull records of "
-             "dump_metrics_to_string alone")
+TELEMETRY = ("the metrics registry's writers, backends and callbacks (record_*, configure_telemetry, Cloud "
+             "Logging lines): what the manager counts into the registry is judged through its Prometheus scrape "
+             "(bytes moved, the pool gauge); these are the registry's own plumbing")
 CONTROLLER = ("the fleet's controller and its RPC layer, not a manager: a worker's registration with it is "
               "judged by the worker_registration probe against a stand-in controller")
 TRACING = "tracing and log output, which carry no result a serving engine acts on"
@@ -91,8 +109,16 @@ TPU_SYNC_JAX = Surface(
         ("env TPU_RAIDEN_SYSFS_ROOT", ("pull_blocks",)),
         # One of the ways the manager is built (TpuSyncJaxLibrary.OPTION_SETS): every rule runs under it.
         ("env RAIDEN_ENABLE_ASYNC_DISPATCH", ("transfer", "save", "wait", "contract_sequences")),
-    ),
+        ("env TPU_RAIDEN_TELEMETRY_BACKENDS", ("contract_sequences",)),  # its prometheus backend, as a stack names it
+    ) + exports("tpu_sync.frameworks.jax._tpu_raiden_jax.ALL_METRICS",
+                "tpu_sync.frameworks.jax._tpu_raiden_jax.get_raiden_metrics_prometheus_text"),
     out=(
+        ("* tpu_sync.telemetry.python._telemetry_binding_test_ext*",
+         "a copy of the metrics registry bound for its own tests: the one a manager counts into is _tpu_raiden_jax's"),
+        ("export *ALL_METRICS.weight_sync_*", WEIGHT_SYNC),
+        ("export *ALL_METRICS.*_ms", LATENCY),
+        ("export *ALL_METRICS.sent_bytes_total", NETWORK), ("export *ALL_METRICS.received_bytes_total", NETWORK),
+        ("export *ALL_METRICS.transfer_failures_total", NETWORK),
         ("* tpu_sync.api.jax.weight_synchronizer*", WEIGHT_SYNC),
         ("* tpu_sync.frameworks.jax.weight_synchronizer_ffi*", WEIGHT_SYNC),
         ("* tpu_sync.frameworks.jax._weight_synchronizer_ffi*", WEIGHT_SYNC),
@@ -153,7 +179,7 @@ TPU_SYNC_JAX = Surface(
 
 # kvref's drop-in facade: the wrapper's API over kvref.
 KVREF_COMPAT = Surface(
-    roots=("kvref.compat",),
+    roots=("kvref.compat", "kvref.metrics:METRICS"),
     env_words=("RAIDEN", "NUMA"),
     ruled=MANAGER_CALLS + (
         ("call kvref.compat.tpu_sync.KVCacheManager.reference", ("rebuild",)),
@@ -162,7 +188,7 @@ KVREF_COMPAT = Surface(
         ("env TPU_RAIDEN_DATA_NICS", ("pull_blocks",)),
         ("env TPU_RAIDEN_SYSFS_ROOT", ("pull_blocks",)),
         ("env RAIDEN_SHM_*", ("shared_pool",)),
-    ),
+    ) + KVREF_EXPORTS,
     out=(
         ("call kvref.compat.tpu_sync.install", "puts the facade where a serving stack imports tpu_sync: the "
                                                "engine test's, not a manager's call"),
@@ -178,7 +204,8 @@ KVREF_COMPAT = Surface(
 
 # kvref's own manager, store and futures, as kvref-sim, kvref-jax and kvref-torch-xla drive them.
 KVREF = Surface(
-    roots=("kvref.manager:KVCacheManager", "kvref.kv_store:KVCacheStore", "kvref.futures:TransferFuture"),
+    roots=("kvref.manager:KVCacheManager", "kvref.kv_store:KVCacheStore", "kvref.futures:TransferFuture",
+           "kvref.metrics:METRICS", "kvref.metrics:prometheus_text"),
     ruled=MANAGER_CALLS + (
         ("call kvref.manager.KVCacheManager.close", ("rebuild", "drop_producer", "release_order")),
         ("call kvref.manager.KVCacheManager.settings", ("settings",)),
@@ -198,7 +225,7 @@ KVREF = Surface(
         ("call kvref.manager.KVCacheManager.failure_reason", ("wait", "pull_failures")),
         ("call kvref.manager.KVCacheManager.adopt_saved", ("shared_pool",)),
         ("call kvref.manager.KVCacheManager.bytes_per_block", ("rebuild",)),
-    ),
+    ) + KVREF_EXPORTS,
     out=(
         ("call kvref.manager.KVCacheManager.unregister_active_plan",
          "drops the plan a manager keeps: no serving stack calls it; the plan rule reads one registered"),

@@ -15,6 +15,7 @@ import numpy as np
 
 import kvref
 from probes.iut.surfaces import TPU_SYNC_JAX
+from probes.iut.exports import KV_EXPORTS, scraped
 from probes.iut.sockets import free_loopback_port
 from probes.iut.standin_rails import multi_rail_switches
 from probes.iut.store_views import NativeStoreView
@@ -213,6 +214,7 @@ PULL_SLOT_BLOCKS = 16  # max_blocks of a manager built for its worker settings: 
 # Set by the runner for a build other than the pinned one: its directory,
 # from which the library must then import.
 BUILD_VARIABLE = "KVPROBE_BUILD_DIR"
+TELEMETRY_VARIABLE = "TPU_RAIDEN_TELEMETRY_BACKENDS"  # the wheel's telemetry backends, read at import
 
 
 def pool_port(listen: bool) -> int:
@@ -328,6 +330,15 @@ class TpuSyncJaxLibrary(WrapperHostTransfers, SyncLibrary):
 
     def wrapper(self):
         return JaxSyncManager.library_manager()
+
+    EXPORTS = KV_EXPORTS  # with its telemetry's prometheus backend on (TELEMETRY in probes.iut.declared)
+    NATIVE = "tpu_sync.frameworks.jax._tpu_raiden_jax"  # where its metrics registry is bound
+
+    def exports(self) -> dict[str, float]:
+        if "prometheus" not in os.environ.get(TELEMETRY_VARIABLE, ""):
+            raise RuntimeError(f"{self.distribution} exports no metrics without the prometheus backend in "
+                               f"${TELEMETRY_VARIABLE} (its value: {os.environ.get(TELEMETRY_VARIABLE)!r})")
+        return scraped(importlib.import_module(self.NATIVE).get_raiden_metrics_prometheus_text())
 
     def plan_request(self, uuid: str, src_block: int, dst_block: int):
         raise NotImplementedError("tpu-sync-jax offers no register_active_plan")

@@ -241,6 +241,11 @@ def is_empty(src, dst, sizes) -> bool:
     return isinstance(src, list) and isinstance(dst, list) and not src and not dst and not sizes
 
 
+def requested(starts, sizes) -> int:
+    """The blocks a request of runs asks to move, each run counted in full."""
+    return len(starts) if sizes is None else sum(max(0, n) for n in sizes)
+
+
 def device_side(d2h: bool, src, dst, sizes) -> set[int]:
     """The device blocks a transfer reads or writes."""
     return _spans(src if d2h else dst, sizes)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from probes.iut.protocol import HostTransferLibrary
 from probes.suite.block_model import BlockModel
 from probes.suite.contract import ContractModel, Judgment, Must
-from probes.suite.contract_rules import REFUSED, Broken, Session, check_handed_out, judged, landed
+from probes.suite.contract_rules import REFUSED, Broken, Session, check_handed_out, exported, judged, landed
 from probes.suite.verdicts import CORRUPT, ERROR
 
 HOST_BLOCKS = 8  # each side's pool: small, so transfers meet a full one
@@ -55,6 +55,7 @@ def world(session: Session) -> HostWorld:
             except Exception as e:  # these caches are addressable: building the manager must work
                 raise Broken(ERROR, f"a host manager could not be built: {type(e).__name__}: {e}") from e
             session.closers.append(lambda m=managers[-1]: lib.close_manager(m))
+            exported(session, lambda e: e.pool(("host", side), HOST_BLOCKS * session.block_bytes(session.key) * len(own)))
         endpoints = [m.get_local_endpoints()[0]["endpoint"] for m in managers]
         session.hosts = HostWorld(lib, managers, caches, models, endpoints)
     return session.hosts
@@ -72,6 +73,7 @@ def host_save(session: Session, index: int, step: dict) -> None:
     chunks, pending = answer
     chunks = check_handed_out(what, chunks, len(step["blocks"]), model)
     landed(pending, Judgment(Must.DO), what)
+    exported(session, lambda e: e.moved(True, _row_bytes(session, side) * len(chunks)))
     model.saved(index, step["blocks"], None, chunks, None, awaited=True)
 
 
@@ -96,6 +98,11 @@ def host_move(session: Session, index: int, step: dict) -> None:
                                           for layer in w.models[source].blocks.host])
     if not done and step["read"]:  # its chunks locked, their bytes unknown, loads from them refused
         receiver.save_failed(index)
+
+
+def _row_bytes(session: Session, side: int) -> int:
+    """What one block of a side's transfer moves: a block of each of its layers."""
+    return session.block_bytes(session.key) * len(session.hosts.caches[side])
 
 
 def _judge_move(read: bool, blocks: list[int], receiver: ContractModel) -> Judgment:
@@ -137,6 +144,7 @@ def host_check(session: Session, index: int, step: dict) -> None:
         if judged(session, model.judge_transfer(False, chunks, targets, ones), f"side {side}: h2d {chunks} -> "
                   f"{targets}", lambda: w.lib.host_copy(w.managers[side], False, chunks, targets, ones)) is not REFUSED:
             model.blocks.apply(False, chunks, targets, ones)
+            exported(session, lambda e: e.moved(False, _row_bytes(session, side) * len(chunks)))
     for layer, cache in enumerate(w.caches[side]):
         wrong = session.wrong_blocks(session.key, cache, model.blocks.device[layer])
         if wrong:

@@ -32,7 +32,7 @@ import kvref
 from kvref.polling import wait_for
 from probes.iut.host_data import random_host
 from probes.iut.protocol import NotInPlace, PullLibrary
-from probes.suite.contract_rules import REFUSED, Broken, Session, judged
+from probes.suite.contract_rules import REFUSED, Broken, Session, exported, judged
 from probes.suite.contract import Judgment, Must
 from probes.suite.pull_sides import pull_bytes
 from probes.suite.pull_telemetry import record_problem, records_in
@@ -112,6 +112,7 @@ def world(session: Session) -> PullWorld:
         except Exception as e:  # these caches are addressable: building a pull manager must work
             raise Broken(ERROR, f"a pull manager could not be built: {type(e).__name__}: {e}") from e
         session.pulls = PullWorld(lib, session.key, managers, keys, blocks, caches)
+        exported(session, lambda e: e.pools_unknown())  # a pull manager's pool is the library's to size
         session.closers.append(lambda: [lib.close_manager(m) for m in session.pulls.managers])
     return session.pulls
 
@@ -190,6 +191,7 @@ def pull(session: Session, index: int, step: dict) -> None:
                                                                  step["local"], step.get("parallelism", 1)))
     if started is REFUSED:
         return
+    exported(session, lambda e: _may_count(e, session, w, len(step["local"]), consumer))
     if registered is not None and expect != FAILED:
         w.pulled.add(uuid)
         del w.registrations[uuid]
@@ -207,6 +209,13 @@ def pull(session: Session, index: int, step: dict) -> None:
             w.registrations[uuid], w.registered_at[uuid] = list(step["remote"]), time.monotonic()
         else:
             w.pulled.add(uuid)
+
+
+def _may_count(exports, session: Session, w: PullWorld, blocks: int, consumer: int) -> None:
+    """A pull's bytes may count as a device transfer on either side, once:
+    the producer's read of its blocks (d2h), the consumer's write (h2d)."""
+    for d2h, n in ((True, 0), (False, 1 + consumer)):
+        exports.maybe(d2h, blocks * session.block_bytes(w.keys[n]) * len(w.caches[n]))
 
 
 def _late_by(step: dict) -> float:

@@ -14,9 +14,10 @@ import numpy as np
 import kvref
 from probes.iut.adapter import Adapter
 from probes.iut.host_data import random_host
-from probes.iut.protocol import NotInPlace
+from probes.iut.protocol import ExportingLibrary, NotInPlace
 from probes.suite.block_model import BlockModel
-from probes.suite.contract import ContractModel, Judgment, Must, device_side, host_side
+from probes.suite.contract import ContractModel, Judgment, Must, device_side, host_side, is_empty, requested
+from probes.suite.export_model import ExportModel
 from probes.suite.store_model import StoreModel
 from probes.suite.refusals import first_line
 from probes.suite.verdicts import CORRUPT, ERROR
@@ -54,6 +55,11 @@ class Session:
         if spec["mode"] != "deferred":
             for cache in self.caches:  # landed first: the landing race has probes of its own
                 iut.fetch(cache)
+        # Every layer's block, as the layouts lay them out: what one block of a transfer moves.
+        self.row_bytes = sum(self.block_bytes(key) for key in self.keys)
+        library = iut.library
+        self.exports = ExportModel(library.EXPORTS, library.exports) if isinstance(library, ExportingLibrary) \
+            else None  # before the manager: its pool is the model's
         self.manager = self.build()
         self.sizes = list(self.manager.layer_bytes_per_block)
         blocks = BlockModel([self.physical(host, layer) for layer, (_, host) in enumerate(pairs)],
@@ -89,7 +95,13 @@ class Session:
         if manager.host_bytes is not None and manager.host_bytes < pool:
             raise Broken(ERROR, f"the manager reports a pool of {manager.host_bytes} bytes, less than the "
                                 f"{pool} its {self.spec['host_blocks']} blocks of every layer take")
+        if self.exports is not None:
+            self.exports.pool("offload", self.row_bytes * self.spec["host_blocks"])
         return manager
+
+    def block_bytes(self, key: kvref.ShapeKey) -> int:
+        """The bytes of one block of a layer of `key`, as this IUT lays it out."""
+        return self.iut.layout(key).physical_size_bytes // key.dims[0]
 
     def physical(self, logical: np.ndarray, layer: int) -> list[bytes]:
         return _blocks(kvref.pack(logical, self.layouts[layer]), self.sizes[layer])
@@ -171,6 +183,19 @@ def landed(pending, judgment: Judgment, what: str) -> bool:
     return True
 
 
+def exported(session: Session, tell) -> None:
+    """Tell the model of the exports (where the IUT has them) what a call did."""
+    if session.exports is not None:
+        tell(session.exports)
+
+
+def check_exports(session: Session) -> None:
+    """Every metric the IUT exports against the model (probes.suite.export_model)."""
+    problem = None if session.exports is None else session.exports.judge()
+    if problem is not None:
+        raise Broken(ERROR, f"exports: {problem}")
+
+
 # --- the rules -----------------------------------------------------------
 
 def transfer(session: Session, index: int, step: dict) -> None:
@@ -191,10 +216,14 @@ def transfer(session: Session, index: int, step: dict) -> None:
         if judgment.must == Must.FAIL:
             model.forget(d2h, step["dst"], step["sizes"])
         return
+    exported(session, lambda e: e.maybe(d2h, session.row_bytes * model.rows) if is_empty(
+        step["src"], step["dst"], step["sizes"]) else e.begun(index, d2h, session.row_bytes * requested(
+            step["src"], step["sizes"])))
     session.pending[index] = pending
     landed = True
     if step["wait"] or judgment.must == Must.FAIL:
         landed = settle(session, index, judgment, what)
+        exported(session, lambda e: e.ended(index, landed))
     model.transfer(index, d2h, step["src"], step["dst"], step["sizes"], awaited=index not in session.pending,
                    failed=not landed)
     if landed and doubtful:
@@ -218,6 +247,7 @@ def save(session: Session, index: int, step: dict) -> None:
     chunks, pending = answer
     chunks = check_handed_out(what, chunks, sum(step["sizes"]) if step["sizes"] is not None else len(step["blocks"]),
                               model)
+    exported(session, lambda e: e.begun(index, True, session.row_bytes * len(chunks)))
     session.pending[index] = pending
     model.saved(index, step["blocks"], step["sizes"], chunks, pending, awaited=False, doubtful=doubtful)
     session.judgments[index] = (judgment, what, lambda: model.save_failed(index),
@@ -243,6 +273,7 @@ def wait(session: Session, index: int, step: dict) -> None:
     of = step["of"]
     judgment, what, forget, _ = session.judgments.pop(of)
     landed = settle(session, of, judgment, what)
+    exported(session, lambda e: e.ended(of, landed))
     session.model.settled(of)
     if not landed:
         forget()
@@ -427,6 +458,7 @@ def concurrent(session: Session, index: int, step: dict) -> None:
         raise Broken(ERROR, f"a valid transfer on one of two threads failed: {errors[0]}")
     for r in step["both"]:
         session.model.transfer(index, r["d2h"], r["src"], r["dst"], None, awaited=True)
+        exported(session, lambda e: e.moved(r["d2h"], session.row_bytes * len(r["src"])))
 
 
 def store_call(session: Session, index: int, step: dict) -> None:

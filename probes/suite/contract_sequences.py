@@ -177,6 +177,7 @@ def run_sequence(iut: Adapter, sequence: dict, parts: Parts, rng=None,
             if applies(session, step, parts):
                 RULES[step["rule"]](session, index, step)
                 rules.check_host(session)
+                rules.check_exports(session)
             index += 1
         for pending in sorted(session.judgments):
             rules.wait(session, index, {"of": pending})
@@ -184,11 +185,12 @@ def run_sequence(iut: Adapter, sequence: dict, parts: Parts, rng=None,
             contract_pulls.settle(session, index, {})
         rules.check_host(session)
         rules.check(session, index, {})
+        rules.check_exports(session)
     except Stop:
         sequence["steps"] = steps[:index + 1]
     except Broken as e:
         sequence["steps"] = steps[:index + 1]
-        return index, e
+        return index, Broken(e.verdict, e.detail)  # not its traceback, whose frames hold the session's managers
     except Exception as e:  # a rule of the harness itself failed: the verdict says so, with the step
         sequence["steps"] = steps[:index + 1]
         return index, Broken(ERROR, f"the harness failed at this step: {type(e).__name__}: {first_line(e)}")

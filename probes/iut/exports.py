@@ -1,0 +1,23 @@
+"""A scrape of a library's metrics: Prometheus text, read by prometheus_client's
+parser into one value per name (the production library's prefix dropped,
+each summed over its labels; a histogram's buckets left out). A counter the
+library has not yet incremented is absent, which reads as zero."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvref.metrics import METRICS, PREFIX
+
+KV_EXPORTS = tuple(m.name for m in METRICS)  # what the contract model judges, where a library has it
+
+
+def scraped(text: str) -> dict[str, float]:
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if "le" in sample.labels:
+                continue
+            name = sample.name.removeprefix(PREFIX)
+            values[name] = values.get(name, 0.0) + sample.value
+    return values

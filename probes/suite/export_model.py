@@ -1,0 +1,134 @@
+"""What a manager's process exports besides return values (its metrics), as
+a projection of the contract model, judged after every step.
+
+Counters (kvref.metrics' names, which are the production library's): the
+bytes of transfers that completed successfully since the sequence began,
+every layer's block counted. The model knows each as a range: what landed
+for sure, up to that plus what is still in flight or ended in a way the
+model leaves open (a request of no blocks may copy the whole cache; a pull
+may count its bytes as a device transfer on either side, once). A refused
+or failed transfer counts nothing; a host-to-host transfer moves no device
+bytes.
+
+The pool gauge: the host pools of every manager alive in the process (the
+sequence's, and its host managers'). A pull manager's pool is the
+library's to size, so while a sequence has pull managers the gauge is not
+judged.
+
+A count may reach a scrape late (the library's thread counts after it
+wakes the waiter): one below its range is read again for up to LAG_S
+(and garbage collected first: a manager the harness dropped may linger in
+a cycle), one above it is a finding at once."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from kvref.metrics import D2H_BYTES, H2D_BYTES, POOL_BYTES
+
+LAG_S = 2.0
+POLL_S = 0.01
+COUNTERS = (D2H_BYTES.name, H2D_BYTES.name)
+
+
+@dataclass
+class Span:
+    """A counter's bytes since the sequence began: `settled` for sure, and
+    each open amount that may or may not be in it yet."""
+
+    settled: int = 0
+    open: dict = field(default_factory=dict)  # key -> bytes
+
+    @property
+    def high(self) -> int:
+        return self.settled + sum(self.open.values())
+
+
+class ExportModel:
+    """The exports of one sequence's process, as the model says they must read."""
+
+    def __init__(self, exported: tuple[str, ...], read):
+        self.read = read  # () -> {name: value}: the IUT's scrape
+        gc.collect()  # managers earlier sequences left in cycles: gone before the baseline
+        self.baseline = read()
+        self.counters = {name: Span() for name in COUNTERS if name in exported}
+        self.pools: dict[object, int] | None = {} if POOL_BYTES.name in exported else None
+        self.pools_known = True
+        self._keys = itertools.count()
+
+    # --- what the rules tell it --------------------------------------------
+
+    def begun(self, key, d2h: bool, nbytes: int) -> None:
+        """A transfer the manager accepted: its bytes count once it lands."""
+        span = self._span(d2h)
+        if span is not None:
+            span.open[key] = nbytes
+
+    def ended(self, key, landed: bool) -> None:
+        for span in self.counters.values():
+            nbytes = span.open.pop(key, 0)
+            if landed:
+                span.settled += nbytes
+
+    def moved(self, d2h: bool, nbytes: int) -> None:
+        """A transfer that landed, awaited."""
+        key = ("moved", next(self._keys))  # never a step's own key
+        self.begun(key, d2h, nbytes)
+        self.ended(key, True)
+
+    def maybe(self, d2h: bool, nbytes: int) -> None:
+        """Bytes the model leaves open for good: counted or not."""
+        span = self._span(d2h)
+        if span is not None:
+            span.open[("maybe", next(self._keys))] = nbytes
+
+    def pool(self, key, nbytes: int | None) -> None:
+        """A manager built (its pool's bytes), or dropped (None)."""
+        if self.pools is None:
+            return
+        self.pools.pop(key, None)
+        if nbytes is not None:
+            self.pools[key] = nbytes
+
+    def pools_unknown(self) -> None:
+        self.pools_known = False
+
+    def _span(self, d2h: bool) -> Span | None:
+        return self.counters.get(D2H_BYTES.name if d2h else H2D_BYTES.name)
+
+    # --- judging -----------------------------------------------------------
+
+    def problem(self, now: dict) -> tuple[str, bool] | None:
+        """What in a scrape disagrees with the model, and whether it is low
+        (it may yet arrive); None if it all agrees."""
+        for name, span in self.counters.items():
+            grew = now.get(name, 0) - self.baseline.get(name, 0)
+            if grew > span.high:
+                return f"{name} grew by {grew:,.0f} bytes, more than the {span.high:,} the transfers may have " \
+                       f"counted ({span.settled:,} landed, {len(span.open)} in flight or open)", False
+            if grew < span.settled:
+                return f"{name} grew by {grew:,.0f} bytes, less than the {span.settled:,} of transfers that " \
+                       f"landed", True
+        if self.pools is not None and self.pools_known:
+            gauge, pools = now.get(POOL_BYTES.name, 0), sum(self.pools.values())
+            if gauge != pools:
+                return f"{POOL_BYTES.name} is {gauge:,.0f}, not the {pools:,} bytes of the {len(self.pools)} " \
+                       f"pools alive", gauge < pools
+        return None
+
+    def judge(self) -> str | None:
+        """What the exports say that the model does not, after the bounded
+        wait a late count gets; None if they agree."""
+        if self.problem(self.read()) is None:
+            return None
+        gc.collect()  # a manager the harness dropped, not yet collected, still holds its pool
+        deadline = time.monotonic() + LAG_S
+        for _ in range(int(LAG_S / POLL_S) + 1):
+            found = self.problem(self.read())
+            if found is None or not found[1] or time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_S)
+        return None if found is None else found[0]

@@ -144,6 +144,9 @@ class Faults:
     settled_registration_served: bool = _fault(
         "the producer keeps a registration once its pull settled and serves its blocks, which the "
         "engine reuses once told done sending, to the next consumer that asks")
+    registrations_never_expire: bool = _fault(
+        "a registration no pull takes is kept for ever, never told done sending: the engine never "
+        "gets its blocks back, and a late pull is still served")
     metrics_by_uuid_slot: bool = _fault(
         "the consumer keeps each pull's record in one of 1024 slots by uuid: a pull whose uuid "
         "shares a slot with an earlier one's replaces its record")

@@ -178,6 +178,8 @@ class Registrations:
 
     def _expire(self) -> None:
         """Registrations no pull landed for within timeout_s: done sending."""
+        if self._faults.registrations_never_expire:
+            return
         now = time.monotonic()
         for registration in [r for r in self._registrations.values() if r.deadline <= now]:
             self._settle(registration)

@@ -14,10 +14,11 @@ fails (a serving engine's producer registers in its next step, and its
 consumer may be ahead: a producer waits for a registration up to its
 timeout_s; the delay is drawn across that bound); one in flight when its producer goes
 away may land or fail; a registration not pulled within timeout_s
-expires, and is told done sending; a request that cannot be carried out is refused at the call that receives it; every
-accepted pull settles exactly once, as done or failed, within its
-timeout; the producer tells each registration done sending once. A
-consumer's telemetry (dump_metrics_to_string, where it has it) holds one
+expires, and is told done sending (the `expire` rule waits past that
+bound, and a later pull of it fails); a request that cannot be carried
+out is refused at the call that receives it; every accepted pull settles
+exactly once, as done or failed, within its timeout; the producer tells
+each registration done sending once. A consumer's telemetry (dump_metrics_to_string, where it has it) holds one
 record of each pull that landed, with its request, uuid, blocks, bytes and
 stages, and at most one of each that failed."""
 
@@ -52,6 +53,11 @@ LATE_BY = ((LATE_BY_S, 0.9), (PRODUCER_TIMEOUT_S / 2, 0.08), (TIMEOUT_S + 2.0, 0
 # younger than FRESH_S must still be served; an older one may have expired
 # (a loaded machine, or a model step that compiles, takes seconds).
 FRESH_S = PRODUCER_TIMEOUT_S / 2
+# The `expire` rule waits until every registration is EXPIRY_MARGIN_S past the producer's timeout_s, then
+# gives the producer EXPIRY_GRACE_S more to say each is done sending (a loaded machine polls late).
+EXPIRY_MARGIN_S = 1.0
+EXPIRY_GRACE_S = 5.0
+EXPIRY_DRAWN = 0.03  # of the pull steps drawn while registrations wait: each holds its sequence T + 1 s
 MAX_BLOCKS = 8  # the most blocks one pull moves
 SETTLE_S = TIMEOUT_S + 10.0  # beyond which a pull that never settled is a finding (a loaded machine is slow)
 POLL_S = 0.005
@@ -80,6 +86,7 @@ class PullWorld:
     caches: list[list]
     registrations: dict[int, list[int]] = field(default_factory=dict)  # uuid -> blocks, not yet pulled
     registered_at: dict[int, float] = field(default_factory=dict)  # uuid -> when its register_read was called
+    registered_by: dict[int, str] = field(default_factory=dict)  # uuid -> the request that registered it
     pulled: set[int] = field(default_factory=set)  # uuids whose registration a pull took
     pulls: dict[str, Pull] = field(default_factory=dict)
     sent: set[str] = field(default_factory=set)  # requests the producer told done sending
@@ -147,7 +154,7 @@ def register(session: Session, index: int, step: dict) -> None:
         raise Broken(ERROR, f"register_read {step['req']} {step['blocks']}: accepted; it must be refused")
     w.pulled.discard(uuid)
     w.registrations[uuid] = list(step["blocks"])
-    w.registered_at[uuid] = called
+    w.registered_at[uuid], w.registered_by[uuid] = called, step["req"]
 
 
 def pull(session: Session, index: int, step: dict) -> None:
@@ -207,6 +214,7 @@ def pull(session: Session, index: int, step: dict) -> None:
                lambda: w.managers[0].register_read(step["req"], uuid, step["remote"]))
         if expect == FAILED:
             w.registrations[uuid], w.registered_at[uuid] = list(step["remote"]), time.monotonic()
+            w.registered_by[uuid] = step["req"]
         else:
             w.pulled.add(uuid)
 
@@ -293,6 +301,27 @@ def drop_producer(session: Session, index: int, step: dict) -> None:
     except Exception as e:  # as at the first build
         raise Broken(ERROR, f"a pull manager could not be built again: {type(e).__name__}: {e}") from e
     w.sent.clear()
+
+
+def expire(session: Session, index: int, step: dict) -> None:
+    """Time passes past the producer's timeout_s (a serving engine that
+    pauses): every registration no pull took must expire, told done
+    sending within EXPIRY_GRACE_S more, and a later pull of it fails."""
+    w = world(session)
+    due = {uuid: w.registered_at[uuid] + PRODUCER_TIMEOUT_S + EXPIRY_MARGIN_S for uuid in w.registrations}
+    if not due:
+        return  # a replay without the registrations
+    time.sleep(max(0.0, min(max(due.values()) - time.monotonic(), PRODUCER_TIMEOUT_S + EXPIRY_MARGIN_S)))
+    wanted = {w.registered_by[uuid] for uuid in due}
+    wait_for(lambda: _poll(w) or wanted <= w.sent, EXPIRY_GRACE_S, POLL_S)
+    kept = sorted(wanted - w.sent)
+    if kept:
+        raise Broken(ERROR, f"registrations of {kept[:4]} were not told done sending "
+                            f"{PRODUCER_TIMEOUT_S + EXPIRY_MARGIN_S + EXPIRY_GRACE_S:g} s after register_read, "
+                            f"though no pull took them (the producer's timeout_s is {PRODUCER_TIMEOUT_S:g} s): "
+                            "they never expire, and the engine never gets their blocks back")
+    for uuid in due:
+        del w.registrations[uuid]
 
 
 def settle(session: Session, index: int, step: dict) -> None:
@@ -395,6 +424,8 @@ def draw_pull_step(rng, session: Session) -> dict:
                 "steps": int(own.integers(1, 9))}
     if unsettled and kind < 0.35:
         return {"rule": "settle"} if rng.random() < 0.85 else {"rule": "drop_producer"}
+    if registrations and own.random() < EXPIRY_DRAWN:
+        return {"rule": "expire"}
     pulled = sorted(w.pulled) if w else []
     if not registrations or kind < 0.55:
         n = int(rng.integers(1, MAX_BLOCKS + 1))
@@ -433,7 +464,8 @@ def draw_pull_step(rng, session: Session) -> dict:
     return step
 
 
-RULES = {"register": register, "pull": pull, "settle": settle, "drop_producer": drop_producer, "serve": serve}
+RULES = {"register": register, "pull": pull, "settle": settle, "drop_producer": drop_producer, "serve": serve,
+         "expire": expire}
 # What exercises each call of probes.iut.protocol's PullLibrary and PullManager.
 CALLS = {"pull_manager": "world", "close_manager": "drop_producer", "pull_failure": "settle",
          "register_read": "register", "start_read": "pull", "poll_stats": "settle", "get_local_endpoints": "pull"}

@@ -52,6 +52,8 @@ FOUND_BY_SEQUENCES = {
     "host_pairs_sorted": "CORRUPT", "host_write_unclaimed": "ERROR|CORRUPT",
     # What the process exports, judged after every step.
     "counts_requested_bytes": "ERROR", "gauge_of_last_pool": "ERROR",
+    # Time past a bound the API states.
+    "registrations_never_expire": "ERROR",
 }
 # Found by a long run: resources not back to their baseline, or the heap growing with the operations made.
 FOUND_BY_LONG_RUNS = {"leaked_pool": "not back to the baseline: address space",

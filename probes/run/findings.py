@@ -10,6 +10,7 @@ writing another."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -23,6 +24,8 @@ FIELDS = {"model", "iut", "iut_version", "verdict", "detail", "found_in", "optio
 # The library's log lines (glog's prefix), where a worker's output tail follows a reason.
 LOG_LINE = re.compile(r"^([IWEF]\d{4} \d\d:\d\d:\d\d|WARNING: All log messages before absl)")
 DETAIL_CHARS = 1500
+NUMBERED = re.compile(r"-(\d+)\.json$")
+MAX_NUMBERS = 1000  # names tried past the highest taken, when other campaigns write beside this one
 
 
 def stripped(detail: str) -> str:
@@ -44,16 +47,43 @@ def write_finding(case: Case, verdict: str, detail: str, iut_version: str, found
     options = [list(pair) for pair in case.iut_options]
     plain = json.loads(case.to_json())
     for path in sorted(directory.glob(f"{stem}-*.json")):
-        known = json.loads(path.read_text())
-        if {**known["case"], "iut_options": []} == {**plain, "iut_options": []} and known["detail"] == detail:
+        known = _readable(path)
+        if known and {**known["case"], "iut_options": []} == {**plain, "iut_options": []} \
+                and known["detail"] == detail:
             add_option_set(path, case)
             return path
-    path = directory / f"{stem}-{len(list(directory.glob(f'{stem}-*.json'))) + 1}.json"
-    path.write_text(json.dumps({"model": model, "iut": case.iut, "iut_version": iut_version, "verdict": str(verdict),
-                                "detail": detail, "found_in": found_in, "option_sets": [options], "case": plain,
-                                **(extra or {})},
-                               indent=1) + "\n")
-    return path
+    text = json.dumps({"model": model, "iut": case.iut, "iut_version": iut_version, "verdict": str(verdict),
+                       "detail": detail, "found_in": found_in, "option_sets": [options], "case": plain,
+                       **(extra or {})}, indent=1) + "\n"
+    taken = [int(m.group(1)) for p in directory.glob(f"{stem}-*.json") if (m := NUMBERED.search(p.name))]
+    first = max(taken, default=0) + 1  # after the highest: a finding deleted never frees its number
+    for n in range(first, first + MAX_NUMBERS):
+        path = directory / f"{stem}-{n}.json"
+        if _created(path, text):
+            return path
+    raise OSError(f"{directory}: {stem}-{first}.json to -{first + MAX_NUMBERS - 1}.json are all taken")
+
+
+def _readable(path: Path) -> dict | None:
+    """A finding's fields, or None for a file that is not one (torn, or someone else's)."""
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return known if isinstance(known, dict) and isinstance(known.get("case"), dict) else None
+
+
+def _created(path: Path, text: str) -> bool:
+    """`text` as a new file at `path`, whole or not at all; False where the name is taken."""
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    part.write_text(text)
+    try:
+        os.link(part, path)  # fails, rather than replaces, where another finding holds the name
+    except FileExistsError:
+        return False
+    finally:
+        part.unlink(missing_ok=True)
+    return True
 
 
 def add_option_set(path: Path, case: Case) -> None:
@@ -62,7 +92,9 @@ def add_option_set(path: Path, case: Case) -> None:
     options = [list(pair) for pair in case.iut_options]
     if options not in known["option_sets"]:
         known["option_sets"].append(options)
-        path.write_text(json.dumps(known, indent=1) + "\n")
+        part = path.with_name(f".{path.name}.{os.getpid()}.part")
+        part.write_text(json.dumps(known, indent=1) + "\n")
+        os.replace(part, path)  # whole: a reader never sees it half written
 
 
 def read_finding(path: Path, model: str) -> dict:

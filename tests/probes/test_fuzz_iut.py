@@ -65,6 +65,19 @@ def test_a_finding_seen_under_two_option_sets_is_kept_once(tmp_path):
         reproducers.render(first, 2)
 
 
+def test_a_new_finding_never_takes_the_name_of_one_kept_and_a_torn_file_breaks_nothing(tmp_path):
+    case = Case("call_sequence", "cpu", "tpu-sync-jax", "fuzz-0-0", kvref.ShapeKey.parse("bf16[64,8,128]"),
+                calls={"steps": []})
+    stem = "blocks-tpu_sync_jax-error"
+    (tmp_path / f"{stem}-1.json").write_text('{"model": "blocks", "cas')  # torn by a campaign that died
+    (tmp_path / f"{stem}-3.json").write_text("{}")  # 2 was deleted
+    written = [findings.write_finding(replace(case, calls={"steps": [n]}), "ERROR", f"reason {n}", "", "x", tmp_path)
+               for n in range(2)]
+    assert [p.name for p in written] == [f"{stem}-4.json", f"{stem}-5.json"]
+    assert (tmp_path / f"{stem}-3.json").read_text() == "{}"
+    assert not list(tmp_path.glob(".*.part"))
+
+
 def test_a_file_that_is_no_finding_is_refused_naming_it(tmp_path):
     path = tmp_path / "x.json"
     path.write_text('{"sequence": {}}')

@@ -57,7 +57,7 @@ FRESH_S = PRODUCER_TIMEOUT_S / 2
 # gives the producer EXPIRY_GRACE_S more to say each is done sending (a loaded machine polls late).
 EXPIRY_MARGIN_S = 1.0
 EXPIRY_GRACE_S = 5.0
-EXPIRY_DRAWN = 0.03  # of the pull steps drawn while registrations wait: each holds its sequence T + 1 s
+EXPIRY_DRAWN = 0.03  # of the pull steps drawn while registrations wait, once a sequence: it holds it T + 1 s
 MAX_BLOCKS = 8  # the most blocks one pull moves
 SETTLE_S = TIMEOUT_S + 10.0  # beyond which a pull that never settled is a finding (a loaded machine is slow)
 POLL_S = 0.005
@@ -87,6 +87,7 @@ class PullWorld:
     registrations: dict[int, list[int]] = field(default_factory=dict)  # uuid -> blocks, not yet pulled
     registered_at: dict[int, float] = field(default_factory=dict)  # uuid -> when its register_read was called
     registered_by: dict[int, str] = field(default_factory=dict)  # uuid -> the request that registered it
+    expired: bool = False  # the sequence waited past the producer's timeout_s once (each wait costs seconds)
     pulled: set[int] = field(default_factory=set)  # uuids whose registration a pull took
     pulls: dict[str, Pull] = field(default_factory=dict)
     sent: set[str] = field(default_factory=set)  # requests the producer told done sending
@@ -322,6 +323,7 @@ def expire(session: Session, index: int, step: dict) -> None:
                             "they never expire, and the engine never gets their blocks back")
     for uuid in due:
         del w.registrations[uuid]
+    w.expired = True
 
 
 def settle(session: Session, index: int, step: dict) -> None:
@@ -424,7 +426,7 @@ def draw_pull_step(rng, session: Session) -> dict:
                 "steps": int(own.integers(1, 9))}
     if unsettled and kind < 0.35:
         return {"rule": "settle"} if rng.random() < 0.85 else {"rule": "drop_producer"}
-    if registrations and own.random() < EXPIRY_DRAWN:
+    if registrations and not w.expired and own.random() < EXPIRY_DRAWN:
         return {"rule": "expire"}
     pulled = sorted(w.pulled) if w else []
     if not registrations or kind < 0.55:

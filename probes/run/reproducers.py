@@ -221,8 +221,10 @@ def replays_alone(case: Case) -> bool:
 def replay(case: Case) -> str:
     """The code of a call sequence's reproducer, after its docstring."""
     declared = iut(case.iut)
-    fields = dict(platforms=declared.jax_platforms or "", timeout=case.startup_timeout + case.timeout,
-                  case=case.to_json())
+    timeout = float(case.startup_timeout) + float(case.timeout)
+    if not 0 < timeout < float("inf"):
+        raise ValueError(f"the finding's timeouts add up to {timeout}; expected a positive number of seconds")
+    fields = dict(platforms=declared.jax_platforms or "", timeout=repr(timeout), case=case.to_json())
     if replays_alone(case):
         key = kvref.ShapeKey.parse(case.calls["shape"])
         return opening() + TPU_SYNC_JAX_REPLAY.format(
@@ -254,11 +256,19 @@ def render(path: Path, option_set: int = 0) -> str:
     others = [Case.from_json(json.dumps({**finding["case"], "iut_options": s})).options_text
               for i, s in enumerate(sets) if i != option_set]
     also = f"It failed alike built with {'; '.join(others)}.\n" if others else ""
-    return DOCSTRING.format(
-        title=title.replace('"""', "'''"), iut=case.iut, found_in=finding["found_in"],
-        calls=len(case.calls["calls"]), detail=finding["detail"].replace('"""', "'''"), also=also,
-        finding=path, python=_reproducer_python(iut(case.iut).interpreter),
-        how=ALONE if replays_alone(case) else THROUGH_THE_HARNESS) + replay(case)
+    said = {name: _inert(str(value)) for name, value in dict(
+        title=title, iut=case.iut, found_in=finding["found_in"], detail=finding["detail"], also=also,
+        finding=path, python=_reproducer_python(iut(case.iut).interpreter)).items()}
+    return DOCSTRING.format(calls=len(case.calls["calls"]), how=ALONE if replays_alone(case) else THROUGH_THE_HARNESS,
+                            **said) + replay(case)
+
+
+def _inert(text: str) -> str:
+    """`text` as it may stand inside the reproducer's docstring: a finding is
+    someone else's data, so no quote can end the docstring, no backslash
+    escape what follows, and no character the parser refuses gets through."""
+    text = text.replace("\\", "\\\\").replace('"', '\\"')
+    return "".join(c if c == "\n" or c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def rewrite(text: str) -> str:

@@ -2,6 +2,7 @@
 with a fault model on they find it, shrink it and keep it as data, whose
 rendered reproducer fails the same way when run alone."""
 
+import ast
 import json
 import subprocess
 import sys
@@ -76,6 +77,21 @@ def test_a_new_finding_never_takes_the_name_of_one_kept_and_a_torn_file_breaks_n
     assert [p.name for p in written] == [f"{stem}-4.json", f"{stem}-5.json"]
     assert (tmp_path / f"{stem}-3.json").read_text() == "{}"
     assert not list(tmp_path.glob(".*.part"))
+
+
+def test_a_rendered_reproducer_holds_a_findings_fields_as_data_never_as_code(tmp_path):
+    """A finding is someone else's data: whatever its text fields say stays
+    inside the reproducer's docstring."""
+    hostile = 'x"""\nimport os; os.system("touch owned")\n"""\\'
+    case = Case("call_sequence", "cpu", "tpu-sync-jax", "fuzz-0-0", kvref.ShapeKey.parse("bf16[64,2,32,640]"),
+                calls={"shape": "bf16[64,2,32,640]", "layers": 1, "host_blocks": 4, "mode": "ready",
+                       "calls": [{"d2h": True, "src": [0], "dst": [9], "sizes": [1]}]})
+    path = findings.write_finding(case, "ERROR", hostile + "\x00\x1b[2J", hostile, hostile, tmp_path)
+    script = reproducers.render(path)
+    tree = ast.parse(script)  # it parses: no NUL, no stray quote
+    said = ast.get_docstring(tree)
+    assert hostile in said and said.count("os.system") == 3  # the detail, the title's first line, found_in
+    assert "os.system" not in script.split(said.splitlines()[-1])[-1]  # none of it after the docstring
 
 
 def test_a_file_that_is_no_finding_is_refused_naming_it(tmp_path):

@@ -10,7 +10,7 @@ import sys
 import traceback
 
 from probes.run import (bisect, coverage_command, diff_command, doctor, explain_command, fuzz_command,
-                        generations_command, iuts_command, model_command, peer_env_command, run_command)
+                        generations_command, iuts_command, model_command, options, peer_env_command, run_command)
 
 
 # Every command, in the order `kvprobe --help` lists them; each declared by its own module.
@@ -80,6 +80,7 @@ def main(argv=None) -> int:
         signal.signal(signum, _stop)
     try:
         args = build_parser().parse_args(argv)
+        options.check_given(vars(args))
         return args.run(args)
     except (ValueError, RuntimeError, OSError) as e:
         print(f"kvprobe: error: {e}", file=sys.stderr)

@@ -133,6 +133,16 @@ OPTIONS = {o.name: o for o in (
 )}
 
 
+def check_given(values: dict[str, object], prefix: str = "--") -> None:
+    """Each of OPTIONS as parsed (`values`: by name): ValueError for one given
+    no value. argparse takes `--NAME=--` as an empty list, never asking the
+    option's own parser, and a command would then run with nothing selected
+    or a silent default."""
+    for name, value in values.items():
+        if name in OPTIONS and isinstance(value, (list, tuple)) and not value:
+            raise ValueError(f"{prefix}{name}: no value (`--` is not one); expected {OPTIONS[name].help}")
+
+
 def add(parser: argparse.ArgumentParser, *which: str, **defaults) -> None:
     """The options `which` on a command, with other defaults where given."""
     for name in which:

@@ -43,6 +43,13 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     # What the plugin's items carry, registered as a plugin's markers are (--strict-markers, -m tpu).
     config.addinivalue_line("markers", f"{TPU_MARK}: a kvprobe case of an IUT that runs on real TPU hardware")
+    from probes.run import options
+
+    try:
+        options.check_given({name: config.getoption(f"kvprobe_{name}") for name in options.OPTIONS
+                             if hasattr(config.option, f"kvprobe_{name}")}, prefix="--kvprobe-")
+    except ValueError as e:
+        raise pytest.UsageError(f"kvprobe: {e}") from None
     if config.getoption("kvprobe_iut"):
         config.pluginmanager.register(KvprobeRun(config), "kvprobe-run")
 

@@ -43,6 +43,13 @@ def test_a_count_of_any_length_is_one_line_naming_the_bound(capsys):
     assert stop.value.code == 2 and len(err) == 1 and "at most 2,147,483,648" in err[0], err
 
 
+@pytest.mark.parametrize("option", ["iut", "probe", "generation", "faults"])
+def test_an_option_given_no_value_is_one_line_naming_it(capsys, option):
+    """argparse hands `--NAME=--` to the command as an empty list, never asking the option's parser."""
+    line = refused(capsys, f"--{option}=--")
+    assert line.startswith(f"kvprobe: error: --{option}: no value"), line
+
+
 def test_a_timeout_that_is_not_finite(capsys):
     assert "argument --timeout: expected a positive number, not infinite or NaN, got 'inf'" in \
         refused(capsys, "--timeout", "inf")

@@ -312,3 +312,13 @@ def test_the_plugin_counts_its_items_as_pytest_counts_any(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:]
     assert (f"collected {len(ids)} items / {len(ids) - len(bad_input)} deselected / {len(bad_input)} selected"
             in done.stdout), done.stdout[-2000:]
+
+
+@pytest.mark.parametrize("option", ["iut", "probe", "faults"])
+def test_the_plugin_refuses_an_option_given_no_value_in_one_line(tmp_path, option):
+    """pytest's argparse hands `--kvprobe-NAME=--` over as an empty list: a usage error, not a silent default."""
+    given = [] if option == "iut" else ["--kvprobe-iut", "kvref-sim"]
+    done = run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *given, f"--kvprobe-{option}=--"],
+               tmp_path, os.environ, timeout=300)
+    assert done.returncode == 4, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"--kvprobe-{option}: no value" in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]

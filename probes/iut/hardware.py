@@ -195,7 +195,11 @@ def read_tpu_env() -> dict[str, str]:
                              f"the metadata server ({standin_metadata.METADATA_HOST}): {error}; set "
                              f"{standin_vm.SKIP_METADATA}=1 and {', '.join(standin_vm.RUNTIME_VARIABLES)} yourself "
                              "to start without it")
-    return standin_metadata.parse_tpu_env(text)
+    try:
+        return standin_metadata.parse_tpu_env(text)
+    except ValueError as e:
+        raise TpuUnavailable(f"this TPU VM's metadata server ({standin_metadata.METADATA_HOST}) answered a "
+                             f"tpu-env no process could start with: {e}") from None
 
 
 def runtime_environment() -> tuple[tuple[str, str], ...]:

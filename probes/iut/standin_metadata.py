@@ -20,10 +20,10 @@ its own cannot reach it, as none reaches the real one."""
 
 from __future__ import annotations
 
+import http.client
 import http.server
+import socket
 import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from kvref.bounded_reads import read_stream
@@ -34,7 +34,6 @@ TPU_ENV = "tpu-env"
 KEYS = (TPU_ENV, "accelerator-type", "agent-worker-number", "worker-network-endpoints")
 ANSWER_BYTES = 64 * 1024  # a few dozen KEY: value lines; an answer beyond it is cut off and refused
 TRIES = 30  # libtpu asks each key 30 times, 1 s apart, before it goes on without it
-NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # a proxy variable never reroutes it
 SERVER_FILE = "etc/metadata-server"  # in a stand-in VM's folder: where its metadata server answers
 # What libtpu cannot determine without each key, and the variable it then asks for (its warning's two %s).
 DETERMINES = {"tpu-env": ("TPU environment", "TPU_ACCELERATOR_TYPE"),
@@ -65,28 +64,62 @@ def server_of(vm_root: Path | None) -> str:
 
 def fetch(key: str, timeout_s: float, vm_root: Path | None = None) -> str:
     """The text this machine's metadata server answers for attribute `key`,
-    asked as libtpu asks (the header the real server requires)."""
+    asked as libtpu asks (the header the real server requires; never through
+    a proxy). The whole answer, its status line and headers too, comes
+    within `timeout_s` or the connection is cut: a server that trickles, or
+    sends interim answers without end, is a TimeoutError."""
     host = server_of(vm_root)
-    request = urllib.request.Request(f"http://{host}{ATTRIBUTES_PATH}{key}", headers={"Metadata-Flavor": "Google"})
-    with NO_PROXY.open(request, timeout=timeout_s) as answer:
+    name, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "80")
+    connection = http.client.HTTPConnection(name, int(port), timeout=timeout_s)
+    late = threading.Event()
+    cut = threading.Timer(timeout_s, _cut_off, (connection, late))
+    cut.start()
+    try:
+        connection.request("GET", ATTRIBUTES_PATH + key, headers={"Metadata-Flavor": "Google"})
+        answer = connection.getresponse()
+        if answer.status != 200:
+            raise OSError(f"HTTP {answer.status} from {host} for {key}")
         return read_stream(answer, ANSWER_BYTES, f"the {key} answer of {host}", timeout_s).decode()
+    except (OSError, http.client.HTTPException):
+        if late.is_set():
+            raise TimeoutError(f"the {key} answer of {host} did not come whole within {timeout_s:g} s") from None
+        raise
+    finally:
+        cut.cancel()
+        connection.close()
+
+
+def _cut_off(connection: http.client.HTTPConnection, late: threading.Event) -> None:
+    """End a connection whose answer is late: its reader then fails at once."""
+    late.set()
+    if connection.sock is not None:
+        try:
+            connection.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # closed already
+            pass
 
 
 def fetch_error(key: str, timeout_s: float, vm_root: Path | None) -> tuple[str | None, str | None]:
-    """(the answer, None), or (None, why there is none)."""
+    """(the answer, None), or (None, why there is none, in one line)."""
     try:
         return fetch(key, timeout_s, vm_root), None
-    except (urllib.error.URLError, OSError, ValueError) as e:  # ValueError: too long, or not text
-        return None, str(e)
+    except (OSError, ValueError, http.client.HTTPException) as e:  # ValueError: too long, or not text
+        said = (str(e).strip().splitlines() or [""])[0][:300]
+        return None, said if said and not isinstance(e, http.client.HTTPException) else \
+            f"{type(e).__name__}: {said}".rstrip(": ")
 
 
 def parse_tpu_env(text: str) -> dict[str, str]:
-    """tpu-env's `KEY: 'value'` lines as a dict."""
+    """tpu-env's `KEY: 'value'` lines as a dict; ValueError for a key or value
+    no environment can carry (a NUL, or another control character)."""
     fields = {}
     for line in text.splitlines():
         key, colon, value = line.partition(":")
-        if colon and key.strip():
-            fields[key.strip()] = value.strip().strip("'\"")
+        key, value = key.strip(), value.strip().strip("'\"")
+        if colon and key:
+            if not all(c.isprintable() for c in key + value):
+                raise ValueError(f"tpu-env's {key[:40]!r} line holds a control character; expected text")
+            fields[key] = value
     return fields
 
 

@@ -333,7 +333,10 @@ def _from_server(vm: StandinVm) -> dict[str, str]:
     """The runtime's view read from the VM's metadata server, each key tried
     as libtpu tries it; a key that never answers is warned of and defaulted."""
     answers = {key: _ask(vm, key) for key in standin_metadata.KEYS[:3]}
-    fields = standin_metadata.parse_tpu_env(answers[standin_metadata.TPU_ENV] or "")
+    try:
+        fields = standin_metadata.parse_tpu_env(answers[standin_metadata.TPU_ENV] or "")
+    except ValueError as e:
+        raise RuntimeError(f"Unable to initialize backend 'tpu': {e}") from None
     accelerator = fields.get("ACCELERATOR_TYPE") or answers["accelerator-type"]
     if not accelerator:
         raise RuntimeError("Unable to initialize backend 'tpu': Failed to get TPU metadata (tpu-env, "

@@ -152,3 +152,79 @@ def test_a_type_or_host_list_libtpu_cannot_take_is_an_error_it_logs(tmp_path):
     assert "Failed to find host bounds for accelerator type: v7x-2" in unknown.errors
     listless = libtpu_or_skip({"TPU_SKIP_MDS_QUERY": "1", "TPU_ACCELERATOR_TYPE": "tpu7x-2"})
     assert listless.knows_the_type and any("unexpected worker hostname" in e for e in listless.errors)
+
+
+class Hostile:
+    """A metadata server on loopback that answers as `answer(connection)` does, one connection at a time."""
+
+    def __init__(self, answer):
+        import socket
+        import threading
+
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.answer = answer
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            try:
+                connection.recv(4096)
+                self.answer(connection)
+            except OSError:  # the client cut it off, as it must
+                pass
+            finally:
+                connection.close()
+
+    def root(self, tmp_path):
+        (tmp_path / standin_metadata.SERVER_FILE).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / standin_metadata.SERVER_FILE).write_text(f"127.0.0.1:{self.listener.getsockname()[1]}")
+        return tmp_path
+
+
+def _trickle(connection):
+    import time
+
+    for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nv5e\n":  # bounded: the client cuts it at 1 s
+        connection.sendall(bytes([byte]))
+        time.sleep(0.2)
+
+
+def _interim_without_end(connection):
+    import time
+
+    for _ in range(5000):  # about 10 s of them, bounded: the client cuts it at 1 s
+        connection.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        time.sleep(0.002)
+
+
+def _header_too_long(connection):
+    connection.sendall(b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70_000 + b"\r\n\r\n")
+
+
+@pytest.mark.parametrize("answer", [_trickle, _interim_without_end])
+def test_a_metadata_answer_is_bounded_in_time_status_line_and_headers_too(tmp_path, answer):
+    import time
+
+    server = Hostile(answer)
+    began = time.monotonic()
+    text, error = standin_metadata.fetch_error("tpu-env", 1.0, server.root(tmp_path))
+    server.listener.close()
+    assert text is None and "did not come whole within 1 s" in error, error
+    assert time.monotonic() - began < 5.0
+
+
+def test_a_metadata_clients_own_error_is_one_line(tmp_path):
+    server = Hostile(_header_too_long)
+    text, error = standin_metadata.fetch_error("tpu-env", 5.0, server.root(tmp_path))
+    server.listener.close()
+    assert text is None and error.startswith("LineTooLong") and "\n" not in error, error
+
+
+def test_a_tpu_env_value_no_environment_can_carry_is_refused():
+    with pytest.raises(ValueError, match="'WORKER_ID' line holds a control character"):
+        standin_metadata.parse_tpu_env("ACCELERATOR_TYPE: 'v5e-1'\nWORKER_ID: '0\x00'\n")

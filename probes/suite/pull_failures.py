@@ -28,8 +28,13 @@ FAILURE_KINDS = ("producer_killed", "connection_refused", "silent_remote", "mana
 PULLED = 16  # blocks a refused request names
 DIES = "dies"  # what a side posts before it kills itself (probes.run.runner reads it)
 KILL_AT_SHARE = 0.25  # the producer dies once this share of the pull's bytes has crossed lo
-KILL_WAIT_S = 2.0  # or once this long has passed since the pull started
-KILLED_UNDER_WAY = "killed-under-way"  # what the producer posts before it dies: whether the pull was under way
+# Or once this long has passed since the pull started: a loaded machine may take seconds to get a pull's bytes
+# moving, so the consumer's timeout_s is longer here (KILLED_TIMEOUT_S): the kill, not the timeout, must end it.
+KILL_WAIT_S = 5.0
+KILLED_TIMEOUT_S = 10.0
+# What the producer posts before it dies: whether the pull was under way, and when (the wall clock: the two
+# sides may be two hosts), so the consumer judges how soon the failure came from the kill, not from its start.
+KILLED_UNDER_WAY = "killed-under-way"
 # A pull big enough to be in flight when its producer dies: 16 MiB a layer.
 LARGE = kvref.ShapeKey(SUBJECT.dtype, (SUBJECT.dims[0], SUBJECT.dims[1], SUBJECT.dims[2] * 4))
 
@@ -139,20 +144,21 @@ def _expect_refusal(side: Side, what: str, call) -> Outcome:
     return Outcome(ERROR, f"{what}: accepted, {after} (timeout_s={FAILING_TIMEOUT_S}s)")
 
 
-def _expect_failed(side: Side, req: str, started: float, within: float, what: str, settled=None) -> Outcome:
+def _expect_failed(side: Side, req: str, started: float, within: float, what: str, settled=None,
+                   timeout_s: float = FAILING_TIMEOUT_S) -> Outcome:
     """`req` must be reported failed within `within` seconds of `started`
     (PROMPT_S for a failure the manager sees at once; timeout_s and a grace
     for a remote that never answers), once, and leave every local block as
     it was. `settled`: what polling has seen already."""
-    bound = max(within, FAILING_TIMEOUT_S) + SETTLE_GRACE_S
+    bound = max(within, timeout_s) + SETTLE_GRACE_S
     settled = settled or poll(side.manager, started, lambda s: s.state(req) != "unsettled", bound)
     state = settled.state(req)
     if state != "failed":
         return Outcome(ERROR, f"{what}: {state if state != 'unsettled' else 'never reported'} "
-                       f"(polled {bound:.0f}s; timeout_s={FAILING_TIMEOUT_S}s)")
+                       f"(polled {bound:.0f}s; timeout_s={timeout_s:g}s)")
     seconds = settled.failed[req]
     if seconds > within:
-        return Outcome(ERROR, f"{what}: reported failed only after {seconds:.1f}s (timeout_s={FAILING_TIMEOUT_S}s); "
+        return Outcome(ERROR, f"{what}: reported failed only after {seconds:.1f}s (timeout_s={timeout_s:g}s); "
                        f"a failure the manager can see at once is expected within {within:.1f}s")
     if settled.twice:
         return Outcome(ERROR, f"{what}: reported {sorted(set(settled.twice))} more than once")
@@ -180,8 +186,10 @@ class _silent_listener:
 
 def pull_failures(case: Case, iut: Adapter) -> Outcome:
     """Pulls that cannot land must be reported failed, once, and leave the
-    consumer's blocks as they were: the producer killed right after the pull
-    starts (promptly, before timeout_s), a refused connection (promptly), a
+    consumer's blocks as they were: the producer killed once the pull is
+    under way (promptly: within PROMPT_S of the kill, which the producer
+    posts as it dies, so a machine slow to get the pull moving is not
+    counted against the manager), a refused connection (promptly), a
     remote that accepts and never answers (by timeout_s, the consumer polling
     past it). The consumer's manager dropped mid-pull must take its threads
     and sockets with it, and the producer's request must still be reported
@@ -202,7 +210,7 @@ def pull_failures(case: Case, iut: Adapter) -> Outcome:
                 sent = loopback_bytes()
                 side.rendezvous.wait("started", PEER_WAIT_S)
                 under_way = _until_under_way(sent + side.pull_bytes(len(everything)) * KILL_AT_SHARE)
-                side.rendezvous.post(KILLED_UNDER_WAY, under_way)
+                side.rendezvous.post(KILLED_UNDER_WAY, {"under_way": under_way, "at": time.time()})
                 side.rendezvous.post(DIES)
                 os.kill(os.getpid(), signal.SIGKILL)
             side.rendezvous.wait("finished", PEER_WAIT_S)
@@ -213,7 +221,7 @@ def pull_failures(case: Case, iut: Adapter) -> Outcome:
         try:
             if case.kind == "manager_dropped":
                 return _dropped_mid_pull(side, endpoint_for(endpoints), uuid, everything)
-            side.build(timeout_s=FAILING_TIMEOUT_S)
+            side.build(timeout_s=KILLED_TIMEOUT_S if case.kind == "producer_killed" else FAILING_TIMEOUT_S)
             return _failed_pull(side, case.kind, endpoint_for(endpoints), uuid, everything)
         finally:
             side.rendezvous.post("finished")
@@ -248,16 +256,17 @@ def _failed_pull(side: Side, kind: str, endpoint, uuid: int, everything: list[in
     if kind == "producer_killed":
         side.manager.start_read("req-0", uuid, endpoint, everything, local)
         side.rendezvous.post("started")
-        settled = poll(side.manager, started, lambda s: s.state("req-0") != "unsettled",
-                       FAILING_TIMEOUT_S + SETTLE_GRACE_S)
+        killed = side.rendezvous.wait(KILLED_UNDER_WAY, PEER_WAIT_S)
+        at = time.monotonic() - max(0.0, time.time() - killed["at"])  # the kill, on this side's clock
+        settled = poll(side.manager, at, lambda s: s.state("req-0") != "unsettled",
+                       KILLED_TIMEOUT_S + SETTLE_GRACE_S)
         if settled.state("req-0") == "done" and not side.check_blocks(list(zip(everything, local))):
-            return Outcome(SKIP, f"the pull landed in {settled.done['req-0']:.2f}s, before its producer died: "
-                           "no failure to judge")
-        outcome = _expect_failed(side, "req-0", started, PROMPT_S, "a pull whose producer was killed", settled)
-        if outcome.verdict == PASS and not side.rendezvous.wait(KILLED_UNDER_WAY, PEER_WAIT_S):
-            return Outcome(ERROR, f"nothing in flight: the producer was killed before {KILL_AT_SHARE:.0%} of the "
-                           f"pull's bytes had crossed lo ({KILL_WAIT_S:.0f}s), so no pull was cut part-way")
-        return outcome
+            return Outcome(SKIP, "the pull landed before its producer died: no failure to judge")
+        if not killed["under_way"]:
+            return Outcome(ERROR, f"nothing in flight: {KILL_AT_SHARE:.0%} of the pull's bytes had not crossed lo "
+                           f"within {KILL_WAIT_S:.0f}s when its producer was killed, so no pull was cut part-way")
+        return _expect_failed(side, "req-0", at, PROMPT_S, "a pull whose producer was killed (timed from the kill)",
+                              settled, KILLED_TIMEOUT_S)
     if kind == "connection_refused":
         side.manager.start_read("req-0", uuid, f"127.0.0.1:{free_loopback_port()}", everything, local)
         return _expect_failed(side, "req-0", started, PROMPT_S, "a pull from a port nothing listens on")

@@ -36,7 +36,7 @@ def pytest_addoption(parser):
 
     group = parser.getgroup(GROUP, "qualify a KV-cache manager with kvprobe")
     # The IUT names and generations are read as text: 'local' is resolved per IUT (cases).
-    options.add_to_pytest(group, "iut", "generation", "matrix", "probe", "timeout", "faults", "out",
+    options.add_to_pytest(group, "iut", "generation", "matrix", "probe", "jobs", "timeout", "faults", "out",
                           raw=("iut", "generation"), iut=None, generation=None, out=None)
 
 
@@ -136,7 +136,7 @@ class KvprobeRun:
         from probes.run.runner import CasePools
 
         if self.pools is None:
-            self.pools = CasePools([i.case for i in self.selected] or [item.case])
+            self.pools = CasePools([i.case for i in self.selected] or [item.case], self.config.getoption("kvprobe_jobs"))
             self.running = {id(i): self.pools.start(i.case) for i in self.selected}
         if id(item) not in self.running:  # an item run apart from its session's selection
             self.running[id(item)] = self.pools.start(item.case)

@@ -322,3 +322,14 @@ def test_the_plugin_refuses_an_option_given_no_value_in_one_line(tmp_path, optio
                tmp_path, os.environ, timeout=300)
     assert done.returncode == 4, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"--kvprobe-{option}: no value" in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("jobs, code", [("1", 0), ("0", 4)])
+def test_the_plugin_bounds_its_workers_with_kvprobe_jobs(tmp_path, jobs, code):
+    """A shared CI runner bounds the plugin's workers as `kvprobe run --jobs` does; a bad count is refused."""
+    done = run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--kvprobe-iut", "kvref-sim",
+                "--kvprobe-generation", "tpu7x", "--kvprobe-probe", "bad_input", "-k", "bad_input and lengths",
+                "--kvprobe-jobs", jobs], tmp_path, os.environ, timeout=300)
+    assert done.returncode == code, done.stdout[-2000:] + done.stderr[-2000:]
+    if code:
+        assert "--kvprobe-jobs: expected a positive number" in done.stderr, done.stderr[-2000:]

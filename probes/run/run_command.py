@@ -37,14 +37,23 @@ def run(args) -> int:
     return verdict_code(frame)
 
 
+SHOWN = 20  # disagreeing cases named on the console; summary.json has every one
+
+
 def verdict_code(frame) -> int:
     """1 when any case's verdict is one its prediction does not admit (said on stderr), else 0."""
     from probes.report.results import disagreements
 
-    disagree = len(disagreements(frame))
-    if disagree:
-        print(f"kvprobe: {disagree} of {len(frame)} cases disagree with their prediction", file=sys.stderr)
-    return 1 if disagree else 0
+    rows = disagreements(frame)
+    if len(rows):
+        print(f"kvprobe: {len(rows)} of {len(frame)} cases disagree with their prediction:", file=sys.stderr)
+        for _, row in rows.head(SHOWN).iterrows():
+            first = str(row["detail"]).strip().splitlines()[0][:160] if str(row["detail"]).strip() else ""
+            print(f"  {row['iut']} {row['case_id']} ({row['iut_options']}): {row['verdict']}, predicted "
+                  f"{row['predicted']}: {first}", file=sys.stderr)
+        if len(rows) > SHOWN:
+            print(f"  and {len(rows) - SHOWN} more (summary.json lists them all)", file=sys.stderr)
+    return 1 if len(rows) else 0
 
 
 def report_arguments(parser: argparse.ArgumentParser) -> None:

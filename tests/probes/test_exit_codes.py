@@ -27,6 +27,8 @@ def test_a_run_exits_1_when_a_case_disagrees_with_its_prediction(tmp_path, fault
     assert "kvprobe: 1/1 cases done (" in done.stderr  # piped: a line says how far the run is, and its end
     said = "1 of 1 cases disagree with their prediction"
     assert (said in done.stderr) == bool(code), done.stderr[-2000:]
+    named = "  kvref-sim v5e/plan_binding/"  # the case that disagrees, on the console, with its verdict
+    assert (named in done.stderr and ": ERROR, predicted PASS: " in done.stderr) == bool(code), done.stderr[-2000:]
     # The same, for a dashboard: summary.json beside the reports, naming the run's files.
     summary = json.loads((tmp_path / "summary.json").read_text())
     (csv,) = [f for f in summary["files"] if f.endswith(".csv")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import sys
 import tempfile
 import threading
@@ -31,11 +32,12 @@ HEARTBEAT_S = 10.0  # piped output: the longest a run goes without a line
 
 
 def run(generations, iuts, matrix, probes, jobs, timeout, faults, out: Path, console,
-        ray_address: str | None = None) -> pd.DataFrame:
-    """Run the cases here, `jobs` at a time, or as tasks of the Ray cluster at
-    `ray_address` (probes.run.ray_runner); write CSVs and reports. The
-    frame's attrs["seconds"] has how long the cases and the reports took."""
-    cases = prepare(generations, iuts, matrix, probes, timeout, faults, out, console.print)
+        ray_address: str | None = None, only: list[str] = ()) -> pd.DataFrame:
+    """Run the cases here (`only` those of these case ids, where given), `jobs`
+    at a time, or as tasks of the Ray cluster at `ray_address`
+    (probes.run.ray_runner); write CSVs and reports. The frame's
+    attrs["seconds"] has how long the cases and the reports took."""
+    cases = chosen(prepare(generations, iuts, matrix, probes, timeout, faults, out, console.print), only)
     run_id = rows.new_run_id()
     done_describing = threading.Event()
     ahead = threading.Thread(target=_describe_ahead, args=(cases, done_describing), daemon=True)
@@ -82,6 +84,21 @@ class _Heartbeat:
             self.said = now
             print(f"kvprobe: {self.done}/{self.total} cases done ({now - self.start:.0f} s)", file=sys.stderr,
                   flush=True)
+
+
+def chosen(cases: list, only: list[str]) -> list:
+    """The cases whose case id is one of `only` (all, where it is empty);
+    ValueError naming an id no case of the run has, with the closest."""
+    if not only:
+        return cases
+    ids = {case.case_id for case in cases}
+    unknown = [name for name in only if name not in ids]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(ids), 1)
+        raise ValueError(f"--case {unknown[0]!r}: no case of this run has that id"
+                         + (f" (did you mean {close[0]!r}?)" if close else "")
+                         + "; --generation, --probe and --matrix choose the cases it is picked from")
+    return [case for case in cases if case.case_id in only]
 
 
 def prepare(generations, iuts, matrix, probes, timeout, faults, out: Path | None, say=print) -> list:

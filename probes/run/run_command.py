@@ -18,6 +18,10 @@ def run_arguments(parser: argparse.ArgumentParser) -> None:
                         "joined), HOST:PORT, or 'local' (a private one-machine cluster, started and "
                         "stopped by the run); needs `pip install 'kvref[ray]'`")
     options.add(parser, "faults", "out")
+    parser.add_argument("--case", metavar="CASE_ID", type=options.names, default=[],
+                        help="only these cases, comma-separated, by the case_id a run's CSV, summary.json "
+                        "and console name (e.g. v5e/plan_binding/plan_binding-bf16_512x8x2048); with "
+                        "several IUTs, each one's")
 
 
 def run(args) -> int:
@@ -28,7 +32,7 @@ def run(args) -> int:
     console = Console(stderr=True)
     start = time.monotonic()
     frame = command.run(args.generation, args.iut, args.matrix, args.probe, args.jobs,
-                        args.timeout, args.faults, args.out, console, args.ray)
+                        args.timeout, args.faults, args.out, console, args.ray, args.case)
     stdout_console().print(command.summary_table(frame))
     seconds = frame.attrs.get("seconds", {})
     split = f" (runner {seconds['runner']:.1f} s, reports {seconds['reports']:.1f} s)" if seconds else ""

@@ -146,3 +146,18 @@ def test_a_tpu_type_that_is_a_prefix_of_shipped_ones_says_which_were_likely_mean
     assert options.generations("v5") == ["v5"]
     assert "'v5' is not a shipped TPU type; its layouts are compiled live (did you mean 'v5e' or 'v5p'?)" \
         in capsys.readouterr().err
+
+
+def test_one_case_of_a_run_is_rerun_by_its_id(tmp_path):
+    """The id a run names a disagreeing case by selects that case alone; an id no case has is one line."""
+    from probes.run import command
+
+    ids = [c.case_id for c in command.prepare(["v5e"], ["kvref-sim"], "default", ["bad_input"], 30.0, (), None)]
+    assert len(ids) > 2
+    done = kvprobe("run", "-g", "v5e", "--probe", "bad_input", "--case", ids[1], "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    (csv,) = [f for f in summary["files"] if f.endswith(".csv")]
+    assert list(pd.read_csv(csv)["case_id"]) == [ids[1]]
+    wrong = kvprobe("run", "-g", "v5e", "--probe", "bad_input", "--case", ids[1] + "x", "--out", str(tmp_path))
+    assert wrong.returncode == 2 and f"did you mean {ids[1]!r}" in wrong.stderr, wrong.stderr[-2000:]

@@ -175,7 +175,12 @@ def chips_of(declared: IUT) -> int | None:
 
 def record(found, run_id: str, out: Path) -> pd.DataFrame:
     """The results of a run as CSVs, each generation's report and the index."""
-    frame = rows.to_frame(found, run_id)
+    return record_frame(rows.to_frame(found, run_id), out)
+
+
+def record_frame(frame: pd.DataFrame, out: Path) -> pd.DataFrame:
+    """A run's rows (every part of it, where several processes ran it) as
+    CSVs, each generation's report and the index."""
     files = results.write_runs(frame, out)
     for gen, part in frame.groupby("generation", sort=False):
         files.append(summary.write_generation_report(part, Path(out) / results.generation_dir(gen)))

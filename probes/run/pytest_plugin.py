@@ -9,7 +9,9 @@ Every case is one test item, `kvprobe/<iut>/<how its manager is built>::<case id
 (the case id of the CSVs), collected and counted as pytest counts any item,
 and run in a watched worker exactly as `kvprobe run` runs it: the selected
 cases start together, as many at once as `kvprobe run` runs (one at a time
-on a real TPU), and each item reports its own. It passes only when the
+on a real TPU), and each item reports its own. Under pytest-xdist each
+worker leaves its rows where the controller reads them, and the controller
+writes one run of every case. It passes only when the
 verdict is one the reference predicts; its
 verdict, prediction and detail are the item's properties (so `--junitxml`
 carries them). A SKIP is a pytest skip with the worker's reason, except for a
@@ -21,6 +23,7 @@ does nothing."""
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
 import pytest
@@ -29,6 +32,7 @@ from probes.suite.verdicts import SKIP
 
 GROUP = "kvprobe"
 TPU_MARK = "tpu"
+PARTS = ".kvprobe-parts"  # under --kvprobe-out: each xdist worker's rows of the run, until the controller merges them
 
 
 def pytest_addoption(parser):
@@ -54,6 +58,14 @@ def pytest_configure(config):
         config.pluginmanager.register(KvprobeRun(config), "kvprobe-run")
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist, on the controller: the run each worker's rows belong to."""
+    run = node.config.pluginmanager.get_plugin("kvprobe-run")
+    if run is not None:
+        node.workerinput["kvprobe_run_id"] = run.run_id
+
+
 class CaseFailed(Exception):
     """A case's verdict is not one the reference predicts (or it skipped on a TPU)."""
 
@@ -68,6 +80,11 @@ class KvprobeRun:
         self.selected: list = []  # the CaseItems left after -k and -m, in the order they run
         self.pools = None  # probes.run.runner.CasePools, made when the first item runs
         self.running: dict = {}  # id(CaseItem) -> the future of its case's result
+        from probes.run import rows
+
+        worker = getattr(config, "workerinput", None)  # an xdist worker: the controller's run
+        self.run_id = worker.get("kvprobe_run_id") if worker and "kvprobe_run_id" in worker else rows.new_run_id()
+        self.worker = worker["workerid"] if worker else None
 
     def cases(self) -> list:
         from probes.iut import TpuUnavailable
@@ -146,10 +163,29 @@ class KvprobeRun:
         if self.pools is not None:  # a session stopped early (-x, Ctrl-C): no queued case starts
             self.pools.shutdown(stop=True)
         out = self.config.getoption("kvprobe_out")
-        if out and self.found:
-            from probes.run import command, rows
+        if not out:
+            return
+        from probes.report.atomic import write_whole
+        from probes.report.results import read_run
+        from probes.run import command, rows
 
-            command.record(self.found, rows.new_run_id(), Path(out))
+        parts = Path(out) / PARTS / self.run_id
+        if self.worker is not None:  # the controller writes the run, with every worker's rows
+            if self.found:
+                frame = rows.to_frame(self.found, self.run_id)
+                write_whole(parts / f"{self.worker}.csv", lambda f: frame.to_csv(f, index=False))
+            return
+        frames = [rows.to_frame(self.found, self.run_id)] if self.found else []
+        frames += [read_run(part) for part in sorted(parts.glob("*.csv"))]
+        if frames:
+            import pandas as pd
+
+            command.record_frame(pd.concat(frames, ignore_index=True), Path(out))
+        shutil.rmtree(parts, ignore_errors=True)
+        try:
+            parts.parent.rmdir()  # gone once no other run's parts are in it
+        except OSError:
+            pass
 
 
 def item_timeout(case, configured) -> float:

@@ -6,7 +6,9 @@ failing exactly the cases kvref's own fault model of that bug fails."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -333,3 +335,17 @@ def test_the_plugin_bounds_its_workers_with_kvprobe_jobs(tmp_path, jobs, code):
     assert done.returncode == code, done.stdout[-2000:] + done.stderr[-2000:]
     if code:
         assert "--kvprobe-jobs: expected a positive number" in done.stderr, done.stderr[-2000:]
+
+
+def test_under_xdist_the_plugin_writes_one_run_of_every_case(tmp_path):
+    """Each xdist worker used to write a run of its own share, and summary.json held one worker's: now the
+    workers leave their rows to the controller, which writes one run of them all."""
+    out = tmp_path / "out"
+    done = run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--kvprobe-iut", "kvref-sim",
+                "--kvprobe-generation", "tpu7x", "--kvprobe-probe", "bad_input", "--kvprobe-out", str(out)],
+               tmp_path, os.environ, timeout=600)
+    ran = re.search(r"(\d+) passed", done.stdout)
+    assert done.returncode == 0 and ran, done.stdout[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["cases"] == int(ran.group(1)) > 2, summary
+    assert len([f for f in summary["files"] if f.endswith(".csv")]) == 1 and not (out / ".kvprobe-parts").exists()

@@ -8,6 +8,7 @@ import re
 import signal
 import sys
 import traceback
+from pathlib import Path
 
 from probes.run import (bisect, coverage_command, diff_command, doctor, explain_command, fuzz_command,
                         generations_command, iuts_command, model_command, options, peer_env_command, run_command)
@@ -53,12 +54,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
+    """kvref's version, and which code that is: where it was loaded from (a
+    source tree, with its commit, or an installed copy) and the Python."""
+    import subprocess
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("kvref")
+        number = version("kvref")
     except PackageNotFoundError:  # run from a source tree that was never installed
-        return "(not installed)"
+        number = "(not installed)"
+    where = Path(__file__).resolve().parents[2]
+    if (where / ".git").exists():
+        try:
+            commit = subprocess.run(["git", "-C", str(where), "describe", "--always", "--dirty"], capture_output=True,
+                                    text=True, timeout=10).stdout.strip() or "commit unknown"
+        except (OSError, subprocess.SubprocessError):
+            commit = "commit unknown"
+        code = f"the source tree {where} at {commit}"
+    else:
+        code = f"installed at {where}"
+    return f"{number}, {code}; Python {sys.version.split()[0]} ({sys.executable})"
 
 
 class Stopped(KeyboardInterrupt):

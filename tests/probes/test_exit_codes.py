@@ -5,6 +5,7 @@ input, 3 kvprobe's own failure, 128+N a signal."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -93,7 +94,10 @@ def test_version():
     from importlib.metadata import version
 
     done = kvprobe("--version")
-    assert done.returncode == 0 and done.stdout.strip() == f"kvprobe {version('kvref')}", done
+    said = done.stdout.strip()
+    assert done.returncode == 0 and said.startswith(f"kvprobe {version('kvref')}, "), done
+    # which code that is: this checkout (a source tree, its commit), and the Python that runs it
+    assert f"the source tree {Path(__file__).resolve().parents[2]} at " in said and sys.executable in said, said
 
 
 def test_the_help_states_the_exit_codes():

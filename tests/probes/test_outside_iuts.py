@@ -349,3 +349,14 @@ def test_under_xdist_the_plugin_writes_one_run_of_every_case(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["cases"] == int(ran.group(1)) > 2, summary
     assert len([f for f in summary["files"] if f.endswith(".csv")]) == 1 and not (out / ".kvprobe-parts").exists()
+
+
+def test_the_example_passes_every_probe_unchanged(outside, tmp_path):
+    """The shipped example is what a team copies: `--probe all` agrees with every prediction, and what it
+    cannot be asked it declares not applicable, with why."""
+    work, env = outside
+    done = run([*KVPROBE, "run", "--iut", "example-manager", "-g", "tpu7x", "--probe", "all", "--out",
+                str(tmp_path / "all")], work, env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    frame = latest_csv(tmp_path / "all")
+    assert (frame["verdict"] == "PASS").sum() > 20 and "settings" not in set(frame["probe"])

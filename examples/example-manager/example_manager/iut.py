@@ -20,6 +20,10 @@ class Waited:
     def wait(self) -> None:
         self.future.result(timeout=60)
 
+    def done(self) -> bool:
+        """Asked without waiting: what lets kvprobe see a transfer still in flight."""
+        return self.future.done()
+
 
 class ExampleLibrary:
     distribution = "kvprobe-example-manager"
@@ -64,4 +68,11 @@ class ExampleLibrary:
     plan_request, plan_fields = KvrefLibrary.plan_request, KvrefLibrary.plan_fields
 
 
-EXAMPLE_MANAGER = IUT("example-manager", SimArrays, ExampleLibrary, targets=kvref.GENERATIONS, protocol=1)
+# What it cannot be asked, each with why: kvprobe never makes these cases for it.
+NOT_APPLICABLE = (("settings", "the example manager has no settings beyond its host pool (no parallelism, no "
+                               "timeout_s)"),
+                  ("shared_pool", "the example manager's host pool is its own, never attached under a "
+                                  "shared-memory key"))
+
+EXAMPLE_MANAGER = IUT("example-manager", SimArrays, ExampleLibrary, targets=kvref.GENERATIONS, protocol=1,
+                      not_applicable=NOT_APPLICABLE)

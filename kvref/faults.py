@@ -5,6 +5,7 @@ asks `faults.legacy_slice_formula` and never compares names."""
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field, fields
 
@@ -219,7 +220,10 @@ class Faults:
         names = [n for n in names if n != ""]
         unknown = sorted({repr(n) for n in names if n not in cls.known()})
         if unknown:
-            raise ValueError(f"unknown fault model(s) [{', '.join(unknown)}]; expected any of "
+            first = next(n for n in names if n not in cls.known())
+            close = difflib.get_close_matches(first, cls.known(), 1) if isinstance(first, str) else []
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown fault model(s) [{', '.join(unknown)}]{hint}; expected any of "
                              f"{list(cls.known())}")
         return cls(**{name: True for name in names})
 

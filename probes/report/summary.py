@@ -155,7 +155,7 @@ def write_run_json(frame: pd.DataFrame, files: list[Path], out: Path) -> Path:
         "cases": len(frame),
         "verdicts": {str(v): int(n) for v, n in frame["verdict"].value_counts().sort_index().items()},
         "disagreements": [{key: str(row[key]) for key in ("generation", "iut", "iut_options", "case_id", "verdict",
-                                                            "predicted")} for _, row in disagree.iterrows()],
+                                                            "predicted", "detail")} for _, row in disagree.iterrows()],
         "files": [str(p) for p in files],
     }
     path = Path(out) / "summary.json"

@@ -98,7 +98,7 @@ class KvprobeRun:
                     for case in command.prepare(generations, [name], option("kvprobe_matrix"),
                                                 option("kvprobe_probe"), option("kvprobe_timeout"),
                                                 option("kvprobe_faults"), option("kvprobe_out"))]
-        except (ValueError, argparse.ArgumentTypeError, TpuUnavailable) as e:
+        except (ValueError, OSError, argparse.ArgumentTypeError, TpuUnavailable) as e:  # OSError: --kvprobe-out
             raise pytest.UsageError(f"kvprobe: {e}") from None
 
     def _option(self, dest: str):
@@ -153,7 +153,8 @@ class KvprobeRun:
         from probes.run.runner import CasePools
 
         if self.pools is None:
-            self.pools = CasePools([i.case for i in self.selected] or [item.case], self.config.getoption("kvprobe_jobs"))
+            cases = [i.case for i in self.selected] or [item.case]
+            self.pools = CasePools(cases, self.config.getoption("kvprobe_jobs"))
             self.running = {id(i): self.pools.start(i.case) for i in self.selected}
         if id(item) not in self.running:  # an item run apart from its session's selection
             self.running[id(item)] = self.pools.start(item.case)

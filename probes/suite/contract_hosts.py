@@ -55,7 +55,8 @@ def world(session: Session) -> HostWorld:
             except Exception as e:  # these caches are addressable: building the manager must work
                 raise Broken(ERROR, f"a host manager could not be built: {type(e).__name__}: {e}") from e
             session.closers.append(lambda m=managers[-1]: lib.close_manager(m))
-            exported(session, lambda e: e.pool(("host", side), HOST_BLOCKS * session.block_bytes(session.key) * len(own)))
+            exported(session, lambda e: e.pool(("host", side),
+                                               HOST_BLOCKS * session.block_bytes(session.key) * len(own)))
         endpoints = [m.get_local_endpoints()[0]["endpoint"] for m in managers]
         session.hosts = HostWorld(lib, managers, caches, models, endpoints)
     return session.hosts

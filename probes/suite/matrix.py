@@ -50,7 +50,9 @@ def matrix_path(name_or_path: str) -> Path:
     candidate = MATRIX_DIR / f"{name_or_path}.csv"
     path = candidate if candidate.exists() else Path(name_or_path)
     if not path.is_file():
-        raise ValueError(f"no shape matrix {name_or_path!r}: expected one of {matrix_names()}, several "
+        close = difflib.get_close_matches(name_or_path, matrix_names(), 1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"no shape matrix {name_or_path!r}{hint}: expected one of {matrix_names()}, several "
                          "joined by commas, or a CSV file")
     return path
 

@@ -50,6 +50,12 @@ def test_an_option_given_no_value_is_one_line_naming_it(capsys, option):
     assert line.startswith(f"kvprobe: error: --{option}: no value"), line
 
 
+@pytest.mark.parametrize("argv, hint", [(("--matrix", "defualt"), "did you mean 'default'?"),
+                                        (("--faults", "legacy_slice_formla"), "did you mean 'legacy_slice_formula'?")])
+def test_a_misspelled_matrix_or_fault_gets_a_suggestion(capsys, argv, hint):
+    assert hint in refused(capsys, *argv)
+
+
 def test_a_timeout_that_is_not_finite(capsys):
     assert "argument --timeout: expected a positive number, not infinite or NaN, got 'inf'" in \
         refused(capsys, "--timeout", "inf")

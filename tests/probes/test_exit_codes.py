@@ -36,6 +36,7 @@ def test_a_run_exits_1_when_a_case_disagrees_with_its_prediction(tmp_path, fault
     frame = pd.read_csv(csv, keep_default_na=False)
     assert summary["cases"] == len(frame) == 1 and summary["verdicts"] == frame["verdict"].value_counts().to_dict()
     assert [d["case_id"] for d in summary["disagreements"]] == (list(frame["case_id"]) if code else [])
+    assert all(d["detail"] == frame["detail"].iloc[0] for d in summary["disagreements"])  # why, for a CI job
 
 
 def test_a_diff_of_a_file_that_is_not_a_run_is_one_line_and_exit_2(tmp_path):

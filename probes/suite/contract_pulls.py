@@ -305,14 +305,18 @@ def drop_producer(session: Session, index: int, step: dict) -> None:
 
 
 def expire(session: Session, index: int, step: dict) -> None:
-    """Time passes past the producer's timeout_s (a serving engine that
-    pauses): every registration no pull took must expire, told done
-    sending within EXPIRY_GRACE_S more, and a later pull of it fails."""
+    """Time passes past the producer's timeout_s, the managers polled as an
+    engine's loop polls them: every registration no pull took must expire,
+    told done sending within EXPIRY_GRACE_S more, and a later pull of it
+    fails."""
     w = world(session)
     due = {uuid: w.registered_at[uuid] + PRODUCER_TIMEOUT_S + EXPIRY_MARGIN_S for uuid in w.registrations}
     if not due:
         return  # a replay without the registrations
-    time.sleep(max(0.0, min(max(due.values()) - time.monotonic(), PRODUCER_TIMEOUT_S + EXPIRY_MARGIN_S)))
+    # Polling as it waits, as an engine's loop asks get_finished every iteration while these wait to be pulled
+    # (and as kvref's managers follow caches a step took on the caller's thread).
+    until = time.monotonic() + max(0.0, min(max(due.values()) - time.monotonic(), PRODUCER_TIMEOUT_S + EXPIRY_MARGIN_S))
+    wait_for(lambda: _poll(w) or time.monotonic() >= until, PRODUCER_TIMEOUT_S + EXPIRY_MARGIN_S, 0.05)
     wanted = {w.registered_by[uuid] for uuid in due}
     wait_for(lambda: _poll(w) or wanted <= w.sent, EXPIRY_GRACE_S, POLL_S)
     kept = sorted(wanted - w.sent)

@@ -162,7 +162,7 @@ def test_a_fault_model_is_found_by_sequences_alone(ran, replayed, fault):
     assert found(outcome, FOUND_BY_SEQUENCES[fault]), outcome.detail[:3000]
     sequence, replay = replayed[fault]
     # The sequence it was shrunk to fails for the fault, not for the sequence.
-    assert replay.outcome.verdict == "PASS", (sequence, replay.outcome.detail[:3000])
+    assert replay.outcome.verdict == "PASS", f"{replay.outcome.detail[:3000]}\nreplayed: {json.dumps(sequence)}"
     drawn, shrunk = map(int, re.search(r"(\d+) steps, shrunk to (\d+)", outcome.detail).groups()) \
         if outcome.verdict != "HANG" else (0, 0)
     if fault not in RACES:

@@ -64,6 +64,7 @@ def pytest_configure_node(node):
     run = node.config.pluginmanager.get_plugin("kvprobe-run")
     if run is not None:
         node.workerinput["kvprobe_run_id"] = run.run_id
+        node.workerinput["kvprobe_testpaths"] = run.from_testpaths()
 
 
 class CaseFailed(Exception):
@@ -128,6 +129,17 @@ class KvprobeRun:
         return options.generations(given) if given else list(declared.targets)
 
     @pytest.hookimpl(tryfirst=True)  # before -m and -k deselect: they apply to these items too
+    def pytest_ignore_collect(self, collection_path, config):
+        """Where no path was named (pytest took its `testpaths`), the kvprobe
+        items alone: a team's own tests run when it names them."""
+        return True if self.from_testpaths() else None
+
+    def from_testpaths(self) -> bool:
+        worker = getattr(self.config, "workerinput", None)  # xdist: as the controller was started
+        if worker is not None and "kvprobe_testpaths" in worker:
+            return worker["kvprobe_testpaths"]
+        return self.config.args_source == pytest.Config.ArgsSource.TESTPATHS
+
     def pytest_collection_modifyitems(self, session, config, items):
         groups: dict[str, tuple[pytest.Collector, list]] = {}
         for case in self.cases():

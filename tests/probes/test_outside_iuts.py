@@ -360,3 +360,16 @@ def test_the_example_passes_every_probe_unchanged(outside, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     frame = latest_csv(tmp_path / "all")
     assert (frame["verdict"] == "PASS").sum() > 20 and "settings" not in set(frame["probe"])
+
+
+def test_in_the_checkout_the_readme_pytest_line_collects_the_kvprobe_items_alone(tmp_path):
+    """Run where a newcomer runs it (the repository, whose testpaths name kvref's own suite): the kvprobe
+    items alone, unless a path is named."""
+    plugin = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--kvprobe-iut", "kvref-sim",
+              "--kvprobe-generation", "tpu7x", "--kvprobe-probe", "bad_input", "--collect-only", "-q"]
+    alone = run(plugin, REPO, os.environ, timeout=300)
+    named = run([*plugin, "tests/kvref/test_metrics.py"], REPO, os.environ, timeout=300)
+    ids = [line for line in alone.stdout.splitlines() if "::" in line]
+    assert alone.returncode == 0 and ids and all(i.startswith("kvprobe/") for i in ids), alone.stdout[-2000:]
+    assert any(line.startswith("tests/kvref/test_metrics.py::") for line in named.stdout.splitlines()), \
+        named.stdout[-2000:]

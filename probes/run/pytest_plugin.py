@@ -58,6 +58,20 @@ def pytest_configure(config):
         config.pluginmanager.register(KvprobeRun(config), "kvprobe-run")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection(session):
+    """A kvprobe item's node id, as pytest prints it, names that item: it is
+    no file, so it is taken from the paths pytest collects and kept as the
+    items to select."""
+    run = session.config.pluginmanager.get_plugin("kvprobe-run")
+    if run is None:
+        return
+    named = [arg for arg in session.config.args if arg.startswith("kvprobe/")]
+    if named:
+        run.named = named
+        session.config.args[:] = [arg for arg in session.config.args if not arg.startswith("kvprobe/")]
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
     """pytest-xdist, on the controller: the run each worker's rows belong to."""
@@ -81,6 +95,7 @@ class KvprobeRun:
         self.selected: list = []  # the CaseItems left after -k and -m, in the order they run
         self.pools = None  # probes.run.runner.CasePools, made when the first item runs
         self.running: dict = {}  # id(CaseItem) -> the future of its case's result
+        self.named: list[str] = []  # kvprobe node ids given as paths: only those items (and their groups') run
         from probes.run import rows
 
         worker = getattr(config, "workerinput", None)  # an xdist worker: the controller's run
@@ -152,6 +167,9 @@ class KvprobeRun:
             group = CaseGroup.from_parent(session, name=f"kvprobe/{name}", nodeid=f"kvprobe/{name}")
             groups[group.nodeid] = (group, [NotATarget.from_parent(group, name="this-tpu", why=why)])
         for group, members in groups.values():
+            if self.named:
+                members = [m for m in members if any(m.nodeid == n or m.nodeid.startswith(n.rstrip("/") + "::")
+                                                     or n == group.nodeid for n in self.named)]
             items += members
             # Said as a collector's report is, so pytest counts them as collected ("collected N items").
             config.hook.pytest_collectreport(report=pytest.CollectReport(group.nodeid, "passed", None, members))

@@ -373,3 +373,13 @@ def test_in_the_checkout_the_readme_pytest_line_collects_the_kvprobe_items_alone
     assert alone.returncode == 0 and ids and all(i.startswith("kvprobe/") for i in ids), alone.stdout[-2000:]
     assert any(line.startswith("tests/kvref/test_metrics.py::") for line in named.stdout.splitlines()), \
         named.stdout[-2000:]
+
+
+def test_a_node_id_as_pytest_prints_it_runs_that_case_alone(tmp_path):
+    plugin = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--kvprobe-iut", "kvref-sim",
+              "--kvprobe-generation", "tpu7x", "--kvprobe-probe", "bad_input", "-q"]
+    listed = run([*plugin, "--collect-only"], tmp_path, os.environ, timeout=300)
+    ids = [line for line in listed.stdout.splitlines() if line.startswith("kvprobe/")]
+    assert len(ids) > 2, listed.stdout[-2000:]
+    done = run([*plugin, ids[1]], tmp_path, os.environ, timeout=300)
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]

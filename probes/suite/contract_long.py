@@ -200,7 +200,7 @@ def long_run(iut, sequence: dict, parts: Parts, rng, steps: int,
         held = Held.now()
         samples.append((dict(counts), held))
     except Broken as e:  # settling broke a rule: the measures after it are not the library's alone
-        return found + [(index, e)]
+        return found + [(index, Broken(e.verdict, e.detail))]
     finally:
         session.close()
         sequence["steps"] = list(kept)
@@ -224,7 +224,7 @@ def _broke(found: list, known: Known, index: int, broken: Broken, tail: dict) ->
     key = key_of(broken.verdict, broken.detail, tail, None)
     pattern = Pattern.of(tail)
     if known.add(key, pattern):
-        found.append((index, broken))
+        found.append((index, Broken(broken.verdict, broken.detail)))  # not its traceback: its frames hold managers
         say_found(broken.verdict, f"long run, step {index}: {broken.detail}", tail, key, pattern)
 
 

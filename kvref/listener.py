@@ -21,7 +21,9 @@ from typing import Protocol
 from kvref.endpoints import port_of, with_port
 from kvref.faults import Faults
 
-SERVER_THREADS = 4
+# Calls one server serves at once. A pull that waits for its registration holds one for up to its timeout_s, and
+# a pull of parallelism 4 asks 4: at 4, one such pull kept every other pull out until its deadline.
+SERVER_THREADS = 16
 WORKERS_START_SECONDS = 30.0  # for a server's threads to start, on a machine that is slow to give them
 CLOSE_SECONDS = 5.0  # the longest stopping one server waits
 # Connections one server keeps at once: a stranger's idle ones cannot take every descriptor

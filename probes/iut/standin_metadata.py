@@ -105,8 +105,9 @@ def fetch_error(key: str, timeout_s: float, vm_root: Path | None) -> tuple[str |
         return fetch(key, timeout_s, vm_root), None
     except (OSError, ValueError, http.client.HTTPException) as e:  # ValueError: too long, or not text
         said = (str(e).strip().splitlines() or [""])[0][:300]
-        return None, said if said and not isinstance(e, http.client.HTTPException) else \
-            f"{type(e).__name__}: {said}".rstrip(": ")
+        if isinstance(e, http.client.HTTPException) or not said:  # the client's own errors say little alone
+            said = f"{type(e).__name__}: {said}".rstrip(": ")
+        return None, said
 
 
 def parse_tpu_env(text: str) -> dict[str, str]:

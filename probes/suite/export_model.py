@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import gc
 import itertools
-import time
 from dataclasses import dataclass, field
 
 from kvref.metrics import D2H_BYTES, H2D_BYTES, POOL_BYTES
+from kvref.polling import wait_for
 
 LAG_S = 2.0
 POLL_S = 0.01
@@ -125,10 +125,11 @@ class ExportModel:
         if self.problem(self.read()) is None:
             return None
         gc.collect()  # a manager the harness dropped, not yet collected, still holds its pool
-        deadline = time.monotonic() + LAG_S
-        for _ in range(int(LAG_S / POLL_S) + 1):
-            found = self.problem(self.read())
-            if found is None or not found[1] or time.monotonic() >= deadline:
-                break
-            time.sleep(POLL_S)
-        return None if found is None else found[0]
+        found = [None]
+
+        def settled() -> bool:  # agrees, or disagrees in a way no later count mends
+            found[0] = self.problem(self.read())
+            return found[0] is None or not found[0][1]
+
+        wait_for(settled, LAG_S, POLL_S)
+        return None if found[0] is None else found[0][0]

@@ -40,12 +40,14 @@ def ray_processes() -> list[psutil.Process]:
             if any(name in " ".join(_cmdline(p)) for name in ("raylet", "gcs_server", "default_worker"))]
 
 
-STARTS = 3  # Ray gives a raylet a fixed 30 s to register, which a loaded machine can miss: the cluster is started anew
+STARTS = 3  # Ray gives a raylet 30 s to register and its GCS server a while to publish its port; a loaded machine
+# can miss either, and the cluster is then started anew
+STARTUP_TIMEOUTS = ("timed out during startup", "timed out waiting for file")  # Ray's words for those two waits
 
 
 def started() -> Cluster:
-    """A head and one node per TPU host; started again, up to STARTS times, where a raylet missed Ray's fixed
-    30 s to register (the setting up, not a test, is tried again)."""
+    """A head and one node per TPU host; started again, up to STARTS times, where a raylet or the GCS server
+    missed Ray's wait for it (the setting up, not a test, is tried again)."""
     for attempt in range(STARTS):
         cluster = None
         try:
@@ -56,7 +58,7 @@ def started() -> Cluster:
             cluster.wait_for_nodes()
             return cluster
         except Exception as e:  # noqa: BLE001 (Ray raises a bare Exception for it)
-            if "timed out during startup" not in str(e) or attempt == STARTS - 1:
+            if not any(words in str(e).lower() for words in STARTUP_TIMEOUTS) or attempt == STARTS - 1:
                 raise
             if cluster is not None:
                 cluster.shutdown()

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from probes.report.paths import file_safe
+from probes.run.finding_schema import check_finding
 from probes.run.worker import PHASE_PROBE
 from probes.suite.cases import Case
 
@@ -105,4 +106,5 @@ def read_finding(path: Path, model: str) -> dict:
         raise ValueError(f"{path}: not a readable JSON finding ({e})") from None
     if not isinstance(finding, dict) or finding.get("model") != model or not FIELDS <= set(finding):
         raise ValueError(f"{path}: expected a finding of `kvprobe fuzz --model {model}` with {sorted(FIELDS)}")
+    check_finding(finding, model, str(path))
     return finding

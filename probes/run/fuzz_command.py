@@ -29,6 +29,7 @@ from probes.fuzz.sequences import addressable_shapes, random_sequence
 from probes.iut import iut
 from probes.run import options, reproducers
 from probes.run.campaign import Campaign, known_in, run_lanes
+from probes.run.finding_schema import check_sequence
 from probes.run.findings import read_finding, write_finding
 from probes.run.runner import CaseResult, run_case, run_cases
 from probes.run.subcommand import Command
@@ -182,6 +183,7 @@ def replay(path: Path, name: str | None, generation: str | None, faults: kvref.F
     sequence = found["case"]["calls"] if found else data
     if not isinstance(sequence, dict) or not {"spec", "seed", "steps"} <= set(sequence):
         raise ValueError(f"--replay {path}: expected a finding or a sequence with spec, seed and steps")
+    check_sequence(sequence, f"--replay {path}")
     name = name or (found["iut"] if found else "kvref-sim")
     generation = generation or (found["case"]["generation"] if found else None) or iut(name).targets[0]
     iut(name).check_target(generation)

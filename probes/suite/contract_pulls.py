@@ -36,7 +36,9 @@ from probes.iut.protocol import NotInPlace, PullLibrary
 from probes.suite.contract_rules import REFUSED, Broken, Session, exported, judged
 from probes.suite.contract import Judgment, Must
 from probes.suite.pull_sides import pull_bytes
+from probes.suite.producer_process import ProducerProcess
 from probes.suite.pull_telemetry import record_problem, records_in
+from probes.suite.refusals import first_line
 from probes.suite.verdicts import CORRUPT, ERROR
 
 TIMEOUT_S = 6.0  # each consumer's timeout_s: a pull that cannot land fails within it
@@ -71,6 +73,7 @@ class Pull:
     local: list[int]
     consumer: int  # 0: the consumer of the same geometry; 1: the one whose blocks differ
     expect: str
+    source: list[list[bytes]]  # per layer, the producer's remote blocks when it began (its producer may go)
     settled: str = ""
 
 
@@ -93,6 +96,8 @@ class PullWorld:
     sent: set[str] = field(default_factory=set)  # requests the producer told done sending
     reasons: dict[str, str] = field(default_factory=dict)  # a failed pull's reason, as the library says it
     started: list[tuple[str, Pull]] = field(default_factory=list)  # every pull accepted, in order
+    port: int = 0  # the port of a producer in a process of its own (probes.suite.contract_restarts)
+    draws: int = 0  # pull steps drawn: the key of the restarts' own stream
 
     @property
     def rows(self) -> int:
@@ -121,7 +126,7 @@ def world(session: Session) -> PullWorld:
             raise Broken(ERROR, f"a pull manager could not be built: {type(e).__name__}: {e}") from e
         session.pulls = PullWorld(lib, session.key, managers, keys, blocks, caches)
         exported(session, lambda e: e.pools_unknown())  # a pull manager's pool is the library's to size
-        session.closers.append(lambda: [lib.close_manager(m) for m in session.pulls.managers])
+        session.closers.append(lambda: close_pull_managers(session.pulls))
     return session.pulls
 
 
@@ -175,9 +180,10 @@ def pull(session: Session, index: int, step: dict) -> None:
         assert refused is REFUSED  # judged raises for anything else
         return
     registered = w.registrations.get(uuid)
-    if registered is not None and consumer == 0 and list(step["remote"]) == [registered[i] for i in step["pick"]]:
+    fits = w.keys[1 + consumer] == w.keys[0]  # its blocks are the producer's size
+    if registered is not None and fits and list(step["remote"]) == [registered[i] for i in step["pick"]]:
         expect = DONE if w.fresh(uuid) else EITHER
-    elif step.get("early") and registered is None and uuid not in w.pulled and consumer == 0:
+    elif step.get("early") and registered is None and uuid not in w.pulled and consumer == 0 and fits:
         # registered after the pull began: the producer waits for it up to its timeout_s
         expect = DONE if _late_by(step) < PRODUCER_TIMEOUT_S else FAILED if _late_by(step) > TIMEOUT_S else EITHER
     else:
@@ -192,7 +198,7 @@ def pull(session: Session, index: int, step: dict) -> None:
                                          "pulled")
         expect = EITHER if expect == DONE else expect
     if step.get("drop") and session.iut.backend == "sim":  # slow the producer's copies, so it goes mid-pull
-        for cache in w.caches[0]:
+        for cache in w.caches[0] or ():
             session.iut.hold_copies(cache, 0.5)
     started = judged(session, judgment, f"start_read {step['req']} uuid {uuid} {step['remote']} -> {step['local']}",
                      lambda: w.managers[1 + consumer].start_read(step["req"], uuid, endpoint, step["remote"],
@@ -203,7 +209,8 @@ def pull(session: Session, index: int, step: dict) -> None:
     if registered is not None and expect != FAILED:
         w.pulled.add(uuid)
         del w.registrations[uuid]
-    w.pulls[step["req"]] = Pull(uuid, list(step["remote"]), list(step["local"]), consumer, expect)
+    source = [[layer[r] if 0 <= r < len(layer) else b"" for r in step["remote"]] for layer in w.blocks[0]]
+    w.pulls[step["req"]] = Pull(uuid, list(step["remote"]), list(step["local"]), consumer, expect, source)
     w.started.append((step["req"], w.pulls[step["req"]]))
     if step.get("drop"):  # the producer dies in the middle of the pull
         drop_producer(session, index, step)
@@ -224,7 +231,8 @@ def _may_count(exports, session: Session, w: PullWorld, blocks: int, consumer: i
     """A pull's bytes may count as a device transfer on either side, once:
     the producer's read of its blocks (d2h), the consumer's write (h2d)."""
     for d2h, n in ((True, 0), (False, 1 + consumer)):
-        exports.maybe(d2h, blocks * session.block_bytes(w.keys[n]) * len(w.caches[n]))
+        if w.caches[n] is not None:  # a producer in a process of its own counts there
+            exports.maybe(d2h, blocks * session.block_bytes(w.keys[n]) * len(w.caches[n]))
 
 
 def _late_by(step: dict) -> float:
@@ -241,7 +249,7 @@ def serve(session: Session, index: int, step: dict) -> None:
     w = world(session)
     n, key = step["manager"], w.keys[step["manager"]]
     blocks = [b for b in step["blocks"] if b not in _in_flight(w, n)]  # a replay may name blocks busy now
-    if not blocks:
+    if not blocks or w.caches[n] is None:  # a producer in a process of its own steps there, not here
         return
     shape = kvref.ShapeKey(key.dtype, (len(blocks), *key.dims[1:]))
     for n_step in range(step.get("steps", 1)):  # one after another, as a serving loop dispatches them
@@ -293,6 +301,9 @@ def drop_producer(session: Session, index: int, step: dict) -> None:
     for p in w.pulls.values():
         if not p.settled and p.expect == DONE:
             p.expect = EITHER
+    if isinstance(w.managers[0], ProducerProcess):  # the same settings, in a process again
+        replace_producer(session, w, "close", w.keys[0], w.port, step.get("seed", index))
+        return
     for cache in w.caches[0] if session.iut.backend == "sim" else ():
         cache.release_dma_hold()  # copies held for the pull go on, and meet a producer closing
     w.lib.close_manager(w.managers[0])
@@ -302,6 +313,37 @@ def drop_producer(session: Session, index: int, step: dict) -> None:
     except Exception as e:  # as at the first build
         raise Broken(ERROR, f"a pull manager could not be built again: {type(e).__name__}: {e}") from e
     w.sent.clear()
+
+
+def replace_producer(session: Session, w: PullWorld, how: str, key: kvref.ShapeKey, port: int, seed: int) -> None:
+    """The producer goes (`how`: "kill", SIGKILL where it is a process of its
+    own; "close", as its library closes a manager), and one in a process of
+    its own takes its place: caches of `key` whose layers hold random_host of
+    seed, seed + 1, a manager on `port` (0: one it picks). Pulls in flight
+    may land or fail; registrations go with the producer."""
+    for p in w.pulls.values():
+        if not p.settled and p.expect == DONE:
+            p.expect = EITHER
+    old = w.managers[0]
+    if isinstance(old, ProducerProcess):
+        old.kill() if how == "kill" else old.close()
+    else:
+        w.lib.close_manager(old)
+    w.registrations.clear()
+    w.sent.clear()
+    seeds = [seed + layer for layer in range(len(w.blocks[0]))]
+    try:
+        w.managers[0] = ProducerProcess(session.iut, key, seeds, port, PRODUCER_TIMEOUT_S, MAX_BLOCKS)
+    except Exception as e:  # these caches are addressable: starting a producer must work
+        raise Broken(ERROR, f"a producer could not be started in a process of its own after one was {how}d "
+                            f"(port {port or 'its own'}, {key}): {first_line(e)}") from e
+    w.keys[0], w.caches[0], w.port = key, None, port
+    w.blocks[0] = [session.blocks_of(key, random_host(key, s, finite=True)) for s in seeds]
+
+
+def close_pull_managers(w: PullWorld) -> None:
+    for manager in w.managers:
+        manager.close() if isinstance(manager, ProducerProcess) else w.lib.close_manager(manager)
 
 
 def expire(session: Session, index: int, step: dict) -> None:
@@ -344,8 +386,10 @@ def settle(session: Session, index: int, step: dict) -> None:
         for layer, cache in enumerate(w.caches[1 + consumer]):
             wrong = session.wrong_blocks(w.keys[1 + consumer], cache, w.blocks[1 + consumer][layer])
             if wrong:
+                into = [f"{req} {p.settled} (uuid {p.uuid}, {p.remote} -> {p.local})" for req, p in w.started
+                        if p.consumer == consumer and set(p.local) & set(wrong)]
                 raise Broken(CORRUPT, f"consumer {consumer} layer {layer}: blocks {wrong[:8]} differ from the model "
-                                      f"after its pulls settled")
+                                      f"after its pulls settled (pulls into them: {'; '.join(into[-4:]) or 'none'})")
         _check_telemetry(w, consumer)
     w.pulls = {req: p for req, p in w.pulls.items() if not p.settled}
 
@@ -401,8 +445,8 @@ def _poll(w: PullWorld) -> None:
             p.settled = how
             if how == DONE:
                 for layer, blocks in enumerate(w.blocks[1 + consumer]):
-                    for r, l in zip(p.remote, p.local):
-                        blocks[l] = w.blocks[0][layer][r]
+                    for row, l in zip(p.source[layer], p.local):
+                        blocks[l] = row
 
 
 def draw_pull_step(rng, session: Session) -> dict:

@@ -18,6 +18,7 @@ from probes.iut.protocol import ExportingLibrary, NotInPlace
 from probes.suite.block_model import BlockModel
 from probes.suite.contract import ContractModel, Judgment, Must, device_side, host_side, is_empty, requested
 from probes.suite.export_model import ExportModel
+from probes.suite.producer_process import PeerError
 from probes.suite.store_model import StoreModel
 from probes.suite.refusals import first_line
 from probes.suite.verdicts import CORRUPT, ERROR
@@ -157,7 +158,7 @@ def judged(session: Session, judgment: Judgment, what: str, call):
             return REFUSED
         if judgment.must == Must.DO:
             raise Broken(ERROR, f"{what}: a valid call was refused or failed: {first_line(e)}") from e
-        if not session.iut.refuses(e):
+        if not (session.iut.refuses(e) or isinstance(e, PeerError) and e.refused):  # said in the producer's process
             raise Broken(ERROR, f"{what}: refused with a failure, not a clean refusal: {first_line(e)}") from e
         return REFUSED
     if judgment.must == Must.REFUSE:

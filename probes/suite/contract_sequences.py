@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from probes.iut.adapter import Adapter
-from probes.suite import contract_hosts, contract_pulls, contract_rules as rules
+from probes.suite import contract_hosts, contract_pulls, contract_restarts, contract_rules as rules
 from probes.suite.cases import Case
 from probes.suite.contract_draws import DRAWS, Parts, addressable_shapes, draw_spec, draw_step
 from probes.suite.contract_known import FOUND, Key, Known, Pattern, key_of, reason_of, say_found, signature
@@ -43,7 +43,8 @@ BUDGET_SECONDS = 240.0
 CASE_SECONDS = 400.0  # a case's timeout: its budget, shrinking, and its worker's start and exit
 MAX_REPLAYS = 120  # shrinking: replays of shorter sequences
 HELD = "kvprobe-contract-held"  # the worker's output line, after each sequence: steps held per rule, draws steered
-RULES = rules.RULES | contract_pulls.RULES | contract_hosts.RULES
+PULL_RULES = contract_pulls.RULES | contract_restarts.RULES  # drawn as one family
+RULES = rules.RULES | PULL_RULES | contract_hosts.RULES
 
 
 def contract_sequences(case: Case, iut: Adapter) -> Outcome:
@@ -220,7 +221,7 @@ def applies(session: Session, step: dict, parts: Parts) -> bool:
         return parts.plans
     if rule == "build_refused":
         return step["shape"] in parts.interleaved
-    if rule in contract_pulls.RULES:
+    if rule in PULL_RULES:
         return parts.pulls and (rule in ("register", "pull") or session.pulls is not None)
     if rule in contract_hosts.RULES:
         return parts.hosts and contract_hosts.applies(session, step)
@@ -229,7 +230,7 @@ def applies(session: Session, step: dict, parts: Parts) -> bool:
 
 def family(rule: str) -> str:
     """The rule a sequence's draw picks for a step of `rule` (a pull's and a host's steps are drawn as one)."""
-    return "pulls" if rule in contract_pulls.RULES else "hosts" if rule in contract_hosts.RULES else rule
+    return "pulls" if rule in PULL_RULES else "hosts" if rule in contract_hosts.RULES else rule
 
 
 def failure_kind(failure: tuple[int, Broken]) -> tuple[str, str]:

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +118,37 @@ def test_the_production_adapter_passes_what_it_cannot_convert_to_the_library():
     assert converted == [3, 4] and all(type(x) is int for x in converted)
     kept = _ints([np.int32(1), None, 2.5, "7"])
     assert kept[0] == 1 and type(kept[0]) is int and kept[1:] == [None, 2.5, "7"]
+
+
+def _kept_finding(tmp_path, change):
+    """A copy of a kept contract finding with `change` made to it."""
+    kept = sorted((Path(__file__).resolve().parents[2] / "reports" / "cpu" / "findings").glob("contract-*.json"))[0]
+    finding = json.loads(kept.read_text())
+    change(finding)
+    path = tmp_path / "shared.json"
+    path.write_text(json.dumps(finding))
+    return path
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda f: f["case"].update(timeout="60"), r"at case/timeout: '60' is not of type 'number'"),
+    (lambda f: f["case"]["calls"].update(steps={"rule": "check"}), r"at case/calls/steps: .* is not of type 'array'"),
+    (lambda f: f["case"]["calls"]["steps"].append({"blocks": [1]}), r"at case/calls/steps/\d+: 'rule' is a required"),
+    (lambda f: f["case"]["calls"]["spec"].update(layers=10**6), r"at case/calls/spec/layers: 1000000 is greater"),
+    (lambda f: f["case"]["calls"]["spec"].update(shape="f32[65536,65536]"),
+     r"at spec/shape: f32\[65536,65536\] is a cache of 17,179,869,184 bytes a layer"),
+    (lambda f: f.update(option_sets="all"), r"at option_sets: 'all' is not of type 'array'"),
+])
+def test_a_shared_finding_of_the_wrong_form_is_refused_naming_where(tmp_path, change, said):
+    """A finding from another team's campaign is checked whole before any of it is used."""
+    path = _kept_finding(tmp_path, change)
+    with pytest.raises(ValueError, match=f"shared.json: {said}"):
+        fuzz_command.replay(path, None, None, kvref.Faults(), 10)
+
+
+def test_a_bare_sequence_asking_for_huge_caches_is_refused_before_a_worker_starts(tmp_path):
+    path = tmp_path / "bare.json"
+    path.write_text('{"spec": {"shape": "bf16[1048576,8,1024]", "layers": 2, "host_blocks": 8, "mode": "put"}, '
+                    '"seed": 1, "steps": []}')
+    with pytest.raises(ValueError, match=r"--replay .*bare.json: at spec/shape: .* a cache of 17,179,869,184 bytes"):
+        fuzz_command.replay(path, None, None, kvref.Faults(), 10)

@@ -1,0 +1,74 @@
+"""Process death and restart, as faults of the pull world: at any step, pulls
+in flight or not, the producer goes (killed with SIGKILL, no clean exit, as
+a host's process dies; or closed as its library closes a manager) and a
+producer in a process of its own takes its place
+(probes.suite.producer_process), with the same settings or changed ones:
+the same identity (its port) or another, blocks of the same size or of the
+second consumer's, caches of new contents.
+
+What the model says the survivors and the newcomer see: a pull in flight
+from the producer that went may land or fail, and settles within its
+timeout; the registrations went with it, so a later pull of one of their
+uuids fails, even from a newcomer on the same port; the consumers go on,
+and every later pull of a newcomer's registration lands exactly where its
+blocks are the consumer's size, and fails writing nothing where they are
+not; the offload manager beside them is judged as before. The first
+restart of a sequence closes the producer that lives in the worker (a
+worker cannot kill itself and go on); later ones kill or close the
+producer's process."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from probes.iut.protocol import PortLibrary
+from probes.iut.sockets import free_loopback_port
+from probes.suite.contract_pulls import replace_producer, world
+from probes.suite.contract_rules import Session
+from probes.suite.producer_process import ProducerProcess
+
+RESTART_DRAWN = 0.02  # of the pull steps: each starts a process (seconds of imports), so drawn rarely
+SEED_BASE = 5000  # a newcomer's contents: no layer of the session's caches has these seeds
+
+
+def restart_producer(session: Session, index: int, step: dict) -> None:
+    """The producer goes as `step["how"]` says, and another takes its place:
+    on its port (`same_port`) or another, over caches of its own geometry
+    or the second consumer's (`geometry`: "same" or "other")."""
+    w = world(session)
+    key = w.keys[0] if step["geometry"] == "same" else w.keys[2]
+    replace_producer(session, w, step["how"], key, _port(session, w, step["same_port"]), SEED_BASE + step["seed"])
+
+
+def _port(session: Session, w, same: bool) -> int:
+    """The newcomer's port: the one the producer listens on (its identity),
+    or a free one; 0 (one it picks) where its library takes no port."""
+    if not isinstance(session.iut.library, PortLibrary):
+        return 0
+    if same and isinstance(w.managers[0], ProducerProcess) and w.port:
+        return w.port
+    if same:
+        endpoints = w.managers[0].get_local_endpoints()
+        address = endpoints[0].get("endpoint") if endpoints and isinstance(endpoints[0], dict) else None
+        if isinstance(address, str) and address.rpartition(":")[2].isdigit():
+            return int(address.rpartition(":")[2])
+    return free_loopback_port()
+
+
+def draw_restart(session: Session) -> dict | None:
+    """A restart, now and then, once the pull world is up: from a stream of
+    its own (as serving steps are), so a seed draws the same other steps
+    whether or not restarts are drawn."""
+    w = getattr(session, "pulls", None)
+    if w is None or session.iut.iut.owns_device:  # a second process cannot open the device the worker holds
+        return None
+    w.draws += 1
+    own = np.random.default_rng([w.draws, 11, session.spec.get("seed", 0)])
+    if own.random() >= RESTART_DRAWN:
+        return None
+    return {"rule": "restart_producer", "how": "kill" if own.random() < 0.7 else "close",
+            "same_port": bool(own.random() < 0.6), "geometry": "same" if own.random() < 0.8 else "other",
+            "seed": int(own.integers(2**20))}
+
+
+RULES = {"restart_producer": restart_producer}

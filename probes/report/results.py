@@ -94,6 +94,10 @@ def read_run(path) -> pd.DataFrame:
         frame = pd.read_csv(path, keep_default_na=False,
                             dtype={c.name: KINDS[c.kind] for c in SCHEMA if c.kind == "text" and c.name in header},
                             na_values={c.name: [""] for c in SCHEMA if c.nullable and c.name in header})
+        bare = frame.index[~frame["case_id"].astype(str).str.fullmatch(r"[^/]+/[^/]+/.+")]
+        if len(bare):
+            raise ValueError(f"row {bare[0] + 2} has case_id {frame['case_id'][bare[0]]!r}; expected "
+                             "generation/probe/case, as kvprobe writes it")
         return typed(frame)
     except (ValueError, TypeError, OverflowError, pd.errors.ParserError, pd.errors.EmptyDataError,
             UnicodeDecodeError) as e:

@@ -26,6 +26,7 @@ FIELDS = {"model", "iut", "iut_version", "verdict", "detail", "found_in", "optio
 LOG_LINE = re.compile(r"^([IWEF]\d{4} \d\d:\d\d:\d\d|WARNING: All log messages before absl)")
 DETAIL_CHARS = 1500
 NUMBERED = re.compile(r"-(\d+)\.json$")
+MOST_FINDING_BYTES = 16 << 20  # read at most this much of a finding file (a shrunk sequence is KiBs)
 MAX_NUMBERS = 1000  # names tried past the highest taken, when other campaigns write beside this one
 
 
@@ -101,7 +102,11 @@ def add_option_set(path: Path, case: Case) -> None:
 def read_finding(path: Path, model: str) -> dict:
     """A finding of `model` written by write_finding, or ValueError naming what is wrong with it."""
     try:
-        finding = json.loads(Path(path).read_text())
+        with open(path, "rb") as file:
+            text = file.read(MOST_FINDING_BYTES + 1)
+        if len(text) > MOST_FINDING_BYTES:
+            raise ValueError(f"longer than the {MOST_FINDING_BYTES:,} bytes a finding may be")
+        finding = json.loads(text)
     except (OSError, ValueError) as e:
         raise ValueError(f"{path}: not a readable JSON finding ({e})") from None
     if not isinstance(finding, dict) or finding.get("model") != model or not FIELDS <= set(finding):

@@ -98,6 +98,7 @@ class PullWorld:
     started: list[tuple[str, Pull]] = field(default_factory=list)  # every pull accepted, in order
     port: int = 0  # the port of a producer in a process of its own (probes.suite.contract_restarts)
     draws: int = 0  # pull steps drawn: the key of the restarts' own stream
+    restarts: int = 0  # restarts drawn
 
     @property
     def rows(self) -> int:

@@ -27,7 +27,11 @@ from probes.suite.contract_pulls import replace_producer, world
 from probes.suite.contract_rules import Session
 from probes.suite.producer_process import ProducerProcess
 
-RESTART_DRAWN = 0.02  # of the pull steps: each starts a process (seconds of imports), so drawn rarely
+# Each restart starts a process (a second or more of imports): drawn in RESTART_SEQUENCES of the sequences,
+# for RESTART_DRAWN of their pull steps, at most MOST_RESTARTS times in one.
+RESTART_SEQUENCES = 0.1
+RESTART_DRAWN = 0.05
+MOST_RESTARTS = 2
 SEED_BASE = 5000  # a newcomer's contents: no layer of the session's caches has these seeds
 
 
@@ -63,9 +67,12 @@ def draw_restart(session: Session) -> dict | None:
     if w is None or session.iut.iut.owns_device:  # a second process cannot open the device the worker holds
         return None
     w.draws += 1
-    own = np.random.default_rng([w.draws, 11, session.spec.get("seed", 0)])
+    if w.restarts >= MOST_RESTARTS or np.random.default_rng([session.seed, 13]).random() >= RESTART_SEQUENCES:
+        return None
+    own = np.random.default_rng([session.seed, w.draws, 11])
     if own.random() >= RESTART_DRAWN:
         return None
+    w.restarts += 1
     return {"rule": "restart_producer", "how": "kill" if own.random() < 0.7 else "close",
             "same_port": bool(own.random() < 0.6), "geometry": "same" if own.random() < 0.8 else "other",
             "seed": int(own.integers(2**20))}

@@ -40,7 +40,7 @@ class Session:
     """One IUT's manager over a sequence's caches, and the model beside it."""
 
     def __init__(self, iut: Adapter, spec: dict, seed: int):
-        self.iut, self.spec = iut, spec
+        self.iut, self.spec, self.seed = iut, spec, seed
         layers = spec["layers"]
         # The last layer of a "mixed" sequence has another shape: blocks of another size.
         self.keys = [kvref.ShapeKey.parse(spec["mixed"] if spec.get("mixed") and layer == layers - 1 and layers > 1

@@ -59,10 +59,12 @@ def test_report_and_diff_of_a_malformed_run_are_one_line_naming_the_file_and_exi
     from probes.report.results import COLUMNS
 
     good = tmp_path / "good.csv"
-    row = {c: "" for c in COLUMNS} | {"generation": "v5e", "verdict": "PASS", "seconds": "1.0", "case_id": "x"}
+    row = {c: "" for c in COLUMNS} | {"generation": "v5e", "verdict": "PASS", "seconds": "1.0",
+                                   "case_id": "v5e/roundtrip/x"}
     pd.DataFrame([row]).to_csv(good, index=False)
     malformed = {"header_only": ",".join(COLUMNS) + "\n", "torn_quote": '\xff\x00garbage,"unterminated\n',
                  "wrong_type": good.read_text().replace(",1.0,", ",abc,"), "bare_id": "v5e/roundtrip/x\n",
+                 "bare_case_name": good.read_text().replace("v5e/roundtrip/x", "x"),
                  "empty": ""}
     for name, text in malformed.items():
         runs = tmp_path / name / "v5e" / "runs"

@@ -152,3 +152,11 @@ def test_a_bare_sequence_asking_for_huge_caches_is_refused_before_a_worker_start
                     '"seed": 1, "steps": []}')
     with pytest.raises(ValueError, match=r"--replay .*bare.json: at spec/shape: .* a cache of 17,179,869,184 bytes"):
         fuzz_command.replay(path, None, None, kvref.Faults(), 10)
+
+
+def test_a_finding_file_too_long_is_refused_without_reading_it_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(findings, "MOST_FINDING_BYTES", 1000)
+    path = tmp_path / "long.json"
+    path.write_text('{"model": "contract", "detail": "' + "x" * 5000 + '"}')
+    with pytest.raises(ValueError, match="long.json: not a readable JSON finding .*longer than the 1,000 bytes"):
+        findings.read_finding(path, "contract")

@@ -196,6 +196,12 @@ class Faults:
     gauge_of_last_pool: bool = _fault(
         "the pool gauge holds the last manager's pool, not the sum of every live one's: with two "
         "managers alive it reports one pool, and it keeps a closed manager's")
+    counts_drop_with_manager: bool = _fault(
+        "the byte counters are the sum over the managers alive: a manager dropped takes what its "
+        "transfers counted with it, and a counter goes down")
+    transfer_time_on_two_clocks: bool = _fault(
+        "a transfer's time is its end on the monotonic clock less its start on the wall clock: "
+        "every sample is hugely negative, and the histogram's sum falls")
     duplicate_reports: bool = _fault(
         "poll_stats does not forget what it reported: each settled request is reported on "
         "every poll")

@@ -328,7 +328,7 @@ class KVCacheManager:
     def _future(self, core, counter: metrics.Metric, blocks: int) -> TransferFuture:
         """The transfer's future; its bytes (`blocks` of every layer and shard) count once it succeeds."""
         row = sum(n * size for n, size in zip(self._host_slots, self.layer_bytes_per_block))
-        metrics.LEDGER.track(core, counter, blocks * row, self.faults)
+        metrics.LEDGER.track(core, counter, blocks * row, self.faults, id(self))
         future = TransferFuture(core, self.timeout_s)
         if self._lands_before_return and not self.faults.unfenced_copies:
             future.wait_landed()

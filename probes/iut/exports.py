@@ -1,7 +1,8 @@
 """A scrape of a library's metrics: Prometheus text, read by prometheus_client's
 parser into one value per name (the production library's prefix dropped,
-each summed over its labels; a histogram's buckets left out). A counter the
-library has not yet incremented is absent, which reads as zero."""
+each summed over its labels but a histogram bucket's bound, which stays in
+its name: `x_bucket{le="5"}`). A counter the library has not yet
+incremented is absent, which reads as zero."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ def scraped(text: str) -> dict[str, float]:
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if "le" in sample.labels:
-                continue
             name = sample.name.removeprefix(PREFIX)
+            if "le" in sample.labels:
+                name += f'{{le="{sample.labels["le"]}"}}'
             values[name] = values.get(name, 0.0) + sample.value
     return values

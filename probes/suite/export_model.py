@@ -15,6 +15,13 @@ sequence's, and its host managers'). A pull manager's pool is the
 library's to size, so while a sequence has pull managers the gauge is not
 judged.
 
+Whatever a library counts, every metric of its scrape is also held to what
+no sound registry shows (`broken`): a counter, a histogram's count, bucket
+or sum of durations or sizes going down between two scrapes; buckets that
+are not cumulative, or a +Inf bucket that is not the count; a sum of
+durations or sizes below zero. These hold for every metric it exports, the
+ones the model does not count too.
+
 A count may reach a scrape late (the library's thread counts after it
 wakes the waiter): one below its range is read again for up to LAG_S
 (and garbage collected first: a manager the harness dropped may linger in
@@ -24,6 +31,9 @@ from __future__ import annotations
 
 import gc
 import itertools
+import math
+import re
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from kvref.metrics import D2H_BYTES, H2D_BYTES, POOL_BYTES
@@ -32,6 +42,37 @@ from kvref.polling import wait_for
 LAG_S = 2.0
 POLL_S = 0.01
 COUNTERS = (D2H_BYTES.name, H2D_BYTES.name)
+BUCKET = re.compile(r'^(?P<base>.+)_bucket\{le="(?P<le>[^"]+)"\}$')  # as probes.iut.exports names a bucket
+SIZES = re.compile(r"_(ms|us|seconds|bytes)$")  # a histogram of durations or sizes: no sample is below zero
+
+
+def broken(before: dict | None, now: dict) -> str | None:
+    """What no sound registry's scrape shows, whatever the library counts,
+    in `now` (and since `before`, the last scrape); None if nothing."""
+    buckets = defaultdict(list)
+    for name, value in now.items():
+        found = BUCKET.match(name)
+        if found:
+            buckets[found["base"]].append((float(found["le"]), value))
+    for base, bounds in sorted(buckets.items()):
+        bounds.sort()
+        for (low, fewer), (high, more) in zip(bounds, bounds[1:]):
+            if more < fewer:
+                return f"{base}'s bucket le={high:g} holds {more:g}, fewer than le={low:g}'s {fewer:g}: its " \
+                       f"buckets are not cumulative"
+        count = now.get(f"{base}_count")
+        if bounds[-1][0] == math.inf and count is not None and bounds[-1][1] != count:
+            return f"{base}'s +Inf bucket holds {bounds[-1][1]:g}, not its count {count:g}"
+    sums = [name for name in now if name.endswith("_sum") and SIZES.search(name.removesuffix("_sum"))]
+    for name in sorted(sums):
+        if now[name] < 0:
+            return f"{name} is {now[name]:g}: a sum of durations or sizes below zero (a sample below zero)"
+    for name in sorted(set(before or {}) | set(now)):
+        grows = name.endswith(("_total", "_count")) or BUCKET.match(name) or name in sums
+        if grows and before and now.get(name, 0.0) < before.get(name, 0.0):
+            return f"{name} went down from {before[name]:g} to {now.get(name, 0.0):g} between two scrapes: " \
+                   f"it only grows in a process's life"
+    return None
 
 
 @dataclass
@@ -54,6 +95,7 @@ class ExportModel:
         self.read = read  # () -> {name: value}: the IUT's scrape
         gc.collect()  # managers earlier sequences left in cycles: gone before the baseline
         self.baseline = read()
+        self.last = self.baseline  # the last scrape read
         self.counters = {name: Span() for name in COUNTERS if name in exported}
         self.pools: dict[object, int] | None = {} if POOL_BYTES.name in exported else None
         self.pools_known = True
@@ -120,16 +162,23 @@ class ExportModel:
         return None
 
     def judge(self) -> str | None:
-        """What the exports say that the model does not, after the bounded
-        wait a late count gets; None if they agree."""
-        if self.problem(self.read()) is None:
-            return None
+        """What the exports say that no registry or the model may, after the
+        bounded wait a late count gets; None if they agree."""
+        first = self._problem()
+        if first is None or not first[1]:  # agrees, or disagrees in a way no later count mends
+            return None if first is None else first[0]
         gc.collect()  # a manager the harness dropped, not yet collected, still holds its pool
         found = [None]
 
         def settled() -> bool:  # agrees, or disagrees in a way no later count mends
-            found[0] = self.problem(self.read())
+            found[0] = self._problem()
             return found[0] is None or not found[0][1]
 
         wait_for(settled, LAG_S, POLL_S)
         return None if found[0] is None else found[0][0]
+
+    def _problem(self) -> tuple[str, bool] | None:
+        now = self.read()
+        wrong = broken(self.last, now)
+        self.last = now
+        return (wrong, False) if wrong else self.problem(now)

@@ -51,7 +51,8 @@ FOUND_BY_SEQUENCES = {
     # Host-to-host transfers.
     "host_pairs_sorted": "CORRUPT", "host_write_unclaimed": "ERROR|CORRUPT",
     # What the process exports, judged after every step.
-    "counts_requested_bytes": "ERROR", "gauge_of_last_pool": "ERROR",
+    "counts_requested_bytes": "ERROR", "gauge_of_last_pool": "ERROR", "counts_drop_with_manager": "ERROR",
+    "transfer_time_on_two_clocks": "ERROR",
     # Time past a bound the API states.
     "registrations_never_expire": "ERROR",
 }

@@ -82,3 +82,36 @@ def test_only_what_the_library_exports_is_judged(names):
     m.ended(1, True)
     m.pool("offload", 1)
     assert m.judge() is None
+
+
+HISTOGRAM = {'p2p_transfer_time_ms_bucket{le="5"}': 1.0, 'p2p_transfer_time_ms_bucket{le="10"}': 2.0,
+             'p2p_transfer_time_ms_bucket{le="+Inf"}': 3.0, "p2p_transfer_time_ms_count": 3.0,
+             "p2p_transfer_time_ms_sum": 40.0, "sent_bytes_total": 8192.0, "buffer_allocated_bytes": 4096.0}
+
+
+@pytest.mark.parametrize("change, before, said", [
+    ({"sent_bytes_total": 4096.0}, HISTOGRAM, "sent_bytes_total went down from 8192 to 4096"),
+    ({"p2p_transfer_time_ms_count": 2.0, 'p2p_transfer_time_ms_bucket{le="+Inf"}': 2.0}, HISTOGRAM,
+     "p2p_transfer_time_ms_bucket{le=\"+Inf\"} went down from 3 to 2"),
+    ({"p2p_transfer_time_ms_sum": 30.0}, HISTOGRAM, "p2p_transfer_time_ms_sum went down from 40 to 30"),
+    ({'p2p_transfer_time_ms_bucket{le="10"}': 0.5}, None, "bucket le=10 holds 0.5, fewer than le=5's 1"),
+    ({"p2p_transfer_time_ms_count": 4.0}, None, "+Inf bucket holds 3, not its count 4"),
+    ({"p2p_transfer_time_ms_sum": -1.8e15}, None, "p2p_transfer_time_ms_sum is -1.8e+15: a sum of durations"),
+])
+def test_what_no_registry_shows_is_found_in_any_metric(change, before, said):
+    assert export_model.broken(before, HISTOGRAM) is None
+    problem = export_model.broken(before, {**HISTOGRAM, **change})
+    assert problem is not None and said in problem, problem
+
+
+def test_a_gauge_may_go_down_and_a_counter_not_yet_exported_reads_as_zero():
+    assert export_model.broken(HISTOGRAM, {**HISTOGRAM, "buffer_allocated_bytes": 0.0}) is None
+    assert export_model.broken({"d2h_bytes_total": 0.0}, {}) is None
+    assert "d2h_bytes_total went down from 5 to 0" in export_model.broken({"d2h_bytes_total": 5.0}, {})
+
+
+def test_a_counter_going_down_is_a_finding_at_once():
+    scrape = Scrape(**{"transfer_failures_total": 2.0})
+    m = model(scrape)
+    scrape.values["transfer_failures_total"] = 1.0
+    assert "transfer_failures_total went down from 2 to 1" in m.judge()

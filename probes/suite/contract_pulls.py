@@ -36,7 +36,7 @@ from probes.iut.protocol import NotInPlace, PullLibrary
 from probes.suite.contract_rules import REFUSED, Broken, Session, exported, judged
 from probes.suite.contract import Judgment, Must
 from probes.suite.pull_sides import pull_bytes
-from probes.suite.producer_process import ProducerProcess
+from probes.suite.manager_process import ManagerProcess
 from probes.suite.pull_telemetry import record_problem, records_in
 from probes.suite.refusals import first_line
 from probes.suite.verdicts import CORRUPT, ERROR
@@ -96,9 +96,18 @@ class PullWorld:
     sent: set[str] = field(default_factory=set)  # requests the producer told done sending
     reasons: dict[str, str] = field(default_factory=dict)  # a failed pull's reason, as the library says it
     started: list[tuple[str, Pull]] = field(default_factory=list)  # every pull accepted, in order
+    first_keys: tuple = ()  # the managers' geometries as the world was built
     port: int = 0  # the port of a producer in a process of its own (probes.suite.contract_restarts)
     draws: int = 0  # pull steps drawn: the key of the restarts' own stream
     restarts: int = 0  # restarts drawn
+
+    def other_geometry(self, key: kvref.ShapeKey) -> kvref.ShapeKey:
+        """Of the world's two geometries (the producer's first, the second consumer's first), the one `key` is not."""
+        return self.shapes[1] if key == self.shapes[0] else self.shapes[0]
+
+    @property
+    def shapes(self) -> tuple[kvref.ShapeKey, kvref.ShapeKey]:
+        return self.first_keys[0], self.first_keys[2]
 
     @property
     def rows(self) -> int:
@@ -125,7 +134,7 @@ def world(session: Session) -> PullWorld:
                         for n, c in enumerate(caches)]
         except Exception as e:  # these caches are addressable: building a pull manager must work
             raise Broken(ERROR, f"a pull manager could not be built: {type(e).__name__}: {e}") from e
-        session.pulls = PullWorld(lib, session.key, managers, keys, blocks, caches)
+        session.pulls = PullWorld(lib, session.key, managers, keys, blocks, caches, first_keys=tuple(keys))
         exported(session, lambda e: e.pools_unknown())  # a pull manager's pool is the library's to size
         session.closers.append(lambda: close_pull_managers(session.pulls))
     return session.pulls
@@ -302,7 +311,7 @@ def drop_producer(session: Session, index: int, step: dict) -> None:
     for p in w.pulls.values():
         if not p.settled and p.expect == DONE:
             p.expect = EITHER
-    if isinstance(w.managers[0], ProducerProcess):  # the same settings, in a process again
+    if isinstance(w.managers[0], ManagerProcess):  # the same settings, in a process again
         replace_producer(session, w, "close", w.keys[0], w.port, step.get("seed", index))
         return
     for cache in w.caches[0] if session.iut.backend == "sim" else ():
@@ -325,26 +334,42 @@ def replace_producer(session: Session, w: PullWorld, how: str, key: kvref.ShapeK
     for p in w.pulls.values():
         if not p.settled and p.expect == DONE:
             p.expect = EITHER
-    old = w.managers[0]
-    if isinstance(old, ProducerProcess):
+    _replace(session, w, 0, how, key, port, seed)
+    w.registrations.clear()
+    w.sent.clear()
+    w.port = port
+
+
+def replace_consumer(session: Session, w: PullWorld, consumer: int, how: str, key: kvref.ShapeKey,
+                     seed: int) -> None:
+    """A consumer goes as `how` says, and one in a process of its own takes
+    its place, over caches of `key` holding random_host of seed, seed + 1.
+    Its pulls in flight go with it (nothing is left to report them); the
+    producer and the other consumer go on."""
+    w.pulls = {req: p for req, p in w.pulls.items() if p.settled or p.consumer != consumer}
+    _replace(session, w, 1 + consumer, how, key, 0, seed)
+
+
+def _replace(session: Session, w: PullWorld, n: int, how: str, key: kvref.ShapeKey, port: int, seed: int) -> None:
+    old = w.managers[n]
+    if isinstance(old, ManagerProcess):
         old.kill() if how == "kill" else old.close()
     else:
         w.lib.close_manager(old)
-    w.registrations.clear()
-    w.sent.clear()
-    seeds = [seed + layer for layer in range(len(w.blocks[0]))]
+    seeds = [seed + layer for layer in range(len(w.blocks[n]))]
     try:
-        w.managers[0] = ProducerProcess(session.iut, key, seeds, port, PRODUCER_TIMEOUT_S, MAX_BLOCKS)
-    except Exception as e:  # these caches are addressable: starting a producer must work
-        raise Broken(ERROR, f"a producer could not be started in a process of its own after one was {how}d "
+        w.managers[n] = ManagerProcess(session.iut, key, seeds, port, PRODUCER_TIMEOUT_S if n == 0 else TIMEOUT_S,
+                                       MAX_BLOCKS)
+    except Exception as e:  # these caches are addressable: starting a manager must work
+        raise Broken(ERROR, f"{MANAGERS[n]} could not be started in a process of its own after one was {how}d "
                             f"(port {port or 'its own'}, {key}): {first_line(e)}") from e
-    w.keys[0], w.caches[0], w.port = key, None, port
-    w.blocks[0] = [session.blocks_of(key, random_host(key, s, finite=True)) for s in seeds]
+    w.keys[n], w.caches[n] = key, None
+    w.blocks[n] = [session.blocks_of(key, random_host(key, s, finite=True)) for s in seeds]
 
 
 def close_pull_managers(w: PullWorld) -> None:
     for manager in w.managers:
-        manager.close() if isinstance(manager, ProducerProcess) else w.lib.close_manager(manager)
+        manager.close() if isinstance(manager, ManagerProcess) else w.lib.close_manager(manager)
 
 
 def expire(session: Session, index: int, step: dict) -> None:
@@ -384,8 +409,8 @@ def settle(session: Session, index: int, step: dict) -> None:
     if open_:
         raise Broken(ERROR, f"pulls {open_[:4]} never settled within {SETTLE_S} s (timeout_s {TIMEOUT_S})")
     for consumer in (0, 1):
-        for layer, cache in enumerate(w.caches[1 + consumer]):
-            wrong = session.wrong_blocks(w.keys[1 + consumer], cache, w.blocks[1 + consumer][layer])
+        for layer in range(len(w.blocks[1 + consumer])):
+            wrong = _wrong_blocks(session, w, 1 + consumer, layer)
             if wrong:
                 into = [f"{req} {p.settled} (uuid {p.uuid}, {p.remote} -> {p.local})" for req, p in w.started
                         if p.consumer == consumer and set(p.local) & set(wrong)]
@@ -393,6 +418,15 @@ def settle(session: Session, index: int, step: dict) -> None:
                                       f"after its pulls settled (pulls into them: {'; '.join(into[-4:]) or 'none'})")
         _check_telemetry(w, consumer)
     w.pulls = {req: p for req, p in w.pulls.items() if not p.settled}
+
+
+def _wrong_blocks(session: Session, w: PullWorld, n: int, layer: int) -> list[int]:
+    """The blocks of manager `n`'s layer that differ from the model, read where its caches live."""
+    manager = w.managers[n]
+    if isinstance(manager, ManagerProcess):
+        held = session.blocks_of(w.keys[n], manager.fetch(layer))
+        return [b for b, (have, want) in enumerate(zip(held, w.blocks[n][layer])) if have != want]
+    return session.wrong_blocks(w.keys[n], w.caches[n][layer], w.blocks[n][layer])
 
 
 def _check_telemetry(w: PullWorld, consumer: int) -> None:
@@ -438,7 +472,9 @@ def _poll(w: PullWorld) -> None:
             if p.settled:
                 raise Broken(ERROR, f"{req} reported {p.settled} and then {how}")
             if how == FAILED:
-                w.reasons[req] = w.lib.pull_failure(w.managers[1 + consumer], req)  # said, or "": never a failure
+                manager = w.managers[1 + consumer]  # why, as the library says it, or "": never a failure
+                w.reasons[req] = manager.failure(req) if isinstance(manager, ManagerProcess) else \
+                    w.lib.pull_failure(manager, req)
             if p.expect not in (how, EITHER):
                 why = f" ({w.reasons[req]})" if how == FAILED and w.reasons[req] else ""
                 raise Broken(ERROR, f"{req} (uuid {p.uuid}, {p.remote} -> {p.local}) reported {how}{why}; "

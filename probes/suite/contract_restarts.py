@@ -1,21 +1,22 @@
-"""Process death and restart, as faults of the pull world: at any step, pulls
-in flight or not, the producer goes (killed with SIGKILL, no clean exit, as
-a host's process dies; or closed as its library closes a manager) and a
-producer in a process of its own takes its place
-(probes.suite.producer_process), with the same settings or changed ones:
-the same identity (its port) or another, blocks of the same size or of the
-second consumer's, caches of new contents.
+"""Process death and restart, as faults of the pull world: at any step,
+pulls in flight or not, a manager goes (killed with SIGKILL, no clean exit,
+as a host's process dies; or closed as its library closes a manager) and
+one in a process of its own takes its place
+(probes.suite.manager_process), with the same settings or changed ones:
+for the producer the same identity (its port) or another, for either the
+same geometry or the world's other one, caches of new contents.
 
-What the model says the survivors and the newcomer see: a pull in flight
-from the producer that went may land or fail, and settles within its
+What the model says the survivors and the newcomer see. When the producer
+goes: a pull in flight from it may land or fail, and settles within its
 timeout; the registrations went with it, so a later pull of one of their
-uuids fails, even from a newcomer on the same port; the consumers go on,
-and every later pull of a newcomer's registration lands exactly where its
-blocks are the consumer's size, and fails writing nothing where they are
-not; the offload manager beside them is judged as before. The first
-restart of a sequence closes the producer that lives in the worker (a
-worker cannot kill itself and go on); later ones kill or close the
-producer's process."""
+uuids fails, even from a newcomer on the same port; every later pull of a
+newcomer's registration lands exactly where its blocks are the consumer's
+size, and fails writing nothing where they are not. When a consumer goes:
+its pulls in flight go with it; the producer and the other consumer go on,
+and the newcomer's pulls land or fail as any consumer's. The offload
+manager beside them is judged as before. The first restart of a manager
+that lives in the worker closes it (a worker cannot kill itself and go on);
+later ones kill or close the manager's process."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ import numpy as np
 
 from probes.iut.protocol import PortLibrary
 from probes.iut.sockets import free_loopback_port
-from probes.suite.contract_pulls import replace_producer, world
+from probes.suite.contract_pulls import replace_consumer, replace_producer, world
 from probes.suite.contract_rules import Session
-from probes.suite.producer_process import ProducerProcess
+from probes.suite.manager_process import ManagerProcess
 
 # Each restart starts a process (a second or more of imports): drawn in RESTART_SEQUENCES of the sequences,
 # for RESTART_DRAWN of their pull steps, at most MOST_RESTARTS times in one.
@@ -40,8 +41,17 @@ def restart_producer(session: Session, index: int, step: dict) -> None:
     on its port (`same_port`) or another, over caches of its own geometry
     or the second consumer's (`geometry`: "same" or "other")."""
     w = world(session)
-    key = w.keys[0] if step["geometry"] == "same" else w.keys[2]
+    key = w.keys[0] if step["geometry"] == "same" else w.other_geometry(w.keys[0])
     replace_producer(session, w, step["how"], key, _port(session, w, step["same_port"]), SEED_BASE + step["seed"])
+
+
+def restart_consumer(session: Session, index: int, step: dict) -> None:
+    """A consumer goes as `step["how"]` says, pulls in flight or not, and
+    another takes its place, over caches of its geometry or the other one."""
+    w = world(session)
+    n = 1 + step["consumer"]
+    key = w.keys[n] if step["geometry"] == "same" else w.other_geometry(w.keys[n])
+    replace_consumer(session, w, step["consumer"], step["how"], key, SEED_BASE + step["seed"])
 
 
 def _port(session: Session, w, same: bool) -> int:
@@ -49,7 +59,7 @@ def _port(session: Session, w, same: bool) -> int:
     or a free one; 0 (one it picks) where its library takes no port."""
     if not isinstance(session.iut.library, PortLibrary):
         return 0
-    if same and isinstance(w.managers[0], ProducerProcess) and w.port:
+    if same and isinstance(w.managers[0], ManagerProcess) and w.port:
         return w.port
     if same:
         endpoints = w.managers[0].get_local_endpoints()
@@ -73,9 +83,12 @@ def draw_restart(session: Session) -> dict | None:
     if own.random() >= RESTART_DRAWN:
         return None
     w.restarts += 1
-    return {"rule": "restart_producer", "how": "kill" if own.random() < 0.7 else "close",
-            "same_port": bool(own.random() < 0.6), "geometry": "same" if own.random() < 0.8 else "other",
+    how, geometry = "kill" if own.random() < 0.7 else "close", "same" if own.random() < 0.8 else "other"
+    if own.random() < 0.6:
+        return {"rule": "restart_producer", "how": how, "same_port": bool(own.random() < 0.6), "geometry": geometry,
+                "seed": int(own.integers(2**20))}
+    return {"rule": "restart_consumer", "consumer": int(own.random() < 0.3), "how": how, "geometry": geometry,
             "seed": int(own.integers(2**20))}
 
 
-RULES = {"restart_producer": restart_producer}
+RULES = {"restart_producer": restart_producer, "restart_consumer": restart_consumer}

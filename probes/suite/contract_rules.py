@@ -18,7 +18,7 @@ from probes.iut.protocol import ExportingLibrary, NotInPlace
 from probes.suite.block_model import BlockModel
 from probes.suite.contract import ContractModel, Judgment, Must, device_side, host_side, is_empty, requested
 from probes.suite.export_model import ExportModel
-from probes.suite.producer_process import PeerError
+from probes.suite.manager_process import PeerError
 from probes.suite.store_model import StoreModel
 from probes.suite.refusals import first_line
 from probes.suite.verdicts import CORRUPT, ERROR

@@ -14,7 +14,7 @@ from probes.iut.registry import adapter_for
 from probes.run import fuzz_command
 from probes.run.runner import run_cases
 from probes.suite.contract_sequences import CASE_SECONDS
-from probes.suite.producer_process import ProducerGone, ProducerProcess
+from probes.suite.manager_process import ManagerGone, ManagerProcess
 from tests.batch import BATCH_SECONDS
 
 pytestmark = pytest.mark.timeout(BATCH_SECONDS)
@@ -25,8 +25,9 @@ def register(req, uuid, blocks):
     return {"rule": "register", "req": req, "uuid": uuid, "blocks": blocks}
 
 
-def pull(req, uuid, remote, local, consumer=0):
-    return {"rule": "pull", "req": req, "uuid": uuid, "pick": list(range(len(remote))), "remote": remote,
+def pull(req, uuid, remote, local, consumer=0, pick=None):
+    """start_read of `remote`: the registration's blocks in the order `pick` takes them."""
+    return {"rule": "pull", "req": req, "uuid": uuid, "pick": pick or list(range(len(remote))), "remote": remote,
             "local": local, "consumer": consumer, "parallelism": 1}
 
 
@@ -40,6 +41,10 @@ def children() -> set[int]:
             for pid in (task / "children").read_text().split()}
 
 
+def restart_consumer(consumer, how, geometry="same", seed=1):
+    return {"rule": "restart_consumer", "consumer": consumer, "how": how, "geometry": geometry, "seed": seed}
+
+
 SETTLE = {"rule": "settle"}
 # Every kind of restart, pulls in flight at each: a pull waiting for a registration that never comes (so it is in
 # flight when its producer goes), registrations gone with their producer, the same port and another, blocks of
@@ -49,13 +54,22 @@ RESTARTS = [pull("p-0", 999, [1], [2]), register("req-1", 77, [1, 2, 3]),
             register("req-2", 78, [4, 9]), pull("p-1", 78, [4, 9], [10, 11]), pull("p-2", 77, [1, 2, 3], [3, 4, 5]),
             restart("kill", same_port=False, seed=2),
             SETTLE,
-            register("req-3", 79, [2, 3]), pull("p-3", 79, [3, 2], [12, 13]), pull("p-4", 1000, [5], [14]),
+            register("req-3", 79, [2, 3]), pull("p-3", 79, [3, 2], [12, 13], pick=[1, 0]), pull("p-4", 1000, [5], [14]),
             restart("kill", same_port=True, seed=3),
             SETTLE,
             register("req-5", 81, [7, 8]), pull("p-5", 81, [7, 8], [16, 17]), SETTLE,
             restart("kill", same_port=False, geometry="other", seed=4),
             register("req-6", 82, [1, 2]), pull("p-6", 82, [1, 2], [18, 19], consumer=1),
-            register("req-7", 83, [3]), pull("p-7", 83, [3], [20]), SETTLE]
+            register("req-7", 83, [3]), pull("p-7", 83, [3], [20]), SETTLE,
+            # The consumers' turn: one killed with a pull in flight, one closed, each replaced by a process.
+            restart("kill", same_port=True, geometry="other", seed=5),  # the producer back to the first geometry
+            register("req-8", 84, [4, 5]), pull("p-8", 84, [4, 5], [21, 22]),
+            restart_consumer(0, "kill", seed=6),
+            register("req-9", 85, [6]), pull("p-9", 85, [6], [23]), SETTLE,
+            restart_consumer(1, "close", geometry="other", seed=7),  # now the producer's geometry: it lands
+            register("req-10", 86, [7, 8]), pull("p-10", 86, [7, 8], [24, 25], consumer=1), SETTLE,
+            restart_consumer(0, "kill", geometry="other", seed=8),  # not the producer's geometry: it fails
+            register("req-11", 87, [9]), pull("p-11", 87, [9], [26]), SETTLE]
 
 
 def sequence_case(name, generation, faults=()):
@@ -91,18 +105,18 @@ def test_a_consumer_that_does_not_survive_its_producers_death_is_found(ran, faul
 def test_a_killed_producer_is_gone_at_once_and_its_successor_on_its_port_answers():
     iut = adapter_for("kvref-sim", "tpu7x")
     key = kvref.ShapeKey.parse(SPEC["shape"])
-    first = ProducerProcess(iut, key, [1, 2], 0, 6.0, 8)
+    first = ManagerProcess(iut, key, [1, 2], 0, 6.0, 8)
     try:
         assert first.register_read("req-1", 5, [1, 2]) is True
         first.kill()
         started = time.monotonic()
-        with pytest.raises(ProducerGone, match="gone|ended"):
+        with pytest.raises(ManagerGone, match="gone|ended"):
             first.register_read("req-2", 6, [3])
         assert time.monotonic() - started < 5.0  # said at once, not after a call's bound
         port = int(first.get_local_endpoints()[0]["endpoint"].rpartition(":")[2])
     finally:
         first.kill()
-    second = ProducerProcess(iut, key, [3, 4], port, 6.0, 8)
+    second = ManagerProcess(iut, key, [3, 4], port, 6.0, 8)
     try:
         assert second.get_local_endpoints()[0]["endpoint"].endswith(f":{port}")
         assert second.poll_stats() == ([], [], [])
@@ -113,6 +127,6 @@ def test_a_killed_producer_is_gone_at_once_and_its_successor_on_its_port_answers
 def test_a_producer_that_cannot_start_says_why_and_leaves_no_process():
     iut = adapter_for("kvref-sim", "tpu7x")
     before = children()
-    with pytest.raises(ProducerGone, match=r"ended \(exit 1; .*LayoutError: .*no dim-0 rows"):
-        ProducerProcess(iut, kvref.ShapeKey("bf16", (0,)), [1], 0, 6.0, 8)
+    with pytest.raises(ManagerGone, match=r"ended \(exit 1; .*LayoutError: .*no dim-0 rows"):
+        ManagerProcess(iut, kvref.ShapeKey("bf16", (0,)), [1], 0, 6.0, 8)
     assert children() <= before

@@ -1,11 +1,12 @@
-"""A pull producer in a process of its own, so that a contract sequence can
+"""A pull manager in a process of its own, so that a contract sequence can
 kill it (SIGKILL: no clean exit, as a host's process dies) or close it, and
-start another in its place. The child builds the IUT's caches and pull
+start another in its place: a producer whose consumers survive it, or a
+consumer whose producer does. The child builds the IUT's caches and pull
 manager as the worker builds them, in the worker's environment and network
-namespace, and answers register_read, poll_stats and get_local_endpoints
-over its stdin and stdout, one JSON line each way: to the sequence it is a
-PullManager. Every answer is awaited for a bounded time; a child that does
-not answer is ProducerGone."""
+namespace, and answers the PullManager calls a sequence makes (and the
+bytes of its caches' blocks, read as the worker reads its own) over its
+stdin and stdout, one JSON line each way. Every answer is awaited for a
+bounded time; a child that does not answer is ManagerGone."""
 
 from __future__ import annotations
 
@@ -19,21 +20,23 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 import kvref
 
-MODULE = "probes.suite.producer_process"
+MODULE = "probes.suite.manager_process"
 START_S = 120.0  # the child's imports, its device runtime and its manager's start (a loaded machine)
 ANSWER_S = 30.0  # one call's answer
 EXIT_S = 10.0  # a closed child's exit, before it is killed
 ROOT = str(Path(__file__).resolve().parents[2])  # where `probes` is imported from, for the child
 
 
-class ProducerGone(RuntimeError):
-    """The producer's process ended, or did not answer within its bound."""
+class ManagerGone(RuntimeError):
+    """The manager's process ended, or did not answer within its bound."""
 
 
 class PeerError(Exception):
-    """What a call raised in the producer's process: its type, message, and
+    """What a call raised in the manager's process: its type, message, and
     whether the IUT's library calls it a clean refusal there."""
 
     def __init__(self, kind: str, message: str, refused: bool):
@@ -41,8 +44,8 @@ class PeerError(Exception):
         self.refused = refused
 
 
-class ProducerProcess:
-    """The producer's process, seen as the PullManager calls a sequence makes."""
+class ManagerProcess:
+    """The manager's process, seen as the PullManager calls a sequence makes."""
 
     def __init__(self, iut, key: kvref.ShapeKey, seeds: list[int], port: int, timeout_s: float, max_blocks: int):
         self.key = key
@@ -66,8 +69,23 @@ class ProducerProcess:
     def register_read(self, req_id: str, uuid: int, block_ids) -> bool:
         return self._call({"op": "register", "req": req_id, "uuid": uuid, "blocks": list(block_ids)})["said"]
 
+    def start_read(self, req_id: str, uuid: int, remote_endpoint, remote_block_ids, local_block_ids,
+                   parallelism: int = 1) -> None:
+        self._call({"op": "start_read", "req": req_id, "uuid": uuid, "endpoint": remote_endpoint,
+                    "remote": list(remote_block_ids), "local": list(local_block_ids), "parallelism": parallelism})
+
     def poll_stats(self) -> tuple[list[str], list[str], list[str]]:
-        return self._call({"op": "poll"})["sending"], [], []
+        said = self._call({"op": "poll"})
+        return said["sending"], said["done"], said["failed"]
+
+    def failure(self, req_id: str) -> str:
+        """Why a pull failed, as the library says it (probes.iut.protocol.PullLibrary.pull_failure)."""
+        return self._call({"op": "failure", "req": req_id})["why"]
+
+    def fetch(self, layer: int) -> np.ndarray:
+        """One layer's cache as its next reader sees it (probes.iut.protocol.Arrays.fetch)."""
+        held = bytes.fromhex(self._call({"op": "fetch", "layer": layer})["bytes"])
+        return np.frombuffer(held, kvref.element_type(self.key.dtype).numpy).reshape(self.key.dims)
 
     def get_local_endpoints(self) -> list[dict]:
         return self.endpoints
@@ -78,7 +96,7 @@ class ProducerProcess:
             try:
                 self._call({"op": "close"})
                 self._child.wait(EXIT_S)
-            except (ProducerGone, subprocess.TimeoutExpired):
+            except (ManagerGone, subprocess.TimeoutExpired):
                 pass
         self.kill()
 
@@ -96,7 +114,7 @@ class ProducerProcess:
             self._child.stdin.write((json.dumps(message) + "\n").encode())
             self._child.stdin.flush()
         except (BrokenPipeError, ValueError) as e:
-            raise ProducerGone(f"the producer's process is gone ({self._said()})") from e
+            raise ManagerGone(f"the manager's process is gone ({self._said()})") from e
         line = self._line(time.monotonic() + seconds)
         answer = json.loads(line)
         if "error" in answer:
@@ -108,14 +126,14 @@ class ProducerProcess:
         while not line.endswith(b"\n"):
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([out], [], [], left)[0]:
-                raise ProducerGone(f"the producer's process did not answer in time ({self._said()})")
+                raise ManagerGone(f"the manager's process did not answer in time ({self._said()})")
             chunk = os.read(out.fileno(), 1 << 16)
             if not chunk:
                 try:
                     code = self._child.wait(EXIT_S)
                 except subprocess.TimeoutExpired:
                     code = "none yet"
-                raise ProducerGone(f"the producer's process ended (exit {code}; {self._said()})")
+                raise ManagerGone(f"the manager's process ended (exit {code}; {self._said()})")
             line += chunk
         return line
 
@@ -153,17 +171,22 @@ def serve() -> None:
     else:
         manager = lib.pull_manager(caches, "slots", True, setup["timeout_s"], setup["max_blocks"])
     _answer({"endpoints": manager.get_local_endpoints()})
+    calls = {
+        "register": lambda call: {"said": manager.register_read(call["req"], call["uuid"], call["blocks"])},
+        "start_read": lambda call: {"said": manager.start_read(call["req"], call["uuid"], call["endpoint"],
+                                                               call["remote"], call["local"], call["parallelism"])},
+        "poll": lambda call: dict(zip(("sending", "done", "failed"), map(list, manager.poll_stats()))),
+        "failure": lambda call: {"why": lib.pull_failure(manager, call["req"])},
+        "fetch": lambda call: {"bytes": iut.fetch(caches[call["layer"]]).tobytes().hex()},
+    }
     for line in sys.stdin:
         call = json.loads(line)
+        if call["op"] == "close":
+            lib.close_manager(manager)
+            _answer({"closed": True})
+            return
         try:
-            if call["op"] == "register":
-                _answer({"said": manager.register_read(call["req"], call["uuid"], call["blocks"])})
-            elif call["op"] == "poll":
-                _answer({"sending": list(manager.poll_stats()[0])})
-            else:
-                lib.close_manager(manager)
-                _answer({"closed": True})
-                return
+            _answer(calls[call["op"]](call))
         except Exception as e:  # the caller judges it, as it would in its own process
             _answer({"error": str(e), "kind": type(e).__name__, "refused": bool(iut.refuses(e))})
 

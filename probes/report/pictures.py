@@ -44,9 +44,9 @@ def draw_heatmap(frame: pd.DataFrame, path: Path, title: str) -> None:
         grid = shaped.pivot_table(index="shape", columns="column", values="verdict", aggfunc="first")
         grid = grid[sorted(grid.columns, key=lambda c: (order.get(c.split(" / ")[0], 99), c))]
         off = set(shaped[shaped["off"]].set_index(["shape", "column"]).index)
-        cells = [[(v, "!" if (r, c) in off else "") if isinstance(v, str) else None for c, v in row.items()]
-                 for r, row in grid.iterrows()]
-        panels.append(("probes per shape", list(grid.index), list(grid.columns), cells))
+        cells = [[(v, "!" if (r, c) in off else "") if isinstance(v, str) else None for r, v in column.items()]
+                 for c, column in grid.items()]  # shapes across, so that many shapes make it wide, not tall
+        panels.append(("probes per shape", list(grid.columns), list(grid.index), cells))
     rest = labelled[~per_shape]
     if len(rest):
         probes = sorted(rest["probe"].unique(), key=lambda p: (order.get(p, 99), p))
@@ -77,13 +77,15 @@ def _draw_panels(panels, path: Path, title: str, print_: str) -> None:
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    widest = max(len(columns) * (2 if name.startswith(OTHER_PROBES) else 1) for name, _, columns, _ in panels)
-    heights = [1.6 + CELL_IN * len(rows) for _, rows, _, _ in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(4 + CELL_IN * max(widest, 8), 1.2 + sum(heights)),
-                             gridspec_kw={"height_ratios": heights}, constrained_layout=True, squeeze=False)
+    # Side by side, each as wide as its columns (cells that carry counts twice as wide): a screen is wide.
+    widths = [CELL_IN * max(len(columns) * (2 if name.startswith(OTHER_PROBES) else 1), 8)
+              for name, _, columns, _ in panels]
+    tallest = max(len(rows) for _, rows, _, _ in panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.5 * len(panels) + sum(widths), 3.2 + CELL_IN * tallest),
+                             gridspec_kw={"width_ratios": widths}, constrained_layout=True, squeeze=False)
     cmap = ListedColormap([VERDICT_COLOURS[v] for v in Verdict])
     codes = {v: i for i, v in enumerate(Verdict)}
-    for ax, (name, rows, columns, cells) in zip(axes[:, 0], panels):
+    for ax, (name, rows, columns, cells) in zip(axes[0], panels):
         grid = [[codes[Verdict(c[0])] if c else float("nan") for c in row] for row in cells]
         summed = name.startswith(OTHER_PROBES)  # cells that carry counts: twice as wide
         ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=len(Verdict) - 0.5, aspect=0.5 if summed else "equal")

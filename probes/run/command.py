@@ -18,7 +18,7 @@ from probes.iut import IUT, builds, hardware, iut, usable_iuts
 from probes.report import qualification, results, summary
 from probes.report.atomic import write_whole
 from probes.report.results import BASELINE, disagreements
-from probes.run import netns, rows
+from probes.run import netns, options, rows
 from probes.run.ray_runner import run_cases_on_ray
 from probes.run.runner import Interrupted, run_cases
 from probes.suite.matrix import build_cases, load_matrix
@@ -123,7 +123,10 @@ def prepare(generations, iuts, matrix, probes, timeout, faults, out: Path | None
         if gen != "cpu" and not is_shipped(gen):
             reason = compiler.accepts(gen)
             if reason:
-                raise ValueError(f"TPU type {gen!r}: {reason}")
+                raise ValueError(f"TPU type {gen!r}{options.meant(gen)}: {reason}")
+            if options.meant(gen):  # a TPU type libtpu takes, but a shipped one was likely meant
+                say(f"[yellow]note: {gen!r} is not a shipped TPU type; its layouts are compiled live"
+                    f"{options.meant(gen)}[/yellow]")
     matrix_rows = load_matrix(matrix)
     if out is not None:
         check_out(out)

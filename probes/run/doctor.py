@@ -29,6 +29,8 @@ VERSION_SCRIPT = (
     "    try:\n        found[name] = metadata.version(name)\n    except metadata.PackageNotFoundError:\n"
     "        pass\nprint(json.dumps(found))\n")
 ASK_SECONDS = 60.0
+# What the closing line is about, as a team runs it (`make tpu-test` is kvprobe's own checkout's target).
+HARDWARE_RUN = "A hardware run here (`kvprobe run -g local --iut IUT`, `pytest -m tpu`; `make tpu-test` in kvprobe)"
 
 
 @dataclass
@@ -55,11 +57,11 @@ def diagnose(names: list[str] | None = None, echo: bool = False) -> Diagnosis:
     _environments(d)
     _iuts(d, generation, names)
     if d.problems:
-        d.say(f"`make tpu-test` would fail for the harness's reasons ({len(d.problems)}):")
+        d.say(f"{HARDWARE_RUN} would fail for the harness's reasons ({len(d.problems)}):")
         for p in list(d.problems):
             d.say(f"  - {p}")
     else:
-        d.say("`make tpu-test` would " + ("run the hardware cases" if generation
+        d.say(f"{HARDWARE_RUN} would " + ("run the hardware cases" if generation
                                          else f"skip every hardware case: {hardware.NO_TPU}"))
     return d
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -54,17 +53,18 @@ def generations(value: str) -> list[str]:
     for name in names:
         if name == "cpu":
             continue
-        close = [g for g in GENERATIONS if g != name and g.startswith(name)] or \
-            difflib.get_close_matches(name, list(GENERATIONS), 2)
         try:
             check_generation(name)
         except ValueError as e:
-            hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
-            raise argparse.ArgumentTypeError(f"{e}{hint}; or 'all', or 'cpu' (CPU implementations)") from None
-        if name not in GENERATIONS and close:  # a TPU type libtpu takes, but a shipped one was likely meant
-            print(f"kvprobe: note: {name!r} is not a shipped TPU type; its layouts are compiled live "
-                  f"(did you mean {' or '.join(map(repr, close))}?)", file=sys.stderr)
+            raise argparse.ArgumentTypeError(f"{e}{meant(name)}; or 'all', or 'cpu' (CPU implementations)") from None
     return names
+
+
+def meant(name: str) -> str:
+    """' (did you mean ...?)' naming the shipped TPU types close to `name`, or ''."""
+    close = [g for g in GENERATIONS if g != name and g.startswith(name)] or \
+        difflib.get_close_matches(name, list(GENERATIONS), 2)
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
 
 
 def local_generation() -> str:

@@ -22,6 +22,7 @@ from kvref import generations
 from kvref.oracle import table
 from probes.iut import hardware, launch, registry, standin_metadata, standin_vm
 from probes.run import runner
+from probes.run.doctor import HARDWARE_RUN
 from probes.suite.cases import Case
 from probes.suite.matrix import build_cases, load_matrix
 from probes.suite.registry import PROBES
@@ -281,7 +282,7 @@ def test_doctor_without_a_tpu_says_why_and_passes(monkeypatch, tmp_path):
     assert not found.problems
     assert "Google PCI devices: 0x0042" in text and hardware.NO_TPU in text
     assert "not plan_binding: tpu-sync-jax has no register_active_plan" in text
-    assert "`make tpu-test` would skip every hardware case" in text
+    assert f"{HARDWARE_RUN} would skip every hardware case" in text
 
 
 @pytest.mark.parametrize("opens, starts, problem", [
@@ -307,7 +308,7 @@ def test_doctor_on_a_tpu_vm_fails_for_the_harness_reasons(monkeypatch, tmp_path,
     found = doctor.diagnose()
     if problem is None:
         assert not found.problems, found.problems
-        assert "`make tpu-test` would run the hardware cases" in "\n".join(found.lines)
+        assert f"{HARDWARE_RUN} would run the hardware cases" in "\n".join(found.lines)
     else:
         assert any(problem in p for p in found.problems), found.problems
 

@@ -23,6 +23,7 @@ from probes.report.results import disagreements
 from probes.suite.matrix import makes
 from probes.suite.registry import PROBES, Scope
 from probes.iut.registry import iut
+from probes.run.doctor import HARDWARE_RUN
 from tests.peer_python import peer_python_or_skip
 from tests.tpu_vm import REHEARSAL_MATRIX, REPO, kvprobe, pytest_tpu, standin
 
@@ -151,7 +152,7 @@ def test_make_tpu_test_walks_each_standin_vm(tmp_path, chip, known):
         assert failed and all("tpu-sync-torch-tpu" in line for line in failed), failed
         assert all("torch peer environment" in line for line in failed), failed
     assert doctor.returncode == 0, doctor.stdout[-3000:] + doctor.stderr[-2000:]
-    assert "`make tpu-test` would run the hardware cases" in doctor.stdout
+    assert f"{HARDWARE_RUN} would run the hardware cases" in doctor.stdout
 
 
 def test_make_tpu_test_on_one_host_of_a_standin_slice_stops_at_once_saying_why(tmp_path):

@@ -124,3 +124,15 @@ def test_a_damaged_picture_in_the_store_is_drawn_again(tmp_path, saves):
     memory_map.draw(SHAPE, path, title="interleaved")
     assert saves == [path] and drawn.up_to_date(path, print_)
     assert drawn.up_to_date(tmp_path / "store" / f"{print_}.png", print_)  # the store mended
+
+
+def test_the_heatmap_of_a_generations_run_fits_a_screen(tmp_path):
+    """A run's many shapes go across, the other probes beside them: wide, not a strip 2,500 px tall."""
+    import matplotlib.image as mpimg
+
+    from probes.report import results
+
+    path = tmp_path / "verdicts.png"
+    draw_heatmap(results.read_run(REPO / "reports" / "v5e" / "baseline.csv"), path, "v5e")
+    height, width = mpimg.imread(path).shape[:2]
+    assert height <= 1200 and width <= 2400 and width > height, (width, height)

@@ -147,12 +147,22 @@ def test_a_mistake_is_one_line_before_anything_is_done(tmp_path, argv, said):
 
 
 @pytest.mark.oracle  # 'v5' is described by the installed libtpu
-def test_a_tpu_type_that_is_a_prefix_of_shipped_ones_says_which_were_likely_meant(capsys):
-    from probes.run import options
+def test_a_tpu_type_that_is_a_prefix_of_shipped_ones_says_which_were_likely_meant():
+    from probes.run import command, options
 
     assert options.generations("v5") == ["v5"]
-    assert "'v5' is not a shipped TPU type; its layouts are compiled live (did you mean 'v5e' or 'v5p'?)" \
-        in capsys.readouterr().err
+    said = []
+    command.prepare(["v5"], ["kvref-sim"], "default", ["bad_input"], 30.0, (), None, say=said.append)
+    assert any("'v5' is not a shipped TPU type; its layouts are compiled live (did you mean 'v5e' or 'v5p'?)"
+               in line for line in said), said
+
+
+@pytest.mark.oracle  # libtpu is asked whether it compiles for 'tpu7'
+def test_a_tpu_type_libtpu_refuses_is_one_line_with_the_shipped_one_meant():
+    done = kvprobe("run", "-g", "tpu7", "--probe", "roundtrip")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("kvprobe: error: TPU type 'tpu7' (did you mean 'tpu7x'?): the installed libtpu"), lines
 
 
 def test_one_case_of_a_run_is_rerun_by_its_id(tmp_path):

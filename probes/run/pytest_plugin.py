@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -96,6 +98,7 @@ class KvprobeRun:
         self.pools = None  # probes.run.runner.CasePools, made when the first item runs
         self.running: dict = {}  # id(CaseItem) -> the future of its case's result
         self.named: list[str] = []  # kvprobe node ids given as paths: only those items (and their groups') run
+        self.sigterm = None  # the SIGTERM handler the session had before its cases (restored at its end)
         from probes.run import rows
 
         worker = getattr(config, "workerinput", None)  # an xdist worker: the controller's run
@@ -176,6 +179,10 @@ class KvprobeRun:
 
     def pytest_collection_finish(self, session):
         self.selected = [item for item in session.items if isinstance(item, CaseItem)]
+        if self.selected and self.worker is None and threading.current_thread() is threading.main_thread():
+            # SIGTERM (a CI job cancelled, a pod stopped) ends the session as Ctrl-C does: the cases that ran
+            # are reported and written (junitxml, --kvprobe-out), no worker is left; not pytest's instant death.
+            self.sigterm = signal.signal(signal.SIGTERM, _interrupt)
 
     def result_of(self, item) -> object:
         """The case's result: the selected cases start together at the first
@@ -190,9 +197,24 @@ class KvprobeRun:
             self.running[id(item)] = self.pools.start(item.case)
         return self.running[id(item)].result()
 
-    def pytest_sessionfinish(self, session):
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        """A case item's call lasted as long as its case ran (junitxml's `time`), not
+        as long as the item waited for a case that ran beside the others."""
+        made = yield
+        seconds = getattr(item, "case_seconds", None)
+        if call.when == "call" and seconds is not None:
+            made.get_result().duration = seconds
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        if self.sigterm is not None:
+            signal.signal(signal.SIGTERM, self.sigterm)
         if self.pools is not None:  # a session stopped early (-x, Ctrl-C): no queued case starts
             self.pools.shutdown(stop=True)
+            if exitstatus == pytest.ExitCode.INTERRUPTED:  # and none runs on: its thread would hold the exit
+                from probes.run.forked import kill_live
+
+                kill_live()
         out = self.config.getoption("kvprobe_out")
         if not out:
             return
@@ -217,6 +239,10 @@ class KvprobeRun:
             parts.parent.rmdir()  # gone once no other run's parts are in it
         except OSError:
             pass
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
 def item_timeout(case, configured) -> float:
@@ -277,6 +303,7 @@ class CaseItem(pytest.Item):
             kill_live()
             raise
         self.run.found.append(result)
+        self.case_seconds = result.wall_seconds
         outcome, predicted = result.outcome, prediction(self.case)
         self.user_properties += [("verdict", str(outcome.verdict)), ("predicted", str(predicted)),
                                  ("detail", outcome.detail.strip()[:4000])]

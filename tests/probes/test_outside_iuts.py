@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -76,8 +79,10 @@ def test_the_example_package_is_qualified_from_outside_through_the_cli_and_the_p
                 "--kvprobe-out", str(tmp_path / "plugin"), f"--junitxml={junit}", "-q", "--strict-markers",
                 "-m", "not tpu"], work, env)
     assert done.returncode == 0, done.stdout[-3000:]
-    cases = ET.parse(junit).getroot().iter("testcase")
+    cases = list(ET.parse(junit).getroot().iter("testcase"))
     properties = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")} for c in cases}
+    # Each item's time is its case's run (a worker started, a probe run), not its wait for a result made beside it.
+    assert min(float(c.get("time")) for c in cases) > 0.01, sorted(float(c.get("time")) for c in cases)
     assert len(properties) == len(latest_csv(tmp_path / "plugin")) > 10
     assert set(properties) == set(latest_csv(tmp_path / "plugin")["case_id"])  # each item is named by its case id
     assert all(Prediction.parse(p["predicted"]).admits(p["verdict"]) for p in properties.values())
@@ -383,3 +388,27 @@ def test_a_node_id_as_pytest_prints_it_runs_that_case_alone(tmp_path):
     assert len(ids) > 2, listed.stdout[-2000:]
     done = run([*plugin, ids[1]], tmp_path, os.environ, timeout=300)
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_sigterm_ends_a_plugin_session_as_ctrl_c_does_keeping_what_ran(tmp_path):
+    """A CI job cancelled: the session ends at once with pytest's interrupted status, and its junitxml and its
+    run (summary.json included) hold the cases that finished, as after Ctrl-C; not a death at -15."""
+    out, junit = tmp_path / "out", tmp_path / "junit.xml"
+    session = subprocess.Popen(
+        [sys.executable, "-u", "-m", "pytest", "-p", "no:cacheprovider", "--kvprobe-iut", "kvref-sim",
+         "--kvprobe-generation", "tpu7x", "--kvprobe-probe", "bad_input,contract_sequences",
+         "--kvprobe-out", str(out), f"--junitxml={junit}", "-q"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    said, deadline = b"", time.monotonic() + 240
+    while said.count(b".") < 3 and time.monotonic() < deadline:  # a few cases passed; the contract's still runs
+        if select.select([session.stdout], [], [], 1.0)[0]:
+            said += os.read(session.stdout.fileno(), 4096)
+    session.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    rest, _ = session.communicate(timeout=120)
+    said += rest
+    assert session.returncode == 2 and b"KeyboardInterrupt: signal SIGTERM" in said, said[-2000:]
+    assert time.monotonic() - sent < 30, "the contract's case ran on to its end"  # its worker is killed
+    cases = list(ET.parse(junit).getroot().iter("testcase"))
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(cases) >= 3 and summary["cases"] >= 3, (len(cases), summary)

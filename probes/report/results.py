@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,7 +92,11 @@ def read_run(path) -> pd.DataFrame:
         header = set(pd.read_csv(path, nrows=0).columns)
         missing = [c for c in DETERMINISTIC if c not in header and c != "sharding"]  # sharding: added by typed()
         if missing:
-            raise ValueError(f"it has no column {', '.join(missing[:4])}")
+            strangers = sorted(header - set(COLUMNS))  # columns kvprobe never writes: a misspelling, likely
+            meant = [f"{theirs!r} for {ours}" for ours in missing[:4]
+                     for theirs in difflib.get_close_matches(ours, strangers, 1)]
+            raise ValueError(f"it has no column {', '.join(missing[:4])}"
+                             + (f" (misspelled? it has {', '.join(meant)})" if meant else ""))
         frame = pd.read_csv(path, keep_default_na=False,
                             dtype={c.name: KINDS[c.kind] for c in SCHEMA if c.kind == "text" and c.name in header},
                             na_values={c.name: [""] for c in SCHEMA if c.nullable and c.name in header})

@@ -14,6 +14,7 @@ import kvref
 from probes.report.atomic import write_text_whole
 from probes.report.explain import remedy_for, remedy_text
 from probes.report.pictures import draw_heatmap, draw_refused_maps, layout_reason
+from probes.report.provenance import which_code
 from probes.report.results import disagreements, implementation, skipped
 from probes.suite.registry import PROBES
 from probes.suite.verdicts import WATCHDOG_FIRED, Verdict
@@ -147,11 +148,12 @@ def findings(gen_dir: Path) -> list[str]:
 
 def write_run_json(frame: pd.DataFrame, files: list[Path], out: Path) -> Path:
     """<out>/summary.json: one run as a CI job or a dashboard reads it: its
-    id, counts per verdict, the cases that disagree with their prediction,
+    id, which code ran it, counts per verdict, the cases that disagree with their prediction,
     and the files the run wrote."""
     disagree = disagreements(frame)
     summary = {
         "run_id": str(frame["run_id"].iloc[0]) if len(frame) else "",
+        "kvprobe": which_code(),  # the code that ran: the same command runs a source tree or an installed copy
         "cases": len(frame),
         "verdicts": {str(v): int(n) for v, n in frame["verdict"].value_counts().sort_index().items()},
         "disagreements": [{key: str(row[key]) for key in ("generation", "iut", "iut_options", "case_id", "verdict",

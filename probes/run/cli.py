@@ -8,8 +8,7 @@ import re
 import signal
 import sys
 import traceback
-from pathlib import Path
-
+from probes.report.provenance import which_code
 from probes.run import (bisect, coverage_command, diff_command, doctor, explain_command, fuzz_command,
                         generations_command, iuts_command, model_command, options, peer_env_command, run_command)
 
@@ -46,34 +45,11 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="kvprobe", description="Qualify KV-cache block offload against TPU layouts.",
                     epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"kvprobe {_version()}")
+    parser.add_argument("--version", action="version", version=f"kvprobe {which_code()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_to(sub)
     return parser
-
-
-def _version() -> str:
-    """kvref's version, and which code that is: where it was loaded from (a
-    source tree, with its commit, or an installed copy) and the Python."""
-    import subprocess
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        number = version("kvref")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        number = "(not installed)"
-    where = Path(__file__).resolve().parents[2]
-    if (where / ".git").exists():
-        try:
-            commit = subprocess.run(["git", "-C", str(where), "describe", "--always", "--dirty"], capture_output=True,
-                                    text=True, timeout=10).stdout.strip() or "commit unknown"
-        except (OSError, subprocess.SubprocessError):
-            commit = "commit unknown"
-        code = f"the source tree {where} at {commit}"
-    else:
-        code = f"installed at {where}"
-    return f"{number}, {code}; Python {sys.version.split()[0]} ({sys.executable})"
 
 
 class Stopped(KeyboardInterrupt):

@@ -178,3 +178,15 @@ def test_one_case_of_a_run_is_rerun_by_its_id(tmp_path):
     assert list(pd.read_csv(csv)["case_id"]) == [ids[1]]
     wrong = kvprobe("run", "-g", "v5e", "--probe", "bad_input", "--case", ids[1] + "x", "--out", str(tmp_path))
     assert wrong.returncode == 2 and f"did you mean {ids[1]!r}" in wrong.stderr, wrong.stderr[-2000:]
+
+
+def test_a_misspelled_column_of_a_run_is_named_as_what_it_likely_meant(tmp_path):
+    from probes.report.results import COLUMNS
+
+    row = {c: "" for c in COLUMNS} | {"generation": "v5e", "verdict": "PASS", "case_id": "v5e/roundtrip/x"}
+    path = tmp_path / "r.csv"
+    pd.DataFrame([row]).rename(columns={"verdict": "verdcit"}).to_csv(path, index=False)
+    done = kvprobe("diff", str(path), str(path))
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "has no column verdict (misspelled? it has 'verdcit' for verdict)" in lines[0], lines

@@ -16,6 +16,7 @@ import sys
 import textwrap
 import time
 import xml.etree.ElementTree as ET
+from importlib.metadata import version
 from pathlib import Path
 
 import pandas as pd
@@ -353,6 +354,7 @@ def test_under_xdist_the_plugin_writes_one_run_of_every_case(tmp_path):
     assert done.returncode == 0 and ran, done.stdout[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["cases"] == int(ran.group(1)) > 2, summary
+    assert summary["kvprobe"].startswith(f"{version('kvref')}, the source tree {REPO} at "), summary["kvprobe"]
     assert len([f for f in summary["files"] if f.endswith(".csv")]) == 1 and not (out / ".kvprobe-parts").exists()
 
 

@@ -20,7 +20,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # builds with them (a stock TPU VM image has neither).
 SYSTEM_PACKAGES := libprotobuf-dev protobuf-compiler libibverbs1 iproute2 cmake g++
 
-.PHONY: python-check peer-python-check probe peer-probe connectors peer-env peer-env-torch xla-env xla-probe engine-env engine tpu-test test bench fuzz baseline refresh-layouts docs clean system-deps
+.PHONY: python-check peer-python-check probe peer-probe connectors peer-env peer-env-torch xla-env xla-probe engine-env engine tpu-test test bench fuzz baseline refresh-layouts docs wheel clean system-deps
 
 python-check:
 	@test -n "$(PYTHON)" || { echo "kvref needs Python >= 3.11 and found none on PATH (python3 is" \
@@ -129,8 +129,16 @@ refresh-layouts: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/python -m probes.run.docs_lists --write
 
+# The wheels a team installs (docs/iuts.md): kvref's, its C++ core made manylinux by auditwheel (the
+# C++ runtime it links taken in, so it runs where glibc is at least this machine's), and the plugin's.
+MANYLINUX := manylinux_2_35_x86_64
+wheel: $(STAMP)
+	rm -rf dist && $(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w dist/built . ./plugins/pytest-kvprobe
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/auditwheel repair --plat $(MANYLINUX) -w dist dist/built/kvref-*.whl
+	mv dist/built/pytest_kvprobe-*.whl dist/ && rm -rf dist/built
+
 clean:
-	rm -rf $(VENV) .venv-peer .venv-peer-torch .venv-peer-builds .venv-xla .venv-engine build
+	rm -rf $(VENV) .venv-peer .venv-peer-torch .venv-peer-builds .venv-xla .venv-engine build dist
 
 # A fuzz campaign over kvref's API and the process around it: inputs, refusals, acceptances, failures per category.
 fuzz: $(STAMP)

@@ -41,7 +41,7 @@ def pytest_configure(config):
 # raylets once failed to come up five times in a row. Then the modules that
 # take a minute or more, so the short ones fill in beside them instead of one
 # long module running alone at the end.
-FIRST = ("test_ray.py", "test_engine.py", "test_peer.py", "test_outside_iuts.py", "test_xla.py", "test_tpu_vm_rehearsal.py",
+FIRST = ("test_ray.py", "test_engine.py", "test_peer.py", "test_outside_iuts.py", "test_wheel.py", "test_xla.py", "test_tpu_vm_rehearsal.py",
          "test_contract_sequences.py", "test_probe_teeth.py", "test_hardware_adapters.py", "test_real_connectors.py")
 
 

@@ -20,7 +20,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # builds with them (a stock TPU VM image has neither).
 SYSTEM_PACKAGES := libprotobuf-dev protobuf-compiler libibverbs1 iproute2 cmake g++
 
-.PHONY: python-check peer-python-check probe peer-probe connectors peer-env peer-env-torch xla-env xla-probe engine-env engine tpu-test test bench fuzz baseline refresh-layouts docs wheel clean system-deps
+.PHONY: python-check peer-python-check probe peer-probe connectors peer-env peer-env-torch xla-env xla-probe engine-env engine tpu-test test test-quick bench fuzz baseline refresh-layouts docs wheel clean system-deps
 
 python-check:
 	@test -n "$(PYTHON)" || { echo "kvref needs Python >= 3.11 and found none on PATH (python3 is" \
@@ -109,6 +109,12 @@ connectors: $(PEER_STAMP)
 test: $(STAMP)
 	$(MAKE) -j2 $(PEER_STAMP) $(XLA_STAMP) $(ENGINE_STAMP)
 	$(BIN)/python -m pytest -n auto --dist loadfile
+
+# The inner loop: what a change to one room needs (ROOM=tests/kvref, ...; default every room), without the
+# modules marked slow (tests/conftest.py) or the environments they build. CI runs `make test`.
+ROOM ?= tests
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -n auto --dist loadfile -m "not slow" $(ROOM)
 
 bench: $(STAMP) $(PEER_STAMP)
 	$(BIN)/python -m probes.bench.layout

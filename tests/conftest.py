@@ -45,9 +45,18 @@ FIRST = ("test_ray.py", "test_engine.py", "test_peer.py", "test_outside_iuts.py"
          "test_contract_sequences.py", "test_probe_teeth.py", "test_hardware_adapters.py", "test_real_connectors.py")
 
 
+# Each of these modules takes a minute or more of a worker (its fixtures' runs, environments, clusters, engines):
+# marked slow, so that `make test-quick` (pytest -m "not slow") leaves them to the whole suite.
+SLOW = (*FIRST, "test_contract_restarts.py", "test_contract_long.py", "test_exit_codes.py", "test_reports.py",
+        "test_probe_suite.py", "test_earned_verdicts.py", "test_zygote.py", "test_cli_misuse.py")
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each module keeps its order
+    for item in items:
+        if item.path.name in SLOW:
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_runtest_logreport(report):

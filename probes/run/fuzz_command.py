@@ -200,7 +200,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
                         help="workers (contract; default 2) or sequences (blocks; default 40) per way the manager "
                              "is built")
     parser.add_argument("--seconds", type=options.seconds, default=60.0,
-                        help="contract: seconds each worker draws sequences for")
+                        help="contract: seconds each worker draws sequences for (--jobs workers at a time: a "
+                             "campaign of W workers lasts about SECONDS x W / jobs, and its shrinking)")
     parser.add_argument("--long", type=options.positive, default=0, metavar="STEPS",
                         help="contract: one long run of STEPS save/load/unlock/store/rebuild steps per worker, then "
                              "every resource (free chunks, address space, descriptors, threads, shared memory) "

@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 
 import kvref  # noqa: E402
 from probes.bench.timing import best_seconds  # noqa: E402
-from probes.iut import tpu_sync  # noqa: E402
+from probes.iut import JaxSyncManager  # noqa: E402
 from probes.run import netns  # noqa: E402
 
 
@@ -53,7 +53,7 @@ def compare(layers: int, repeats: int, no_namespace: str | None) -> None:
         ("reference", "h2d"): lambda: reference.h2d(host, perm).result(),
     }
     if not no_namespace:
-        production = tpu_sync.JaxSyncManager(caches, rows, {}).manager  # as its users build it
+        production = JaxSyncManager(caches, rows, {}).manager  # as its users build it
         timings[("tpu-sync-jax", "d2h")] = lambda: production.d2h(perm, host).Await()
         timings[("tpu-sync-jax", "h2d")] = lambda: production.h2d(host, perm).Await()
     gbps = {key: total / best_seconds(fn, repeats) for key, fn in timings.items()}

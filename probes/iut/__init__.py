@@ -21,12 +21,21 @@ FACE = {
     # How one of its workers is started (probes.iut.launch).
     "python_of": "launch:python_of", "build_missing": "launch:build_missing", "environment": "launch:environment",
     "side_environments": "launch:side_environments",
-    # This machine's TPU, the environments of their own IUTs run in, library builds.
-    "hardware": "hardware", "TpuUnavailable": "hardware:TpuUnavailable", "peer_env": "peer_env",
-    "PEER_ENVS": "peer_env:PEER_ENVS", "builds": "builds",
+    # This machine's TPU (probes.iut.hardware).
+    "TpuUnavailable": "hardware:TpuUnavailable", "NO_TPU": "hardware:NO_TPU", "tpu_visible": "hardware:tpu_visible",
+    "local_generation": "hardware:local_generation", "tpu_devices": "hardware:tpu_devices",
+    "tpu_chips": "hardware:tpu_chips", "holdable_chips": "hardware:holdable_chips",
+    "device_only_standin": "hardware:device_only_standin", "runtime_environment": "hardware:runtime_environment",
+    "local_runtime": "hardware:local_runtime", "google_pci_devices": "hardware:google_pci_devices",
+    # The environments of their own IUTs run in (probes.iut.peer_env), and library builds (probes.iut.builds).
+    "PEER_ENVS": "peer_env:PEER_ENVS", "peer_env": "peer_env:peer_env", "declared_env": "peer_env:declared_env",
+    "create_peer_env": "peer_env:create", "verify_peer_env": "peer_env:verify", "CHECKOUT": "peer_env:REPO",
+    "ensure_build": "builds:ensure", "published_builds": "builds:published", "BuildUnavailable": "builds:BuildUnavailable",
     # What a library offers its callers, read from it (`kvprobe coverage`).
     "Entry": "surface:Entry",
-    # The production library's halves, for a reproducer and the peer benchmark.
+    # The production library's manager, for the peer benchmark.
+    "JaxSyncManager": "tpu_sync:JaxSyncManager",
+    # Whole modules, only where a caller reads their source: a reproducer copies parts of these.
     "tpu_sync": "tpu_sync", "jax_arrays": "jax_arrays",
 }
 __all__ = sorted(FACE)

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-from probes.iut import builds
+from probes.iut import ensure_build, published_builds
 from probes.run import options
 from probes.run.runner import run_case
 from probes.run.subcommand import Command
@@ -72,10 +72,10 @@ def between(published: list[str], old: str, new: str) -> list[str]:
 
 def bisect_case(case: Case, library: str, old: str, new: str, progress=None) -> Bisection:
     """`case` (its IUT a bare name with builds) on the builds from `old` to `new`."""
-    series = between(builds.published(library), old, new)
+    series = between(published_builds(library), old, new)
 
     def verdict_of(version: str) -> Outcome:
-        builds.ensure(library, version)
+        ensure_build(library, version)
         outcome = run_case(dataclasses.replace(case, iut=f"{case.iut}=={version}")).outcome
         if progress:
             progress(version, outcome)

@@ -14,7 +14,8 @@ import pandas as pd
 from kvref import GENERATIONS, Faults
 from kvref.generations import is_shipped
 from kvref.oracle import compiler
-from probes.iut import IUT, builds, hardware, iut, usable_iuts
+from probes.iut import (BuildUnavailable, IUT, device_only_standin, ensure_build, holdable_chips, iut, local_generation,
+                        tpu_devices, tpu_visible, usable_iuts)
 from probes.report import qualification, results, summary
 from probes.report.atomic import write_whole
 from probes.report.results import BASELINE, disagreements
@@ -113,8 +114,8 @@ def prepare(generations, iuts, matrix, probes, timeout, faults, out: Path | None
     for name, declared in resolved.items():  # a build other than the pinned one: installed now, or its cases SKIP
         if declared.build:
             try:
-                builds.ensure(declared.library.distribution, declared.build)
-            except builds.BuildUnavailable as e:
+                ensure_build(declared.library.distribution, declared.build)
+            except BuildUnavailable as e:
                 say(f"[yellow]{name}: {e}; its cases SKIP[/yellow]")
     namespaced = [name for name, declared in resolved.items() if declared.loopback_only]
     if namespaced and (reason := netns.unavailable()):  # said once here, not only in each case's SKIP
@@ -161,9 +162,9 @@ def devices_of(declared: IUT) -> int | None:
     TPU devices for an IUT that owns one (the parent does not open the TPU:
     it counts chips on the PCI bus); unbounded for the others, which make
     their own (a mesh of simulated chips, JAX CPU devices)."""
-    if not declared.owns_device or hardware.device_only_standin():
+    if not declared.owns_device or device_only_standin():
         return None
-    return hardware.tpu_devices()
+    return tpu_devices()
 
 
 def chips_of(declared: IUT) -> int | None:
@@ -171,9 +172,9 @@ def chips_of(declared: IUT) -> int | None:
     machine's TPU chips (counted on the PCI bus, or those the user made
     visible) for an IUT that owns one; None for the others, which make
     their own devices."""
-    if not declared.owns_device or hardware.device_only_standin():
+    if not declared.owns_device or device_only_standin():
         return None
-    return len(hardware.holdable_chips())
+    return len(holdable_chips())
 
 
 def record(found, run_id: str, out: Path) -> pd.DataFrame:
@@ -299,7 +300,7 @@ def qualify(new: str, old: str, matrix: str, jobs, timeout, out: Path, console) 
 def hardware_iuts(generation: str) -> list[str]:
     """The hardware IUTs that run on this machine's TPU, when it is `generation`."""
 
-    if not hardware.tpu_visible() or hardware.local_generation() != generation:
+    if not tpu_visible() or local_generation() != generation:
         return []
     return [name for name, declared in usable_iuts().items() if declared.owns_device
             and declared.runs_on(generation)]

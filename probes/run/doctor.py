@@ -15,7 +15,8 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from probes.iut import PEER_ENVS, hardware, iut as resolve, usable_iuts
+from probes.iut import (NO_TPU, PEER_ENVS, TpuUnavailable, google_pci_devices, holdable_chips, iut as resolve,
+                         local_runtime, tpu_chips, tpu_devices, usable_iuts)
 from probes.run import options
 from probes.run.iuts_command import can_run_here
 from probes.run.subcommand import Command
@@ -62,22 +63,22 @@ def diagnose(names: list[str] | None = None, echo: bool = False) -> Diagnosis:
             d.say(f"  - {p}")
     else:
         d.say(f"{HARDWARE_RUN} would " + ("run the hardware cases" if generation
-                                         else f"skip every hardware case: {hardware.NO_TPU}"))
+                                         else f"skip every hardware case: {NO_TPU}"))
     return d
 
 
 def _tpu(d: Diagnosis) -> str | None:
-    devices, chips = hardware.google_pci_devices(), hardware.tpu_chips()
+    devices, chips = google_pci_devices(), tpu_chips()
     d.say("TPU")
     d.say(f"  Google PCI devices: {', '.join(devices) or 'none'}")
     if not chips:
-        d.say(f"  {hardware.NO_TPU}")
+        d.say(f"  {NO_TPU}")
         return None
-    counted = hardware.tpu_devices()
+    counted = tpu_devices()
     d.say(f"  TPU chips on the PCI bus: {', '.join(chips)} ({counted} devices)")
     try:
-        generation, opened = hardware.local_runtime()
-    except hardware.TpuUnavailable as e:
+        generation, opened = local_runtime()
+    except TpuUnavailable as e:
         d.problem(str(e))
         return None
     d.say(f"  generation: {generation}; its runtime opened {opened} devices")
@@ -134,7 +135,7 @@ def _iuts(d: Diagnosis, generation: str | None, names: list[str] | None) -> None
     with ThreadPoolExecutor(max_workers=4) as pool, ThreadPoolExecutor(max_workers=1) as owners:
         answers = {name: (owners if i.owns_device else pool).submit(
             can_run_here, i, generation if on_this_tpu[name] else None) for name, i in declared.items()}
-    chips = len(hardware.holdable_chips()) if generation else None  # each a producer's or consumer's own
+    chips = len(holdable_chips()) if generation else None  # each a producer's or consumer's own
     for name, iut in declared.items():
         version, reason = answers[name].result()
         applies = [p for p, probe in PROBES.items() if probe.scope != Scope.FUZZ and matrix.applies(iut, p, chips)]

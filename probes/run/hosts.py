@@ -39,10 +39,10 @@ def this_host(labels: dict | None = None) -> tuple[str, str]:
     else from the TPU VM's environment, else from its tpu-env metadata."""
     accelerator = (labels or {}).get(RAY_ACCELERATOR_LABEL) or os.environ.get(TPU_TYPE_VARIABLE, "")
     if not accelerator:
-        from probes.iut import TpuUnavailable, hardware
+        from probes.iut import TpuUnavailable, runtime_environment
 
         try:
-            accelerator = dict(hardware.runtime_environment()).get(TPU_TYPE_VARIABLE, "")
+            accelerator = dict(runtime_environment()).get(TPU_TYPE_VARIABLE, "")
         except TpuUnavailable:  # the case that needed it says why
             accelerator = ""
     return socket.gethostname(), generation_of_accelerator(accelerator)

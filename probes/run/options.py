@@ -69,11 +69,11 @@ def meant(name: str) -> str:
 
 def local_generation() -> str:
     """`local`: the TPU generation of this machine."""
-    from probes.iut import hardware
+    from probes.iut import NO_TPU, local_generation as this_machines
 
-    generation = hardware.local_generation()
+    generation = this_machines()
     if generation is None:
-        raise argparse.ArgumentTypeError(f"'local': {hardware.NO_TPU}")
+        raise argparse.ArgumentTypeError(f"'local': {NO_TPU}")
     return generation
 
 

@@ -20,18 +20,18 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from probes.iut import iut, peer_env
+    from probes.iut import create_peer_env, declared_env, iut, peer_env, verify_peer_env
 
-    env = peer_env.peer_env(args.lib) if args.iut is None else peer_env.declared_env(iut(args.iut).interpreter)
+    env = peer_env(args.lib) if args.iut is None else declared_env(iut(args.iut).interpreter)
     if env is None:
         raise ValueError(f"{args.iut} runs in {iut(args.iut).interpreter}, not an environment kvprobe builds")
     if args.check:
         python = env.python()
         if python is None:
             raise ValueError(env.missing())
-        found = peer_env.verify(env, python)
+        found = verify_peer_env(env, python)
     else:
-        found = peer_env.create(env)
+        found = create_peer_env(env)
     print(f"{env.name} peer environment ok: " + ", ".join(f"{k} {v}" for k, v in found.items()))
     return 0
 

@@ -130,15 +130,15 @@ class KvprobeRun:
         return parse(value) if isinstance(value, str) and parse is not None else value
 
     def _generations(self, name: str) -> list[str]:
-        from probes.iut import hardware, iut
+        from probes.iut import iut, local_generation, tpu_visible
         from probes.run import options
 
         declared, given = iut(name), self.config.getoption("kvprobe_generation")
         if declared.owns_device and (given is None or given == "local"):
             # Without a TPU its items are made on a target anyway, to skip with the one reason.
-            if not hardware.tpu_visible():
+            if not tpu_visible():
                 return [declared.targets[0]]
-            local = hardware.local_generation()
+            local = local_generation()
             if not declared.runs_on(local):  # this TPU is not one of its targets: one skipped item says so
                 self.not_run.append((name, f"{name} does not run on this {local} TPU: it runs on "
                                      f"{', '.join(declared.targets)}"))
@@ -288,13 +288,13 @@ class CaseItem(pytest.Item):
             self.add_marker(pytest.mark.timeout(item_timeout(case, self.config.getini("timeout"))))
 
     def runtest(self):
-        from probes.iut import hardware
+        from probes.iut import NO_TPU, tpu_visible
         from probes.run.forked import kill_live
         from probes.suite.predict import prediction
 
-        tpu_here = hardware.tpu_visible()
+        tpu_here = tpu_visible()
         if self.on_hardware and not tpu_here:
-            pytest.skip(hardware.NO_TPU)  # one reason for every hardware case
+            pytest.skip(NO_TPU)  # one reason for every hardware case
         try:
             result = self.run.result_of(self)
         except BaseException as e:  # pytest-timeout or Ctrl-C: no worker outlives its item (it would hold the TPU)

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 import kvref
-from probes.iut import iut, jax_arrays, peer_env, tpu_sync
+from probes.iut import CHECKOUT, declared_env, iut, jax_arrays, tpu_sync
 from probes.run import netns
 from probes.run.findings import read_finding
 from probes.suite import block_model, call_sequence, refusals
@@ -238,9 +238,9 @@ def _reproducer_python(interpreter) -> str:
     """The IUT's interpreter as the reproducer names it: relative to the repository where it lies in it."""
     if interpreter == "main":
         return ".venv/bin/python"
-    env = peer_env.declared_env(interpreter)
+    env = declared_env(interpreter)
     python = Path(interpreter) if env is None else env.venv / "bin" / "python"
-    return str(python.relative_to(peer_env.REPO)) if python.is_relative_to(peer_env.REPO) else str(python)
+    return str(python.relative_to(CHECKOUT)) if python.is_relative_to(CHECKOUT) else str(python)
 
 
 def render(path: Path, option_set: int = 0) -> str:

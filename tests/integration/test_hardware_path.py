@@ -301,7 +301,7 @@ def test_doctor_on_a_tpu_vm_fails_for_the_harness_reasons(monkeypatch, tmp_path,
             raise opens
         return opens, 1
 
-    monkeypatch.setattr(hardware, "local_runtime", local_runtime)
+    monkeypatch.setattr(doctor, "local_runtime", local_runtime)  # where the doctor looks it up
     missing = "the jax peer environment (tpu-sync-jax) is not installed"
     monkeypatch.setattr(doctor, "can_run_here", lambda declared, target=None:
                         ("1.0", "" if starts or not declared.owns_device else missing))

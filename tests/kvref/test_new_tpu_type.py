@@ -109,12 +109,11 @@ def test_production_rows_are_held_to_the_prediction_not_compared_across_types(qu
 
 
 def test_qualify_adds_the_hardware_libraries_only_on_a_tpu_of_the_new_type(monkeypatch):
-    from probes.iut import hardware
     from probes.run import command
 
-    monkeypatch.setattr(hardware, "tpu_visible", lambda: True)
-    monkeypatch.setattr(hardware, "local_generation", lambda: "v4")
+    monkeypatch.setattr(command, "tpu_visible", lambda: True)  # where the run looks the machine's TPU up
+    monkeypatch.setattr(command, "local_generation", lambda: "v4")
     assert command.hardware_iuts("v4") == ["tpu-sync-jax-tpu", "tpu-sync-torch-tpu"]
     assert command.hardware_iuts("v5e") == []
-    monkeypatch.setattr(hardware, "tpu_visible", lambda: False)
+    monkeypatch.setattr(command, "tpu_visible", lambda: False)
     assert command.hardware_iuts("v4") == []

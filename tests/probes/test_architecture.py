@@ -163,6 +163,16 @@ def test_the_rooms_left_of_probes_iut_reach_it_through_its_face_alone():
     assert all(getattr(probes.iut, name) is not None for name in FACE)  # each name on the face resolves
 
 
+def test_the_face_hands_out_names_and_a_whole_module_only_where_its_source_is_read():
+    from probes.iut import FACE
+
+    modules = sorted(name for name, where in FACE.items() if ":" not in where)
+    assert modules == ["jax_arrays", "tpu_sync"], modules  # a reproducer copies parts of their source
+    readers = sorted(name for name, text in SOURCES.items()
+                     if room(name) in THROUGH_THE_FACE and re.search(r"from probes\.iut import .*\btpu_sync\b", text))
+    assert readers == ["probes.run.reproducers"], readers
+
+
 def test_no_import_circle():
     assert find_circle(probe_edges(SOURCES)) is None
     planted = {**SOURCES, "probes.suite.cases": SOURCES["probes.suite.cases"]

@@ -162,8 +162,8 @@ def register(session: Session, index: int, step: dict) -> None:
                   lambda: w.managers[0].register_read(step["req"], step["uuid"], step["blocks"]))
     if said is REFUSED:
         return
-    if said is False:  # register_read says no: a refusal
-        if valid:
+    if said is False:  # register_read says no: a refusal, which the judgment may allow
+        if judgment.must == Must.DO:
             raise Broken(ERROR, f"register_read {step['req']} {step['blocks']}: False for a valid registration")
         return
     if not valid:

@@ -276,7 +276,9 @@ def device_env(env: dict[str, str]) -> dict[str, str]:
 # host's and each process holds chips no other opens.
 VISIBLE_CHIPS = standin_vm.VISIBLE_CHIPS
 HOST_BOUNDS_VARIABLES = standin_vm.RUNTIME_VARIABLES[2:]
-FIRST_PROCESS_PORT = 8476  # libtpu's default TPU_PROCESS_PORT
+# The first TPU_PROCESS_PORT of a process that holds some chips, as Cloud TPU's multi-process guide numbers
+# them; libtpu's own default is 8471, which a process holding the whole host keeps.
+FIRST_PROCESS_PORT = 8476
 
 
 def holdable_chips() -> list[str]:

@@ -43,6 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import kvref
+
 REPO = Path(__file__).resolve().parents[2]
 MODES = ("baseline", "offload", "disagg")
 BLOCK = 16
@@ -111,6 +113,11 @@ class Mode:
                              f"(a FAULT for offload or disagg), each CONFIG at most once: tpN (N from 1 to 8), "
                              f"a model dtype ({', '.join(MODEL_DTYPES)}), a KV cache dtype ({', '.join(KV_DTYPES)}) "
                              f"or {MLA}")
+        if fault:  # a fault model kvref has, checked before any model is written or engine started
+            try:
+                kvref.Faults.parse([fault], environ={})
+            except ValueError as e:
+                raise ValueError(f"mode {text!r}: {str(e).split('; expected')[0]}") from None
         return cls(kind, tps[0] if tps else 1, kv_dtypes[0] if kv_dtypes else "auto", fault,
                    dtypes[0] if dtypes else "float32", bool(mla))
 
@@ -276,6 +283,12 @@ def in_namespace(python: str, mode: str, model: Path, out: Path) -> dict:
     return {**json.loads(out.read_text()), "wall_s": wall}
 
 
+def _jobs(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 8:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of modes from 1 to 8")
+    return int(text)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=REPO / "reports/cpu/engine.json")
@@ -286,7 +299,7 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", default=",".join(MODES),
                         help="comma-separated, each KIND[@CONFIG...][+FAULT]; each is compared with the baseline "
                              "of its configuration")
-    parser.add_argument("--jobs", type=int, default=1, help="modes run at once")
+    parser.add_argument("--jobs", type=_jobs, default=1, help="modes run at once (1 to 8)")
     args = parser.parse_args(argv)
     for mode in (args.one or args.modes).split(","):
         try:

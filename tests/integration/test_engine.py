@@ -167,3 +167,19 @@ def test_a_mode_names_its_path_configuration_and_fault_and_is_refused_otherwise(
                  "offload@bf16@bf16", "offload@mla@mla"):
         with pytest.raises(ValueError, match="expected KIND"):
             driver.Mode.parse(text)
+    with pytest.raises(ValueError, match=r"unknown fault model\(s\) \['pull_writen_one_block_off'\] \(did you mean "
+                                         r"'pull_written_one_block_off'\?\)$"):
+        driver.Mode.parse("disagg+pull_writen_one_block_off")
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--modes", "offload+saves_neighbouring_blok"], "unknown fault model(s) ['saves_neighbouring_blok']"),
+    (["--jobs", "0"], "expected a whole number of modes from 1 to 8"),
+    (["--jobs=--"], "expected a whole number of modes from 1 to 8"),
+])
+def test_the_engine_driver_refuses_a_bad_option_in_one_line_before_writing_anything(tmp_path, argv, said):
+    done = subprocess.run([sys.executable, "-m", "tests.engine.driver", "--models", str(tmp_path / "models"),
+                           "--out", str(tmp_path / "engine.json"), *argv], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert not list(tmp_path.iterdir())  # no model written, no summary

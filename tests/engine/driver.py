@@ -301,6 +301,9 @@ def main(argv=None) -> int:
                              "of its configuration")
     parser.add_argument("--jobs", type=_jobs, default=1, help="modes run at once (1 to 8)")
     args = parser.parse_args(argv)
+    for name, value in vars(args).items():  # argparse takes `--NAME=--` as an empty list, never asking its type
+        if isinstance(value, list):
+            parser.error(f"--{name}: no value (`--` is not one)")
     for mode in (args.one or args.modes).split(","):
         try:
             Mode.parse(mode)

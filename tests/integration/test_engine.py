@@ -175,7 +175,8 @@ def test_a_mode_names_its_path_configuration_and_fault_and_is_refused_otherwise(
 @pytest.mark.parametrize("argv, said", [
     (["--modes", "offload+saves_neighbouring_blok"], "unknown fault model(s) ['saves_neighbouring_blok']"),
     (["--jobs", "0"], "expected a whole number of modes from 1 to 8"),
-    (["--jobs=--"], "expected a whole number of modes from 1 to 8"),
+    (["--jobs=--"], "--jobs: no value (`--` is not one)"),
+    (["--modes=--"], "--modes: no value (`--` is not one)"),
 ])
 def test_the_engine_driver_refuses_a_bad_option_in_one_line_before_writing_anything(tmp_path, argv, said):
     done = subprocess.run([sys.executable, "-m", "tests.engine.driver", "--models", str(tmp_path / "models"),

@@ -28,7 +28,7 @@ FACE = {
     "device_only_standin": "hardware:device_only_standin", "runtime_environment": "hardware:runtime_environment",
     "local_runtime": "hardware:local_runtime", "google_pci_devices": "hardware:google_pci_devices",
     # The environments of their own IUTs run in (probes.iut.peer_env), and library builds (probes.iut.builds).
-    "PEER_ENVS": "peer_env:PEER_ENVS", "peer_env": "peer_env:peer_env", "declared_env": "peer_env:declared_env",
+    "PEER_ENVS": "peer_env:PEER_ENVS", "peer_env_named": "peer_env:peer_env", "declared_env": "peer_env:declared_env",
     "create_peer_env": "peer_env:create", "verify_peer_env": "peer_env:verify", "CHECKOUT": "peer_env:REPO",
     "ensure_build": "builds:ensure", "published_builds": "builds:published", "BuildUnavailable": "builds:BuildUnavailable",
     # What a library offers its callers, read from it (`kvprobe coverage`).

@@ -20,9 +20,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from probes.iut import create_peer_env, declared_env, iut, peer_env, verify_peer_env
+    from probes.iut import create_peer_env, declared_env, iut, peer_env_named, verify_peer_env
 
-    env = peer_env(args.lib) if args.iut is None else declared_env(iut(args.iut).interpreter)
+    env = peer_env_named(args.lib) if args.iut is None else declared_env(iut(args.iut).interpreter)
     if env is None:
         raise ValueError(f"{args.iut} runs in {iut(args.iut).interpreter}, not an environment kvprobe builds")
     if args.check:

@@ -5,6 +5,7 @@ on a planted violation. And the steps ARCHITECTURE.md gives for a new TPU
 generation and a new probe take the places it says."""
 
 import ast
+import importlib
 import re
 import sys
 from pathlib import Path
@@ -161,6 +162,10 @@ def test_the_rooms_left_of_probes_iut_reach_it_through_its_face_alone():
     import probes.iut
 
     assert all(getattr(probes.iut, name) is not None for name in FACE)  # each name on the face resolves
+    for name, where in FACE.items():  # to what it names: a name that is also a module's is that module once loaded
+        module, _, attribute = where.partition(":")
+        loaded = importlib.import_module(f"probes.iut.{module}")
+        assert getattr(probes.iut, name) is (getattr(loaded, attribute) if attribute else loaded), name
 
 
 def test_the_face_hands_out_names_and_a_whole_module_only_where_its_source_is_read():

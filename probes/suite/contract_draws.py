@@ -281,5 +281,6 @@ def _plan(rng, session: Session, parts: Parts) -> dict:
 DRAWS = {"transfer": _transfer, "save": _save, "wait": _wait, "load": _load, "unlock": _unlock, "fill": _fill,
          "model_step": _model_step, "rebuild": _rebuild, "hold": _hold, "fail_copies": _fail_copies, "check": _check,
          "concurrent": _concurrent, "store_call": _store_call, "plan": _plan,
-         "build_refused": _build_refused, "pulls": lambda rng, session, parts: draw_restart(session) or draw_pull_step(rng, session),
+         "build_refused": _build_refused,
+         "pulls": lambda rng, session, parts: draw_restart(session) or draw_pull_step(rng, session),
          "hosts": lambda rng, session, parts: draw_host_step(rng, session)}

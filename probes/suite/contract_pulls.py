@@ -308,12 +308,10 @@ def drop_producer(session: Session, index: int, step: dict) -> None:
     land or fail but must settle; a new producer over the same caches
     takes its place."""
     w = world(session)
-    for p in w.pulls.values():
-        if not p.settled and p.expect == DONE:
-            p.expect = EITHER
     if isinstance(w.managers[0], ManagerProcess):  # the same settings, in a process again
         replace_producer(session, w, "close", w.keys[0], w.port, step.get("seed", index))
         return
+    _producer_goes(w)
     for cache in w.caches[0] if session.iut.backend == "sim" else ():
         cache.release_dma_hold()  # copies held for the pull go on, and meet a producer closing
     w.lib.close_manager(w.managers[0])
@@ -325,15 +323,20 @@ def drop_producer(session: Session, index: int, step: dict) -> None:
     w.sent.clear()
 
 
+def _producer_goes(w: PullWorld) -> None:
+    """A pull in flight from a producer that goes may land or fail."""
+    for p in w.pulls.values():
+        if not p.settled and p.expect == DONE:
+            p.expect = EITHER
+
+
 def replace_producer(session: Session, w: PullWorld, how: str, key: kvref.ShapeKey, port: int, seed: int) -> None:
     """The producer goes (`how`: "kill", SIGKILL where it is a process of its
     own; "close", as its library closes a manager), and one in a process of
     its own takes its place: caches of `key` whose layers hold random_host of
     seed, seed + 1, a manager on `port` (0: one it picks). Pulls in flight
     may land or fail; registrations go with the producer."""
-    for p in w.pulls.values():
-        if not p.settled and p.expect == DONE:
-            p.expect = EITHER
+    _producer_goes(w)
     _replace(session, w, 0, how, key, port, seed)
     w.registrations.clear()
     w.sent.clear()
@@ -424,8 +427,7 @@ def _wrong_blocks(session: Session, w: PullWorld, n: int, layer: int) -> list[in
     """The blocks of manager `n`'s layer that differ from the model, read where its caches live."""
     manager = w.managers[n]
     if isinstance(manager, ManagerProcess):
-        held = session.blocks_of(w.keys[n], manager.fetch(layer))
-        return [b for b, (have, want) in enumerate(zip(held, w.blocks[n][layer])) if have != want]
+        return session.wrong_in(w.keys[n], manager.fetch(layer), w.blocks[n][layer])
     return session.wrong_blocks(w.keys[n], w.caches[n][layer], w.blocks[n][layer])
 
 

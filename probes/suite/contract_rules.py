@@ -118,8 +118,11 @@ class Session:
 
     def wrong_blocks(self, key: kvref.ShapeKey, cache, expected: list[bytes]) -> list[int]:
         """The blocks of a cache of `key` (as its next reader sees them) that differ from `expected`."""
-        got = _rows(kvref.pack(self.iut.fetch(cache), self.iut.layout(key)), key.dims[0])
-        return [b for b, (have, want) in enumerate(zip(got, expected)) if have != want]
+        return self.wrong_in(key, self.iut.fetch(cache), expected)
+
+    def wrong_in(self, key: kvref.ShapeKey, logical: np.ndarray, expected: list[bytes]) -> list[int]:
+        """The blocks of a cache of `key` holding `logical` that differ from `expected`, as this IUT lays them out."""
+        return [b for b, (have, want) in enumerate(zip(self.blocks_of(key, logical), expected)) if have != want]
 
     def close(self) -> None:
         for pending in list(self.pending.values()):

@@ -222,7 +222,8 @@ def applies(session: Session, step: dict, parts: Parts) -> bool:
     if rule == "build_refused":
         return step["shape"] in parts.interleaved
     if rule in PULL_RULES:
-        return parts.pulls and (rule in ("register", "pull", "restart_producer", "restart_consumer") or session.pulls is not None)
+        starts_world = rule in ("register", "pull") or rule in contract_restarts.RULES  # world() builds it
+        return parts.pulls and (starts_world or session.pulls is not None)
     if rule in contract_hosts.RULES:
         return parts.hosts and contract_hosts.applies(session, step)
     return True

@@ -202,6 +202,12 @@ class Faults:
     transfer_time_on_two_clocks: bool = _fault(
         "a transfer's time is its end on the monotonic clock less its start on the wall clock: "
         "every sample is hugely negative, and the histogram's sum falls")
+    times_failed_transfers: bool = _fault(
+        "a failed transfer's time is observed in its histogram, as if it landed: the histogram's "
+        "count runs past the transfers its byte counter counts")
+    pull_bytes_per_stream: bool = _fault(
+        "each stream of a parallel pull counts the whole pull's bytes received, not its own runs': "
+        "a pull of N streams counts N times what crossed")
     duplicate_reports: bool = _fault(
         "poll_stats does not forget what it reported: each settled request is reported on "
         "every poll")

@@ -1,13 +1,17 @@
 """What managers export besides their return values: the process's counters
-of the bytes their transfers moved, histograms of how long those transfers
-took, and the gauge of the host pools they hold, under the production
-library's metric names (a serving stack's dashboards read either), as
-Prometheus text rendered by prometheus_client.
+of the bytes their transfers moved and their pulls sent and received,
+histograms of how long those transfers and pulls took, and the gauge of the
+host pools they hold, under the production library's metric names (a
+serving stack's dashboards read either), as Prometheus text rendered by
+prometheus_client.
 
 A transfer's bytes count, and its time is observed, once it has completed
 successfully: a refused or failed transfer counts nothing. Completion is
 read when the metrics are (a scrape), so a count never runs ahead of what
-landed, and a time is from the transfer's issue until it was seen done."""
+landed, and a time is from the transfer's issue until it was seen done.
+A pull's bytes count as each run of blocks goes out of its producer and
+into its consumer (a pull that fails partway counts what crossed); its
+time is observed once it landed."""
 
 from __future__ import annotations
 
@@ -40,7 +44,10 @@ D2H_TIME = Metric("d2h_transfer_time_ms", "histogram",
 H2D_TIME = Metric("h2d_transfer_time_ms", "histogram",
                   "Milliseconds from a host-to-device transfer's issue until it was seen complete.")
 POOL_BYTES = Metric("buffer_allocated_bytes", "gauge", "Host bytes of the pools of every manager alive in the process.")
-METRICS = (D2H_BYTES, H2D_BYTES, D2H_TIME, H2D_TIME, POOL_BYTES)
+SENT_BYTES = Metric("sent_bytes_total", "counter", "Bytes of blocks producers sent to pulls, as each run went out.")
+RECEIVED_BYTES = Metric("received_bytes_total", "counter", "Bytes of blocks pulls received, as each run came in.")
+PULL_TIME = Metric("transfer_duration_ms", "histogram", "Milliseconds from a pull's start until it landed.")
+METRICS = (D2H_BYTES, H2D_BYTES, D2H_TIME, H2D_TIME, POOL_BYTES, SENT_BYTES, RECEIVED_BYTES, PULL_TIME)
 TIME_OF = {D2H_BYTES.name: D2H_TIME.name, H2D_BYTES.name: H2D_TIME.name}  # a transfer's counter -> its histogram
 BUCKETS_MS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, math.inf)
 SWEEP_AT = 64  # transfers tracked before the completed ones are counted without a scrape
@@ -90,6 +97,16 @@ class Ledger:
             if len(self._tracked) >= SWEEP_AT:
                 self._sweep()
 
+    def count(self, metric: Metric, amount: int) -> None:
+        """Bytes that crossed now (a pull's run, sent or received)."""
+        with self._lock:
+            self._totals[metric.name] += amount
+
+    def pull_landed(self, started: float) -> None:
+        """A pull that began at `started` (time.monotonic()) has landed."""
+        with self._lock:
+            self._times[PULL_TIME.name].observe((time.monotonic() - started) * 1000.0)
+
     def pool_opened(self, token: int, nbytes: int, faults: Faults) -> None:
         with self._lock:
             self._pools[token] = nbytes
@@ -127,14 +144,19 @@ class Ledger:
             try:
                 core.rethrow()
             except Exception:  # a failed transfer counts nothing
+                if faults.times_failed_transfers:
+                    self._observe(name, issued, faults)
                 continue
             self._totals[name] += amount
             if token in self._dropping:
                 self._counted[token][name] += amount
-            # transfer_time_on_two_clocks: the start read from the wall clock, the end from the monotonic one
-            start = time.time() - (time.monotonic() - issued) if faults.transfer_time_on_two_clocks else issued
-            self._times[TIME_OF[name]].observe((time.monotonic() - start) * 1000.0)
+            self._observe(name, issued, faults)
         self._tracked = kept
+
+    def _observe(self, counter: str, issued: float, faults: Faults) -> None:
+        # transfer_time_on_two_clocks: the start read from the wall clock, the end from the monotonic one
+        start = time.time() - (time.monotonic() - issued) if faults.transfer_time_on_two_clocks else issued
+        self._times[TIME_OF[counter]].observe((time.monotonic() - start) * 1000.0)
 
 
 LEDGER = Ledger()

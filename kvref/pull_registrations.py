@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from kvref import metrics
 from kvref.faults import Faults
 from kvref.listener import grpc_module as _grpc
 from kvref.offsets import block_list, id_problem
@@ -155,6 +156,7 @@ class Registrations:
         labels = dict(zip(served, wanted)) if own_parts else {part: part for part in wanted}
         for (layer, part, position), data in self._staging.read(list(request.block_ids), list(labels), deadline):
             yield PullReply(block=BlockBytes(layer=layer, shard=labels[part], position=position, data=data))
+            metrics.LEDGER.count(metrics.SENT_BYTES, len(data))  # taken by gRPC: it went out
         with self._lock:  # the stream ran to its end: these parts of these blocks were sent
             for part in labels.values():
                 registration.sent.setdefault(part, set()).update(request.block_ids)

@@ -41,6 +41,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from kvref import metrics
 from kvref.endpoints import Route, routes
 from kvref.faults import Faults
 from kvref.listener import Listener, grpc_module as _grpc, layers_mismatch, peer_channel
@@ -85,6 +86,7 @@ class Pull:
     record: PullRecord | None = None  # what telemetry keeps of it
     cancelled: bool = False  # its streams were ended by its own deadline or a failed stream
     landed: tuple | None = None  # (local blocks, the bytes written): see _confirm
+    began: float = field(default_factory=time.monotonic)  # start_read's time, for the pull's time metric
 
 
 class PullService:
@@ -312,7 +314,6 @@ class PullService:
             wait = min(2 * wait, BUSY_LONGEST_WAIT_S)
 
     def _fetch_once(self, pull: Pull, route: Route, span: tuple[int, int]) -> dict:
-        grpc = _grpc()
         first, end = span
         # A run of the producer's never holds more blocks than the pull asked for.
         with peer_channel(route.address, (end - first) * max(self.layer_block_bytes)) as channel:
@@ -336,8 +337,12 @@ class PullService:
             expected = {(layer, part, i) for layer in range(len(self.layer_parts)) for part in parts
                         for i in range(first, end)}
             received = {}
+            if self._faults.pull_bytes_per_stream:  # each stream counts the whole pull's bytes
+                metrics.LEDGER.count(metrics.RECEIVED_BYTES, self._pull_bytes(len(pull.remote)))
             for reply in replies:
                 run = reply.block
+                if not self._faults.pull_bytes_per_stream:
+                    metrics.LEDGER.count(metrics.RECEIVED_BYTES, len(run.data))
                 size = self.layer_block_bytes[run.layer] if 0 <= run.layer < len(self.layer_parts) else 0
                 count = len(run.data) // size if size and len(run.data) % size == 0 else 0
                 keys = [(run.layer, run.shard, first + run.position + j) for j in range(count)]
@@ -381,8 +386,10 @@ class PullService:
                 del self._pulls[pull.req_id]
             if not done:
                 self._note_failure(pull.req_id, reason)
-            elif pull.landed is not None:
-                self._landed[pull.req_id] = pull.landed
+            else:
+                metrics.LEDGER.pull_landed(pull.began)
+                if pull.landed is not None:
+                    self._landed[pull.req_id] = pull.landed
             if not self._faults.pull_never_reports:
                 (self._done_recving if done else self._failed_recving).append(pull.req_id)
 

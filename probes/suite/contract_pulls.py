@@ -74,6 +74,8 @@ class Pull:
     consumer: int  # 0: the consumer of the same geometry; 1: the one whose blocks differ
     expect: str
     source: list[list[bytes]]  # per layer, the producer's remote blocks when it began (its producer may go)
+    index: int = -1  # the step that started it: its key in the export model
+    served: bool = True  # the producer had (or was to have) what it asks for: some bytes may cross
     settled: str = ""
 
 
@@ -210,17 +212,23 @@ def pull(session: Session, index: int, step: dict) -> None:
     if step.get("drop") and session.iut.backend == "sim":  # slow the producer's copies, so it goes mid-pull
         for cache in w.caches[0] or ():
             session.iut.hold_copies(cache, 0.5)
+    served = registered is not None or bool(step.get("early")) or any(
+        p.uuid == uuid and not p.settled for p in w.pulls.values())
     started = judged(session, judgment, f"start_read {step['req']} uuid {uuid} {step['remote']} -> {step['local']}",
                      lambda: w.managers[1 + consumer].start_read(step["req"], uuid, endpoint, step["remote"],
                                                                  step["local"], step.get("parallelism", 1)))
     if started is REFUSED:
         return
     exported(session, lambda e: _may_count(e, session, w, len(step["local"]), consumer))
+    exported(session, lambda e: e.pull_begun(("pull", index), pull_bytes([w.keys[0]] * len(w.blocks[0]),
+                                                                         len(step["remote"])),
+                                             w.caches[0] is not None, w.caches[1 + consumer] is not None))
     if registered is not None and expect != FAILED:
         w.pulled.add(uuid)
         del w.registrations[uuid]
     source = [[layer[r] if 0 <= r < len(layer) else b"" for r in step["remote"]] for layer in w.blocks[0]]
-    w.pulls[step["req"]] = Pull(uuid, list(step["remote"]), list(step["local"]), consumer, expect, source)
+    w.pulls[step["req"]] = Pull(uuid, list(step["remote"]), list(step["local"]), consumer, expect, source, index,
+                                served)
     w.started.append((step["req"], w.pulls[step["req"]]))
     if step.get("drop"):  # the producer dies in the middle of the pull
         drop_producer(session, index, step)
@@ -242,7 +250,8 @@ def _may_count(exports, session: Session, w: PullWorld, blocks: int, consumer: i
     the producer's read of its blocks (d2h), the consumer's write (h2d)."""
     for d2h, n in ((True, 0), (False, 1 + consumer)):
         if w.caches[n] is not None:  # a producer in a process of its own counts there
-            exports.maybe(d2h, blocks * session.block_bytes(w.keys[n]) * len(w.caches[n]))
+            layers = len(w.caches[n])  # its time: up to a sample per block of each layer
+            exports.maybe(d2h, blocks * session.block_bytes(w.keys[n]) * layers, blocks * layers)
 
 
 def _late_by(step: dict) -> float:
@@ -387,9 +396,9 @@ def expire(session: Session, index: int, step: dict) -> None:
     # Polling as it waits, as an engine's loop asks get_finished every iteration while these wait to be pulled
     # (and as kvref's managers follow caches a step took on the caller's thread).
     until = time.monotonic() + max(0.0, min(max(due.values()) - time.monotonic(), PRODUCER_TIMEOUT_S + EXPIRY_MARGIN_S))
-    wait_for(lambda: _poll(w) or time.monotonic() >= until, PRODUCER_TIMEOUT_S + EXPIRY_MARGIN_S, 0.05)
+    wait_for(lambda: _poll(session, w) or time.monotonic() >= until, PRODUCER_TIMEOUT_S + EXPIRY_MARGIN_S, 0.05)
     wanted = {w.registered_by[uuid] for uuid in due}
-    wait_for(lambda: _poll(w) or wanted <= w.sent, EXPIRY_GRACE_S, POLL_S)
+    wait_for(lambda: _poll(session, w) or wanted <= w.sent, EXPIRY_GRACE_S, POLL_S)
     kept = sorted(wanted - w.sent)
     if kept:
         raise Broken(ERROR, f"registrations of {kept[:4]} were not told done sending "
@@ -405,9 +414,9 @@ def settle(session: Session, index: int, step: dict) -> None:
     """Poll until every pull settled: each exactly once, as the model says,
     within its timeout; then the consumers' blocks against the model."""
     w = world(session)
-    wait_for(lambda: _poll(w) or all(p.settled for p in w.pulls.values()), SETTLE_S, POLL_S)
+    wait_for(lambda: _poll(session, w) or all(p.settled for p in w.pulls.values()), SETTLE_S, POLL_S)
     for _ in range(3):  # a few polls more: nothing is reported again
-        _poll(w)
+        _poll(session, w)
     open_ = [req for req, p in w.pulls.items() if not p.settled]
     if open_:
         raise Broken(ERROR, f"pulls {open_[:4]} never settled within {SETTLE_S} s (timeout_s {TIMEOUT_S})")
@@ -458,7 +467,7 @@ def _check_telemetry(w: PullWorld, consumer: int) -> None:
                 raise Broken(ERROR, f"consumer {consumer}'s record of {req!r} (uuid {uuid}): {problem}")
 
 
-def _poll(w: PullWorld) -> None:
+def _poll(session: Session, w: PullWorld) -> None:
     sending, _, _ = w.managers[0].poll_stats()
     for req in sending:
         if req in w.sent:
@@ -482,6 +491,7 @@ def _poll(w: PullWorld) -> None:
                 raise Broken(ERROR, f"{req} (uuid {p.uuid}, {p.remote} -> {p.local}) reported {how}{why}; "
                                     f"the model says {p.expect}")
             p.settled = how
+            exported(session, lambda e: e.pull_ended(("pull", p.index), how == DONE, p.served))
             if how == DONE:
                 for layer, blocks in enumerate(w.blocks[1 + consumer]):
                     for row, l in zip(p.source[layer], p.local):

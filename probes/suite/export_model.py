@@ -3,12 +3,22 @@ a projection of the contract model, judged after every step.
 
 Counters (kvref.metrics' names, which are the production library's): the
 bytes of transfers that completed successfully since the sequence began,
-every layer's block counted. The model knows each as a range: what landed
-for sure, up to that plus what is still in flight or ended in a way the
-model leaves open (a request of no blocks may copy the whole cache; a pull
-may count its bytes as a device transfer on either side, once). A refused
-or failed transfer counts nothing; a host-to-host transfer moves no device
-bytes.
+every layer's block counted; and each counter's histogram of transfer
+times, one sample per such transfer (a call, whatever its blocks and
+layers). The model knows each as a range: what landed for sure, up to
+that plus what is still in flight or ended in a way the model leaves open
+(a request of no blocks may copy the whole cache; a pull may count as a
+device transfer on either side, once, its time in samples of the library's
+choosing). A refused or failed transfer counts nothing, in bytes or
+samples; a host-to-host transfer moves no device bytes.
+
+The network counters: the bytes of blocks pulls sent (where the producer
+is in the process) and received (where the consumer is), exactly those of
+each pull that landed; of a pull that failed, what crossed before it did
+(open), and nothing where the producer had nothing the pull asked for. A
+host-to-host transfer may count its bytes there too. The pull histogram:
+one sample per pull that landed on a consumer in the process, none for
+one that failed.
 
 The pool gauge: the host pools of every manager alive in the process (the
 sequence's, and its host managers'). A pull manager's pool is the
@@ -36,12 +46,13 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from kvref.metrics import D2H_BYTES, H2D_BYTES, POOL_BYTES
+from kvref.metrics import D2H_BYTES, H2D_BYTES, POOL_BYTES, PULL_TIME, RECEIVED_BYTES, SENT_BYTES, TIME_OF
 from kvref.polling import wait_for
 
 LAG_S = 2.0
 POLL_S = 0.01
-COUNTERS = (D2H_BYTES.name, H2D_BYTES.name)
+COUNTERS = (D2H_BYTES.name, H2D_BYTES.name, SENT_BYTES.name, RECEIVED_BYTES.name)
+NETWORK = (SENT_BYTES.name, RECEIVED_BYTES.name)
 BUCKET = re.compile(r'^(?P<base>.+)_bucket\{le="(?P<le>[^"]+)"\}$')  # as probes.iut.exports names a bucket
 SIZES = re.compile(r"_(ms|us|seconds|bytes)$")  # a histogram of durations or sizes: no sample is below zero
 
@@ -77,8 +88,9 @@ def broken(before: dict | None, now: dict) -> str | None:
 
 @dataclass
 class Span:
-    """A counter's bytes since the sequence began: `settled` for sure, and
-    each open amount that may or may not be in it yet."""
+    """A count since the sequence began (a counter's bytes, a histogram's
+    samples): `settled` for sure, and each open amount that may or may not
+    be in it yet."""
 
     settled: int = 0
     open: dict = field(default_factory=dict)  # key -> bytes
@@ -97,6 +109,7 @@ class ExportModel:
         self.baseline = read()
         self.last = self.baseline  # the last scrape read
         self.counters = {name: Span() for name in COUNTERS if name in exported}
+        self.samples = {name: Span() for name in (*TIME_OF.values(), PULL_TIME.name) if name in exported}
         self.pools: dict[object, int] | None = {} if POOL_BYTES.name in exported else None
         self.pools_known = True
         self._keys = itertools.count()
@@ -105,15 +118,13 @@ class ExportModel:
 
     def begun(self, key, d2h: bool, nbytes: int) -> None:
         """A transfer the manager accepted: its bytes count once it lands."""
-        span = self._span(d2h)
-        if span is not None:
-            span.open[key] = nbytes
+        self._open(key, d2h, nbytes, 1)
 
     def ended(self, key, landed: bool) -> None:
-        for span in self.counters.values():
-            nbytes = span.open.pop(key, 0)
+        for span in (*self.counters.values(), *self.samples.values()):
+            amount = span.open.pop(key, 0)
             if landed:
-                span.settled += nbytes
+                span.settled += amount
 
     def moved(self, d2h: bool, nbytes: int) -> None:
         """A transfer that landed, awaited."""
@@ -121,11 +132,44 @@ class ExportModel:
         self.begun(key, d2h, nbytes)
         self.ended(key, True)
 
-    def maybe(self, d2h: bool, nbytes: int) -> None:
-        """Bytes the model leaves open for good: counted or not."""
-        span = self._span(d2h)
-        if span is not None:
-            span.open[("maybe", next(self._keys))] = nbytes
+    def maybe(self, d2h: bool, nbytes: int, samples: int = 1) -> None:
+        """A transfer the model leaves open for good, counted or not: its
+        bytes, and up to `samples` samples of its time (a pull's device side
+        is the library's to split)."""
+        self._open(("maybe", next(self._keys)), d2h, nbytes, samples)
+
+    def pull_begun(self, key, nbytes: int, sent_here: bool, received_here: bool) -> None:
+        """A pull accepted: its `nbytes` cross the network once, counted sent
+        where its producer is in this process, received where its consumer
+        is; once it lands, its time is one sample on the consumer's side."""
+        for name, here in zip(NETWORK, (sent_here, received_here)):
+            if here and name in self.counters:
+                self.counters[name].open[key] = nbytes
+        if received_here and PULL_TIME.name in self.samples:
+            self.samples[PULL_TIME.name].open[key] = 1
+
+    def pull_ended(self, key, landed: bool, crossed_some: bool) -> None:
+        """A pull settled. Landed: every byte crossed, and one sample. Failed:
+        no sample, and of its bytes what crossed before it failed, which the
+        model leaves open; none where the producer had nothing it asked for
+        (`crossed_some` False)."""
+        for name in NETWORK:
+            span = self.counters.get(name)
+            if span is None:
+                continue
+            amount = span.open.pop(key, 0)
+            if landed:
+                span.settled += amount
+            elif crossed_some and amount:
+                span.open[("maybe", next(self._keys))] = amount
+        self.ended(key, landed)
+
+    def may_cross(self, nbytes: int) -> None:
+        """Bytes a host-to-host transfer moves: the network counters may count them."""
+        key = ("maybe", next(self._keys))
+        for name in NETWORK:
+            if name in self.counters:
+                self.counters[name].open[key] = nbytes
 
     def pool(self, key, nbytes: int | None) -> None:
         """A manager built (its pool's bytes), or dropped (None)."""
@@ -138,8 +182,13 @@ class ExportModel:
     def pools_unknown(self) -> None:
         self.pools_known = False
 
-    def _span(self, d2h: bool) -> Span | None:
-        return self.counters.get(D2H_BYTES.name if d2h else H2D_BYTES.name)
+    def _open(self, key, d2h: bool, nbytes: int, samples: int) -> None:
+        """A transfer one way, open: its bytes, and samples of its time."""
+        name = D2H_BYTES.name if d2h else H2D_BYTES.name
+        if name in self.counters:
+            self.counters[name].open[key] = nbytes
+        if TIME_OF[name] in self.samples:
+            self.samples[TIME_OF[name]].open[key] = samples
 
     # --- judging -----------------------------------------------------------
 
@@ -149,11 +198,18 @@ class ExportModel:
         for name, span in self.counters.items():
             grew = now.get(name, 0) - self.baseline.get(name, 0)
             if grew > span.high:
-                return f"{name} grew by {grew:,.0f} bytes, more than the {span.high:,} the transfers may have " \
-                       f"counted ({span.settled:,} landed, {len(span.open)} in flight or open)", False
+                return f"{name} grew by {grew:,.0f} bytes, more than the {span.high:,} the transfers and pulls " \
+                       f"may have counted ({span.settled:,} landed, {len(span.open)} in flight or open)", False
             if grew < span.settled:
-                return f"{name} grew by {grew:,.0f} bytes, less than the {span.settled:,} of transfers that " \
-                       f"landed", True
+                return f"{name} grew by {grew:,.0f} bytes, less than the {span.settled:,} of transfers and pulls " \
+                       f"that landed", True
+        for name, span in self.samples.items():
+            grew = now.get(f"{name}_count", 0) - self.baseline.get(f"{name}_count", 0)
+            if not span.settled <= grew <= span.high:
+                return f"{name} holds {grew:,.0f} more samples, not one per transfer or pull that landed " \
+                       f"({span.settled:,}" \
+                       f"{'' if span.high == span.settled else f' to {span.high:,} with those in flight or open'})", \
+                    grew < span.settled
         if self.pools is not None and self.pools_known:
             gauge, pools = now.get(POOL_BYTES.name, 0), sum(self.pools.values())
             if gauge != pools:

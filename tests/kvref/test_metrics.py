@@ -57,6 +57,20 @@ def test_a_failed_copy_counts_nothing(dev, faults, counted):
     assert grew(before, "d2h_bytes_total") == counted
 
 
+@pytest.mark.parametrize("faults, samples", [((), 2), (("times_failed_transfers",), 3)])
+def test_each_transfer_that_landed_is_one_sample_of_its_time(dev, faults, samples):
+    layer = caches(dev, 2)
+    m = kvref.KVCacheManager(layer, 8, faults=faults)
+    before = scrape()
+    m.d2h([0, 1, 2], [0, 1, 2]).result()  # one transfer of three blocks on two layers: one sample
+    m.d2h([3], [3]).result()
+    layer[0].fail_dma_in(0, BLOCK)
+    with pytest.raises(kvref.DeviceError):
+        m.d2h([0], [4]).result()
+    assert grew(before, "d2h_transfer_time_ms_count") == samples
+    assert grew(before, "d2h_bytes_total") == 4 * 2 * BLOCK
+
+
 @pytest.mark.parametrize("faults", [(), ("gauge_of_last_pool",)])
 def test_the_pool_gauge_is_the_pools_of_every_manager_alive(dev, faults):
     gc.collect()

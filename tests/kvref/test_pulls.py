@@ -654,3 +654,21 @@ def test_a_pull_copy_issued_while_a_simulated_step_computes_the_caches_is_made_a
     physical, row = kvref.pack(host, cache.shape), manager.layer_bytes_per_block[0]
     assert where == (0, 0, 0) and data == bytes(physical[3 * row:4 * row]) + bytes(physical[5 * row:6 * row])
     assert len(looks) >= 3  # the copy at the first look could not be made; the next looks followed the step
+
+
+@pytest.mark.parametrize("faults, streams", [((), 1), ((), 3), (("pull_bytes_per_stream",), 3)])
+def test_a_pull_counts_its_bytes_sent_and_received_once_and_its_time_once_it_landed(device, faults, streams):
+    from tests.kvref.test_metrics import grew, scrape
+
+    (producer, _, _), _ = pair(device)
+    consumer = kvref.KVCacheManager(caches(device, 9)[0], 8, timeout_s=5.0, slice_policy="per_layer", faults=faults)
+    endpoint = producer.get_local_endpoints()[0]["endpoint"]
+    before = scrape()
+    producer.register_read("r", 7, [5, 3, 9])
+    consumer.start_read("r", 7, endpoint, [5, 3, 9], [0, 1, 2], parallelism=streams)
+    consumer.start_read("never", 8, endpoint, [1], [4])  # nothing registered under 8: nothing crosses
+    assert sorted(settle(consumer, ["r", "never"])[1]) == ["r"]
+    pulled = 3 * 3 * KEY.dims[1] * KEY.dims[2] * 2  # three blocks of three layers
+    assert grew(before, "sent_bytes_total") == pulled
+    assert grew(before, "received_bytes_total") == pulled * (streams if faults else 1)
+    assert grew(before, "transfer_duration_ms_count") == 1

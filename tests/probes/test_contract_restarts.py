@@ -4,7 +4,6 @@ place, and the fault models of a consumer that does not survive its
 producer's death are found; the producer's process answers within its
 bounds, or says it is gone."""
 
-import time
 from pathlib import Path
 
 import pytest
@@ -109,10 +108,8 @@ def test_a_killed_producer_is_gone_at_once_and_its_successor_on_its_port_answers
     try:
         assert first.register_read("req-1", 5, [1, 2]) is True
         first.kill()
-        started = time.monotonic()
-        with pytest.raises(ManagerGone, match="gone|ended"):
+        with pytest.raises(ManagerGone, match="process (is gone|ended)"):  # at once, not "did not answer in time"
             first.register_read("req-2", 6, [3])
-        assert time.monotonic() - started < 5.0  # said at once, not after a call's bound
         port = int(first.get_local_endpoints()[0]["endpoint"].rpartition(":")[2])
     finally:
         first.kill()

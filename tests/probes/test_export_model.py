@@ -58,7 +58,7 @@ def test_a_count_that_arrives_late_is_waited_for_and_one_that_never_does_is_a_fi
     assert m.judge() is None
     late.join()
     m.moved(True, 512)
-    assert "less than the 1,024 of transfers that landed" in m.judge()
+    assert "less than the 1,024 of transfers and pulls that landed" in m.judge()
 
 
 def test_the_pool_gauge_is_every_live_pool_until_pull_managers_make_it_unknown():
@@ -115,3 +115,24 @@ def test_a_counter_going_down_is_a_finding_at_once():
     m = model(scrape)
     scrape.values["transfer_failures_total"] = 1.0
     assert "transfer_failures_total went down from 2 to 1" in m.judge()
+
+
+def test_a_pull_that_landed_counts_its_bytes_and_one_sample_and_one_that_failed_no_sample():
+    sent, received, samples = "sent_bytes_total", "received_bytes_total", "transfer_duration_ms_count"
+    scrape = Scrape()
+    m = model(scrape, (sent, received, "transfer_duration_ms"))
+    m.pull_begun("a", 4096, sent_here=True, received_here=True)
+    m.pull_begun("b", 2048, sent_here=False, received_here=True)
+    m.pull_begun("c", 1024, sent_here=True, received_here=True)
+    scrape.values.update({sent: 5120.0, received: 7168.0, samples: 1.0})  # in flight: any of it may have counted
+    assert m.problem(scrape()) is None
+    m.pull_ended("a", landed=True, crossed_some=True)
+    m.pull_ended("b", landed=False, crossed_some=True)  # some of it may have crossed before it failed
+    m.pull_ended("c", landed=False, crossed_some=False)  # the producer had nothing it asked for
+    assert m.problem(scrape())[0].startswith(f"{sent} grew by 5,120 bytes, more than the 4,096")
+    scrape.values[sent] = 4096.0
+    assert m.problem(scrape())[0].startswith(f"{received} grew by 7,168 bytes, more than the 6,144")
+    scrape.values[received] = 4096.0
+    assert m.problem(scrape()) is None
+    scrape.values[samples] = 2.0
+    assert "transfer_duration_ms holds 2 more samples" in m.problem(scrape())[0]

@@ -406,11 +406,11 @@ def test_sigterm_ends_a_plugin_session_as_ctrl_c_does_keeping_what_ran(tmp_path)
         if select.select([session.stdout], [], [], 1.0)[0]:
             said += os.read(session.stdout.fileno(), 4096)
     session.send_signal(signal.SIGTERM)
-    sent = time.monotonic()
     rest, _ = session.communicate(timeout=120)
     said += rest
     assert session.returncode == 2 and b"KeyboardInterrupt: signal SIGTERM" in said, said[-2000:]
-    assert time.monotonic() - sent < 30, "the contract's case ran on to its end"  # its worker is killed
     cases = list(ET.parse(junit).getroot().iter("testcase"))
+    # Its worker is killed: the contract's case did not run on to its end.
+    assert not [c for c in cases if "contract_sequences" in c.get("name", "")], [c.attrib for c in cases]
     summary = json.loads((out / "summary.json").read_text())
     assert len(cases) >= 3 and summary["cases"] >= 3, (len(cases), summary)

@@ -205,6 +205,9 @@ class Faults:
     times_failed_transfers: bool = _fault(
         "a failed transfer's time is observed in its histogram, as if it landed: the histogram's "
         "count runs past the transfers its byte counter counts")
+    transfer_time_in_microseconds: bool = _fault(
+        "a transfer's time is observed in microseconds into a histogram named in milliseconds: "
+        "every sample a thousand times what the copy took")
     pull_bytes_per_stream: bool = _fault(
         "each stream of a parallel pull counts the whole pull's bytes received, not its own runs': "
         "a pull of N streams counts N times what crossed")

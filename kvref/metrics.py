@@ -156,7 +156,8 @@ class Ledger:
     def _observe(self, counter: str, issued: float, faults: Faults) -> None:
         # transfer_time_on_two_clocks: the start read from the wall clock, the end from the monotonic one
         start = time.time() - (time.monotonic() - issued) if faults.transfer_time_on_two_clocks else issued
-        self._times[TIME_OF[counter]].observe((time.monotonic() - start) * 1000.0)
+        per_second = 1e6 if faults.transfer_time_in_microseconds else 1000.0  # what the name says: milliseconds
+        self._times[TIME_OF[counter]].observe((time.monotonic() - start) * per_second)
 
 
 LEDGER = Ledger()

@@ -31,6 +31,7 @@ from probes.suite.manager_process import ManagerProcess
 # Each restart starts a process (a second or more of imports): drawn in RESTART_SEQUENCES of the sequences,
 # for RESTART_DRAWN of their pull steps, at most MOST_RESTARTS times in one.
 RESTART_SEQUENCES = 0.1
+CAMPAIGN_RESTART_SEQUENCES = 0.4  # a campaign spends its time where a probe's budget cannot (spec "restarts")
 RESTART_DRAWN = 0.05
 MOST_RESTARTS = 2
 SEED_BASE = 5000  # a newcomer's contents: no layer of the session's caches has these seeds
@@ -77,7 +78,8 @@ def draw_restart(session: Session) -> dict | None:
     if w is None or session.iut.iut.owns_device:  # a second process cannot open the device the worker holds
         return None
     w.draws += 1
-    if w.restarts >= MOST_RESTARTS or np.random.default_rng([session.seed, 13]).random() >= RESTART_SEQUENCES:
+    share = session.spec.get("restarts", RESTART_SEQUENCES)
+    if w.restarts >= MOST_RESTARTS or np.random.default_rng([session.seed, 13]).random() >= share:
         return None
     own = np.random.default_rng([session.seed, w.draws, 11])
     if own.random() >= RESTART_DRAWN:

@@ -75,7 +75,9 @@ def contract_sequences(case: Case, iut: Adapter) -> Outcome:
     found: dict[Key, Outcome] = {}  # where each failure arose -> its shrunk finding, in the order found
     while sequences < wanted and time.monotonic() - start < budget:
         rng = np.random.default_rng([case.seed, sequences])
-        sequence = {"spec": draw_spec(rng, shapes, parts), "seed": int(rng.integers(2**31)), "steps": []}
+        spec = draw_spec(rng, shapes, parts) | ({"restarts": contract_restarts.CAMPAIGN_RESTART_SEQUENCES}
+                                                 if drawn else {})
+        sequence = {"spec": spec, "seed": int(rng.integers(2**31)), "steps": []}
         failure = run_sequence(iut, sequence, parts, rng=rng, known=known)
         sequences += 1
         steps += len(sequence["steps"])

@@ -10,7 +10,9 @@ that plus what is still in flight or ended in a way the model leaves open
 (a request of no blocks may copy the whole cache; a pull may count as a
 device transfer on either side, once, its time in samples of the library's
 choosing). A refused or failed transfer counts nothing, in bytes or
-samples; a host-to-host transfer moves no device bytes.
+samples; a host-to-host transfer moves no device bytes. A histogram's sum
+grows by no more than its samples' transfers can have taken: each from the
+scrape before it was issued until the first scrape that held it.
 
 The network counters: the bytes of blocks pulls sent (where the producer
 is in the process) and received (where the consumer is), exactly those of
@@ -43,6 +45,7 @@ import gc
 import itertools
 import math
 import re
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -100,16 +103,38 @@ class Span:
         return self.settled + sum(self.open.values())
 
 
+@dataclass
+class Durations:
+    """How many milliseconds a histogram's samples may sum to: each is at
+    most the time from the scrape before its transfer was issued until the
+    first scrape that held it."""
+
+    closed_ms: float = 0.0  # of samples a scrape has held
+    began: dict = field(default_factory=dict)  # key -> (the scrape before it was issued, its samples): open
+    closing: list = field(default_factory=list)  # (began, samples) of those that landed, until a scrape holds them
+
+    def bound_ms(self, at: float) -> float:
+        spans = [*self.closing, *self.began.values()]
+        return self.closed_ms + sum(samples * (at - began) * 1000.0 for began, samples in spans)
+
+    def held(self, at: float) -> None:
+        """A scrape at `at` holds every sample of what landed."""
+        self.closed_ms += sum(samples * (at - began) * 1000.0 for began, samples in self.closing)
+        self.closing.clear()
+
+
 class ExportModel:
     """The exports of one sequence's process, as the model says they must read."""
 
     def __init__(self, exported: tuple[str, ...], read):
         self.read = read  # () -> {name: value}: the IUT's scrape
         gc.collect()  # managers earlier sequences left in cycles: gone before the baseline
+        self.scraped_at = time.monotonic()  # when the last scrape began: what a step issues comes after it
         self.baseline = read()
         self.last = self.baseline  # the last scrape read
         self.counters = {name: Span() for name in COUNTERS if name in exported}
         self.samples = {name: Span() for name in (*TIME_OF.values(), PULL_TIME.name) if name in exported}
+        self.durations = {name: Durations() for name in self.samples}
         self.pools: dict[object, int] | None = {} if POOL_BYTES.name in exported else None
         self.pools_known = True
         self._keys = itertools.count()
@@ -125,6 +150,10 @@ class ExportModel:
             amount = span.open.pop(key, 0)
             if landed:
                 span.settled += amount
+        for durations in self.durations.values():
+            began = durations.began.pop(key, None)
+            if landed and began is not None:
+                durations.closing.append(began)
 
     def moved(self, d2h: bool, nbytes: int) -> None:
         """A transfer that landed, awaited."""
@@ -146,7 +175,7 @@ class ExportModel:
             if here and name in self.counters:
                 self.counters[name].open[key] = nbytes
         if received_here and PULL_TIME.name in self.samples:
-            self.samples[PULL_TIME.name].open[key] = 1
+            self._sampled(PULL_TIME.name, key, 1)
 
     def pull_ended(self, key, landed: bool, crossed_some: bool) -> None:
         """A pull settled. Landed: every byte crossed, and one sample. Failed:
@@ -188,13 +217,19 @@ class ExportModel:
         if name in self.counters:
             self.counters[name].open[key] = nbytes
         if TIME_OF[name] in self.samples:
-            self.samples[TIME_OF[name]].open[key] = samples
+            self._sampled(TIME_OF[name], key, samples)
+
+    def _sampled(self, histogram: str, key, samples: int) -> None:
+        self.samples[histogram].open[key] = samples
+        self.durations[histogram].began[key] = (self.scraped_at, samples)
 
     # --- judging -----------------------------------------------------------
 
-    def problem(self, now: dict) -> tuple[str, bool] | None:
-        """What in a scrape disagrees with the model, and whether it is low
-        (it may yet arrive); None if it all agrees."""
+    def problem(self, now: dict, at: float | None = None) -> tuple[str, bool] | None:
+        """What in a scrape (read by `at`, time.monotonic()) disagrees with
+        the model, and whether it is low (it may yet arrive); None if it all
+        agrees."""
+        at = time.monotonic() if at is None else at
         for name, span in self.counters.items():
             grew = now.get(name, 0) - self.baseline.get(name, 0)
             if grew > span.high:
@@ -210,6 +245,13 @@ class ExportModel:
                        f"({span.settled:,}" \
                        f"{'' if span.high == span.settled else f' to {span.high:,} with those in flight or open'})", \
                     grew < span.settled
+            durations = self.durations[name]
+            durations.held(at)
+            took = now.get(f"{name}_sum", 0) - self.baseline.get(f"{name}_sum", 0)
+            if took > durations.bound_ms(at) + 1.0:  # a millisecond for the clocks' reads
+                return f"{name}'s samples sum to {took:,.3f} ms more, over the {durations.bound_ms(at):,.3f} ms " \
+                       f"the transfers they time can have taken (from before each was issued until a scrape " \
+                       f"held it): not milliseconds?", False
         if self.pools is not None and self.pools_known:
             gauge, pools = now.get(POOL_BYTES.name, 0), sum(self.pools.values())
             if gauge != pools:
@@ -234,7 +276,8 @@ class ExportModel:
         return None if found[0] is None else found[0][0]
 
     def _problem(self) -> tuple[str, bool] | None:
+        self.scraped_at = time.monotonic()
         now = self.read()
         wrong = broken(self.last, now)
         self.last = now
-        return (wrong, False) if wrong else self.problem(now)
+        return (wrong, False) if wrong else self.problem(now, time.monotonic())

@@ -136,3 +136,16 @@ def test_a_pull_that_landed_counts_its_bytes_and_one_sample_and_one_that_failed_
     assert m.problem(scrape()) is None
     scrape.values[samples] = 2.0
     assert "transfer_duration_ms holds 2 more samples" in m.problem(scrape())[0]
+
+
+def test_samples_that_sum_past_the_time_their_transfers_can_have_taken_are_a_finding():
+    name = "d2h_transfer_time_ms"
+    scrape = Scrape(**{f"{name}_count": 0.0, f"{name}_sum": 0.0})
+    m = model(scrape, (D2H, name))
+    began = m.scraped_at
+    m.moved(True, 512)
+    scrape.values.update({D2H: 512.0, f"{name}_count": 1.0, f"{name}_sum": 0.5})
+    at = began + 0.010  # the scrape that holds it, 10 ms after the one before the transfer was issued
+    assert m.problem(scrape(), at) is None
+    scrape.values[f"{name}_sum"] = 0.5 + 20.0
+    assert "samples sum to 20.500 ms more, over the 10.000 ms" in m.problem(scrape(), at)[0]

@@ -189,6 +189,9 @@ class Faults:
     shm_segment_left: bool = _fault(
         "a manager attached under a shared-memory key leaves its segment in /dev/shm when it "
         "closes: every run adds one")
+    keyless_pool_in_shared_memory: bool = _fault(
+        "a manager built without a shm_key still keeps its pool in a named /dev/shm segment, removed "
+        "when it closes: a killed manager's pool stays in memory, held by no process, for good")
     # What managers export (kvref.metrics).
     counts_requested_bytes: bool = _fault(
         "a transfer's bytes are counted when it is asked for, not once it completed successfully: "

@@ -17,6 +17,8 @@ the storage was given up (kvref.buffers has what is relied on)."""
 
 from __future__ import annotations
 
+import itertools
+import os
 import threading
 import weakref
 
@@ -39,6 +41,8 @@ from kvref.shared_pool import PoolAttachment
 from kvref.staging import Staging
 from kvref.values import flag, integer
 
+_KEYLESS = itertools.count()  # keyless_pool_in_shared_memory's keys, one per manager
+
 ChunkState = _core.ChunkState  # what a host chunk holds, and whether it is locked
 BUDGET_SHARE = 0.5  # default budget: this share of the memory available now
 PULL_TIMEOUT_S = 120.0  # how long a pull may take when timeout_s is not given
@@ -57,6 +61,8 @@ class KVCacheManager:
         self.faults = Faults.parse(faults)
         self.settings = ManagerSettings.checked(self.faults, host_blocks=host_blocks, **settings)
         shm_key = self.settings.shm_key
+        if shm_key is None and self.faults.keyless_pool_in_shared_memory:  # a key of its own, that nobody asks for
+            shm_key = f"keyless-{os.getpid()}-{next(_KEYLESS)}"
         self._attachment = None if shm_key is None else PoolAttachment(shm_key, self.faults.shm_segment_left)
         try:
             self._build(kv_caches, self.settings)

@@ -366,6 +366,9 @@ def _replace(session: Session, w: PullWorld, n: int, how: str, key: kvref.ShapeK
     old = w.managers[n]
     if isinstance(old, ManagerProcess):
         old.kill() if how == "kill" else old.close()
+        if old.left_behind:  # a manager built without a shared-memory key names none that outlives it
+            raise Broken(ERROR, f"{MANAGERS[n]}, {'killed' if how == 'kill' else 'closed'}, left {', '.join(old.left_behind[:3])} in shared memory: "
+                                "no process holds it now, and each restart adds more")
     else:
         w.lib.close_manager(old)
     seeds = [seed + layer for layer in range(len(w.blocks[n]))]

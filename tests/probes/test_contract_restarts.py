@@ -81,7 +81,8 @@ def ran():
     cases = {"kvref-sim": sequence_case("kvref-sim", "tpu7x"), "kvref-jax": sequence_case("kvref-jax", "cpu"),
              "kvref-compat": sequence_case("kvref-compat", "cpu"),
              "pull_route_reused": sequence_case("kvref-sim", "tpu7x", ["pull_route_reused"]),
-             "lost_pull_unsettled": sequence_case("kvref-sim", "tpu7x", ["lost_pull_unsettled"])}
+             "lost_pull_unsettled": sequence_case("kvref-sim", "tpu7x", ["lost_pull_unsettled"]),
+             "keyless_pool_in_shared_memory": sequence_case("kvref-sim", "tpu7x", ["keyless_pool_in_shared_memory"])}
     return dict(zip(cases, run_cases(list(cases.values()), jobs=2)))
 
 
@@ -99,6 +100,12 @@ def test_kvrefs_iuts_hold_through_their_producers_deaths(ran, name):
 def test_a_consumer_that_does_not_survive_its_producers_death_is_found(ran, fault, said):
     outcome = ran[fault].outcome
     assert outcome.verdict == "ERROR" and said in outcome.detail, outcome.detail
+
+
+def test_a_killed_manager_that_leaves_named_shared_memory_behind_is_found(ran):
+    outcome = ran["keyless_pool_in_shared_memory"].outcome
+    assert outcome.verdict == "ERROR" and "killed, left /dev/shm/kvref-pool-keyless-" in outcome.detail, \
+        outcome.detail
 
 
 def test_a_killed_producer_is_gone_at_once_and_its_successor_on_its_port_answers():

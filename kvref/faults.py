@@ -118,6 +118,9 @@ class Faults:
         "fails part-way leaves some blocks overwritten")
     lost_pull_unsettled: bool = _fault(
         "a pull whose producer goes away (connection refused or dropped) is never settled")
+    lost_peer_seen_at_timeout: bool = _fault(
+        "a pull whose producer goes away (connection refused or dropped) is reported failed only at "
+        "its timeout_s, not when the loss is seen: a serving stack waits out the whole timeout")
     registrations_keyed_by_blocks: bool = _fault(
         "the producer keys registrations by their block ids: a request registering the same "
         "blocks as another replaces it, and the other's pull finds nothing")

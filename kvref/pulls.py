@@ -236,6 +236,8 @@ class PullService:
         except grpc.RpcError as e:
             if self._faults.lost_pull_unsettled and e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                 return
+            if self._faults.lost_peer_seen_at_timeout and e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                time.sleep(max(0.0, pull.deadline - time.monotonic()))
             reason = f"{e.code().name}: {e.details()}"
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED or time.monotonic() >= pull.deadline:
                 reason = f"no complete answer within timeout_s={self.timeout_s}s ({reason})"

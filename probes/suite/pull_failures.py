@@ -29,9 +29,10 @@ PULLED = 16  # blocks a refused request names
 DIES = "dies"  # what a side posts before it kills itself (probes.run.runner reads it)
 KILL_AT_SHARE = 0.25  # the producer dies once this share of the pull's bytes has crossed lo
 # Or once this long has passed since the pull started: a loaded machine may take seconds to get a pull's bytes
-# moving, so the consumer's timeout_s is longer here (KILLED_TIMEOUT_S): the kill, not the timeout, must end it.
-KILL_WAIT_S = 5.0
-KILLED_TIMEOUT_S = 10.0
+# moving. The consumer's timeout_s is twice that (KILLED_TIMEOUT_S): the kill, not the timeout, must end the
+# pull, so it must fail before its own deadline, which leaves a loaded machine seconds to see it.
+KILL_WAIT_S = 10.0
+KILLED_TIMEOUT_S = 2 * KILL_WAIT_S
 # What the producer posts before it dies: whether the pull was under way, and when (the wall clock: the two
 # sides may be two hosts), so the consumer judges how soon the failure came from the kill, not from its start.
 KILLED_UNDER_WAY = "killed-under-way"
@@ -187,9 +188,10 @@ class _silent_listener:
 def pull_failures(case: Case, iut: Adapter) -> Outcome:
     """Pulls that cannot land must be reported failed, once, and leave the
     consumer's blocks as they were: the producer killed once the pull is
-    under way (promptly: within PROMPT_S of the kill, which the producer
-    posts as it dies, so a machine slow to get the pull moving is not
-    counted against the manager), a refused connection (promptly), a
+    under way (from the kill, which the producer posts as it dies: before
+    the consumer's timeout_s would have ended the pull, so neither a
+    machine slow to get the pull moving nor one slow to poll is counted
+    against the manager), a refused connection (promptly), a
     remote that accepts and never answers (by timeout_s, the consumer polling
     past it). The consumer's manager dropped mid-pull must take its threads
     and sockets with it, and the producer's request must still be reported
@@ -265,8 +267,10 @@ def _failed_pull(side: Side, kind: str, endpoint, uuid: int, everything: list[in
         if not killed["under_way"]:
             return Outcome(ERROR, f"nothing in flight: {KILL_AT_SHARE:.0%} of the pull's bytes had not crossed lo "
                            f"within {KILL_WAIT_S:.0f}s when its producer was killed, so no pull was cut part-way")
-        return _expect_failed(side, "req-0", at, PROMPT_S, "a pull whose producer was killed (timed from the kill)",
-                              settled, KILLED_TIMEOUT_S)
+        before_deadline = started + KILLED_TIMEOUT_S - at  # from the kill: a failure at timeout_s comes after it
+        return _expect_failed(side, "req-0", at, before_deadline, "a pull whose producer was killed (timed from the "
+                              "kill; it must fail from the kill, before the consumer's timeout_s ends it)", settled,
+                              KILLED_TIMEOUT_S)
     if kind == "connection_refused":
         side.manager.start_read("req-0", uuid, f"127.0.0.1:{free_loopback_port()}", everything, local)
         return _expect_failed(side, "req-0", started, PROMPT_S, "a pull from a port nothing listens on")

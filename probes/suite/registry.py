@@ -158,7 +158,8 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
     Probe("pull_refusals", pull_failures.pull_refusals, Scope.ROBUSTNESS, always(PASS), subject=PULL_SUBJECT,
           kinds=pull_failures.REFUSAL_KINDS, default=False, two_process=True),
     Probe("pull_failures", pull_failures.pull_failures, Scope.ROBUSTNESS, always(PASS), subject=PULL_SUBJECT,
-          kinds=pull_failures.FAILURE_KINDS, default=False, two_process=True, own_network=True),
+          kinds=pull_failures.FAILURE_KINDS, default=False, two_process=True, own_network=True,
+          timeout=pull_failures.KILLED_TIMEOUT_S * 3),  # a pull that fails only at its timeout_s, then polled
     Probe("pull_across_donation", pull_donation.pull_across_donation, Scope.GENERATION, always(PASS),
           subject=PULL_SUBJECT, default=False, two_process=True),
     Probe("pull_sockets", pull_failures.pull_sockets, Scope.GENERATION, always(PASS), subject=PULL_SUBJECT,

@@ -71,6 +71,8 @@ TEETH = [
     ("pull_refusals/local_out_of_range", "", (), ["late_refusal"], "ERROR"),
     ("pull_failures/connection_refused", "", (), ["lost_pull_unsettled"], "ERROR"),
     ("pull_failures/producer_killed", "", (), ["lost_pull_unsettled"], "ERROR"),
+    ("pull_failures/producer_killed", "", (), ["lost_peer_seen_at_timeout"], "ERROR"),
+    ("pull_failures/connection_refused", "", (), ["lost_peer_seen_at_timeout"], "ERROR"),
     ("pull_failures/producer_killed", "", (), ["partial_pull_written"], "CORRUPT"),
     ("pull_refusals/settings", "", (), ["unchecked_settings"], "ERROR"),
     ("pull_sockets", "", (), ["offload_only_listens"], "ERROR"),
@@ -105,6 +107,7 @@ def case(probe, dtype, dims, faults=(), timeout=20.0):
     probe, _, kind = probe.partition("/")
     shape = ShapeKey(dtype, dims) if dtype else declared(probe).subject
     name = f"{probe}-{kind}" if kind else str(shape)
+    timeout = max(timeout, declared(probe).timeout or 0)  # as a run's matrix gives it
     return Case(probe, "tpu7x", "kvref-sim", name, shape, Faults.parse(faults), timeout, kind=kind)
 
 

@@ -99,8 +99,8 @@ def add_option_set(path: Path, case: Case) -> None:
         os.replace(part, path)  # whole: a reader never sees it half written
 
 
-def read_finding(path: Path, model: str) -> dict:
-    """A finding of `model` written by write_finding, or ValueError naming what is wrong with it."""
+def read_finding(path: Path, *models: str) -> dict:
+    """A finding of one of `models` written by write_finding, or ValueError naming what is wrong with it."""
     try:
         with open(path, "rb") as file:
             text = file.read(MOST_FINDING_BYTES + 1)
@@ -109,7 +109,8 @@ def read_finding(path: Path, model: str) -> dict:
         finding = json.loads(text)
     except (OSError, ValueError) as e:
         raise ValueError(f"{path}: not a readable JSON finding ({e})") from None
-    if not isinstance(finding, dict) or finding.get("model") != model or not FIELDS <= set(finding):
-        raise ValueError(f"{path}: expected a finding of `kvprobe fuzz --model {model}` with {sorted(FIELDS)}")
-    check_finding(finding, model, str(path))
+    if not isinstance(finding, dict) or finding.get("model") not in models or not FIELDS <= set(finding):
+        named = " or ".join(f"`kvprobe fuzz --model {model}`" for model in models)
+        raise ValueError(f"{path}: expected a finding of {named} with {sorted(FIELDS)}")
+    check_finding(finding, finding["model"], str(path))
     return finding

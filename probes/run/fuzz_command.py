@@ -11,7 +11,7 @@ shrunk, one per case across the ways the manager is built): a contract
 sequence is shrunk in the worker, and a crash or a hang, which ends the
 worker, here by replays in workers; `--replay FILE` runs a contract
 finding's sequence on any IUT, and `--reproducer FILE` renders a blocks
-finding as a standalone script (probes.run.reproducers)."""
+or contract finding as a standalone script (probes.run.reproducers)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from probes.suite.registry import probe
 from probes.suite.verdicts import CRASH, HANG, PASS
 
 MAX_SHRINK_RUNS = 40
+DEFAULT_IUT = "kvref-sim"  # what a campaign draws against unless --iut names another
 
 
 @dataclass
@@ -184,14 +185,16 @@ def replay(path: Path, name: str | None, generation: str | None, faults: kvref.F
     if not isinstance(sequence, dict) or not {"spec", "seed", "steps"} <= set(sequence):
         raise ValueError(f"--replay {path}: expected a finding or a sequence with spec, seed and steps")
     check_sequence(sequence, f"--replay {path}")
-    name = name or (found["iut"] if found else "kvref-sim")
-    generation = generation or (found["case"]["generation"] if found else None) or iut(name).targets[0]
+    name = name or (found["iut"] if found else DEFAULT_IUT)
+    ran_on = found["case"]["generation"] if found and found["iut"] == name else None  # another IUT: its own first
+    generation = generation or ran_on or iut(name).targets[0]
     iut(name).check_target(generation)
     return run_case(contract_case(name, generation, faults, seconds, 0, calls=sequence))
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
-    options.add_one(parser, "iut", "kvref-sim", "an IUT, as for `kvprobe run`")
+    options.add_one(parser, "iut", None, "an IUT, as for `kvprobe run` (default: kvref-sim; with --replay, the "
+                                         "finding's)")
     options.add_one(parser, "generation", None, "its target (default: the IUT's first, e.g. cpu for tpu-sync-jax)")
     parser.add_argument("--model", choices=("contract", "blocks"), default="contract",
                         help="contract: sequences of every offload call held to the contract's model (default); "
@@ -209,9 +212,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replay", type=Path, default=None,
                         help="contract: replay the sequence of a finding (or a bare sequence) from this JSON file")
     parser.add_argument("--reproducer", type=Path, default=None, metavar="FINDING",
-                        help="blocks: print the standalone reproducer script of this finding (JSON)")
+                        help="print the standalone reproducer script of this finding (JSON)")
     parser.add_argument("--option-set", type=int, default=0, metavar="N",
-                        help="blocks: with --reproducer, the finding's Nth way of building the manager (from 0)")
+                        help="with --reproducer, the finding's Nth way of building the manager (from 0)")
     parser.add_argument("--known", type=Path, default=None, metavar="DIR",
                         help="contract: the findings in this folder are known: never shrunk or written again, and "
                              "their patterns not drawn, so the campaign explores past them")
@@ -227,10 +230,10 @@ def run(args) -> int:
         print(reproducers.render(args.reproducer, args.option_set), end="")
         return 0
     if args.replay is not None:
-        result = replay(args.replay, args.iut if args.iut != "kvref-sim" or not args.replay else None,
-                        args.generation, faults, args.seconds)
+        result = replay(args.replay, args.iut, args.generation, faults, args.seconds)
         print(f"{result.outcome.verdict} [{result.case.iut} {result.case.generation}] {result.outcome.detail.strip()}")
         return 0 if result.outcome.verdict == PASS else 1
+    args.iut = args.iut or DEFAULT_IUT
     if args.model == "contract":
         generation = args.generation or iut(args.iut).targets[0]
         known = known_in(args.known) if args.known is not None else None

@@ -1,6 +1,6 @@
-"""The reproducer script a finding of `kvprobe fuzz --model blocks`
-(probes.run.findings: reports/<generation>/findings/blocks-*.json) renders
-on demand: `kvprobe fuzz --reproducer FILE`; nothing generated is committed.
+"""The reproducer script a finding of `kvprobe fuzz` (probes.run.findings:
+reports/<generation>/findings/blocks-*.json and contract-*.json) renders on
+demand: `kvprobe fuzz --reproducer FILE`; nothing generated is committed.
 
 Every reproducer starts, after its docstring, with `opening()`: the lines of
 probes.run.netns that put it in a loopback-only network namespace (standard
@@ -12,7 +12,8 @@ harness): the block model, the sequence's one runner
 the computation that keeps a cache pending are the harness's own
 definitions, copied in (`copied`). Any other IUT's replays through the
 harness's worker code (`probes.run.probe_case`), which its library (kvref)
-ships with.
+ships with: so does every contract sequence, on any IUT a team declares
+(its finding held as data, the case's JSON).
 
 The hand-written reproducers beside them (reports/cpu/findings/*.py) start
 with the same opening: `python -m probes.run.reproducers SCRIPT...` gives
@@ -46,7 +47,7 @@ if NO_NAMESPACE := enter():
 
 DOCSTRING = '''"""{title}
 
-Found by `kvprobe fuzz --iut {iut}` (in {found_in}) and shrunk to {calls} call(s):
+Found by `kvprobe fuzz --iut {iut}` (in {found_in}) and shrunk to {calls}:
 {detail}
 {also}
 Rendered from {finding} (`kvprobe fuzz --reproducer {finding}`);
@@ -71,6 +72,8 @@ import os  # noqa: E402
 import sys  # noqa: E402
 
 os.environ.setdefault("JAX_PLATFORMS", {platforms!r})
+for name, value in {environment!r}.items():  # what the IUT declares its workers run with
+    os.environ.setdefault(name, value)
 faulthandler.dump_traceback_later({timeout}, exit=True)
 
 from probes.run.probe_case import run_case_here  # noqa: E402
@@ -214,8 +217,8 @@ def _names(node: ast.stmt) -> set[str]:
 def replays_alone(case: Case) -> bool:
     """Whether `case` replays against its library alone: tpu-sync-jax's manager on JAX CPU arrays."""
     declared = iut(case.iut)
-    return issubclass(declared.library, tpu_sync.TpuSyncJaxLibrary) and \
-        issubclass(declared.arrays, jax_arrays.JaxCpuArrays)
+    return "calls" in case.calls and issubclass(declared.library, tpu_sync.TpuSyncJaxLibrary) and \
+        issubclass(declared.arrays, jax_arrays.JaxCpuArrays)  # a blocks sequence's calls
 
 
 def replay(case: Case) -> str:
@@ -225,12 +228,12 @@ def replay(case: Case) -> str:
     if not 0 < timeout < float("inf"):
         raise ValueError(f"the finding's timeouts add up to {timeout}; expected a positive number of seconds")
     fields = dict(platforms=declared.jax_platforms or "", timeout=repr(timeout), case=case.to_json())
-    if replays_alone(case):
+    if replays_alone(case):  # a blocks sequence on tpu-sync-jax
         key = kvref.ShapeKey.parse(case.calls["shape"])
         return opening() + TPU_SYNC_JAX_REPLAY.format(
             dims=key.dims, dtype=np.dtype(kvref.element_type(key.dtype).numpy).name, copied=copied(),
             verdicts=", ".join(repr(str(v)) for v in (PASS, CORRUPT, ERROR)), **fields)
-    text = HARNESS_REPLAY.format(**fields)
+    text = HARNESS_REPLAY.format(environment=dict(declared.environment), **fields)
     return opening() + text if declared.loopback_only else text.replace("  # noqa: E402", "").lstrip("\n")
 
 
@@ -246,7 +249,7 @@ def _reproducer_python(interpreter) -> str:
 def render(path: Path, option_set: int = 0) -> str:
     """The standalone reproducer of the finding at `path`, under its
     `option_set`-th way of building the manager."""
-    finding = read_finding(path, "blocks")
+    finding = read_finding(path, "blocks", "contract")
     sets = finding["option_sets"]
     if not 0 <= option_set < len(sets):
         raise ValueError(f"{path}: option set {option_set}; it has {len(sets)} (0 to {len(sets) - 1})")
@@ -259,7 +262,9 @@ def render(path: Path, option_set: int = 0) -> str:
     said = {name: _inert(str(value)) for name, value in dict(
         title=title, iut=case.iut, found_in=finding["found_in"], detail=finding["detail"], also=also,
         finding=path, python=_reproducer_python(iut(case.iut).interpreter)).items()}
-    return DOCSTRING.format(calls=len(case.calls["calls"]), how=ALONE if replays_alone(case) else THROUGH_THE_HARNESS,
+    shrunk = f"{len(case.calls['calls'])} call(s)" if finding["model"] == "blocks" else \
+        f"a sequence of {len(case.calls['steps'])} step(s)"
+    return DOCSTRING.format(calls=shrunk, how=ALONE if replays_alone(case) else THROUGH_THE_HARNESS,
                             **said) + replay(case)
 
 

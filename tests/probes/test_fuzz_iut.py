@@ -95,10 +95,28 @@ def test_a_rendered_reproducer_holds_a_findings_fields_as_data_never_as_code(tmp
     assert "os.system" not in script.split(said.splitlines()[-1])[-1]  # none of it after the docstring
 
 
+@pytest.mark.parametrize("faults, verdict, exit_code", [(("unchecked_unlock",), "ERROR", 1), ((), "PASS", 0)])
+def test_a_contract_finding_renders_a_reproducer_that_replays_it_on_its_iut(tmp_path, faults, verdict, exit_code):
+    """Any IUT's contract finding (a team's own too): its case held as data,
+    replayed through the harness's worker code with the IUT's environment."""
+    sequence = {"spec": {"shape": "bf16[64,8,128]", "layers": 1, "host_blocks": 8, "mode": "put"}, "seed": 3,
+                "steps": [{"rule": "unlock", "ids": [0]}]}  # a chunk nobody locked: it must be refused
+    case = fuzz_command.contract_case("kvref-sim", "tpu7x", kvref.Faults.parse(faults, environ={}), 60.0, 0,
+                                      calls=sequence)
+    path = findings.write_finding(case, "ERROR", "step 0: unlock [0]: accepted", "", "tpu7x/contract", tmp_path)
+    script = tmp_path / "reproducer.py"
+    script.write_text(reproducers.render(path))
+    assert "shrunk to a sequence of 1 step(s)" in ast.get_docstring(ast.parse(script.read_text()))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == exit_code and done.stdout.startswith(verdict), done.stdout[-2000:] + done.stderr[-2000:]
+
+
 def test_a_file_that_is_no_finding_is_refused_naming_it(tmp_path):
     path = tmp_path / "x.json"
     path.write_text('{"sequence": {}}')
-    with pytest.raises(ValueError, match="x.json: expected a finding of `kvprobe fuzz --model blocks`"):
+    with pytest.raises(ValueError, match="x.json: expected a finding of `kvprobe fuzz --model blocks` or "
+                                         "`kvprobe fuzz --model contract`"):
         reproducers.render(path)
 
 

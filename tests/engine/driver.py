@@ -51,8 +51,12 @@ BLOCK = 16
 MLA_BLOCK = 32  # an MLA cache packs 32 tokens per row (MLA_KV_PACKING_SIZE): a block holds a multiple of them
 MAX_TOKENS = 8  # generated per prompt, greedy
 MODE_SECONDS = 900  # one mode's run, at most (measured alone: 20-150 s): a stuck one is its own error, not the run's
+# XLA's compilations, kept between modes and runs: the modes of one configuration compile the same model.
+COMPILED = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvprobe" / "engine-jax"
 ENVIRONMENT = {
     "JAX_PLATFORMS": "cpu",
+    "JAX_COMPILATION_CACHE_DIR": str(COMPILED),
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # EngineCore in this process: the facade's tally is here
     "VLLM_HOST_IP": "127.0.0.1",
     # tpu-inference asks the GCE metadata server for these unless they are set.

@@ -72,8 +72,7 @@ import os  # noqa: E402
 import sys  # noqa: E402
 
 os.environ.setdefault("JAX_PLATFORMS", {platforms!r})
-for name, value in {environment!r}.items():  # what the IUT declares its workers run with
-    os.environ.setdefault(name, value)
+os.environ.update({environment!r})  # what the IUT declares its workers run with, as they run
 faulthandler.dump_traceback_later({timeout}, exit=True)
 
 from probes.run.probe_case import run_case_here  # noqa: E402

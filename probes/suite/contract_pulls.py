@@ -63,6 +63,7 @@ EXPIRY_DRAWN = 0.03  # of the pull steps drawn while registrations wait, once a 
 MAX_BLOCKS = 8  # the most blocks one pull moves
 SETTLE_S = TIMEOUT_S + 10.0  # beyond which a pull that never settled is a finding (a loaded machine is slow)
 POLL_S = 0.005
+LEFT_BEHIND_S = 2.0  # for what cleans up after a dead process (a resource tracker) before its leftovers count
 DONE, FAILED, EITHER = "done", "failed", "done or failed"
 
 
@@ -220,9 +221,9 @@ def pull(session: Session, index: int, step: dict) -> None:
     if started is REFUSED:
         return
     exported(session, lambda e: _may_count(e, session, w, len(step["local"]), consumer))
-    exported(session, lambda e: e.pull_begun(("pull", index), pull_bytes([w.keys[0]] * len(w.blocks[0]),
-                                                                         len(step["remote"])),
-                                             w.caches[0] is not None, w.caches[1 + consumer] is not None))
+    crossing = len(step["remote"]) * session.block_bytes(w.keys[0]) * len(w.blocks[0])  # as the device counters
+    exported(session, lambda e: e.pull_begun(("pull", index), crossing, w.caches[0] is not None,
+                                             w.caches[1 + consumer] is not None))
     if registered is not None and expect != FAILED:
         w.pulled.add(uuid)
         del w.registrations[uuid]
@@ -366,9 +367,11 @@ def _replace(session: Session, w: PullWorld, n: int, how: str, key: kvref.ShapeK
     old = w.managers[n]
     if isinstance(old, ManagerProcess):
         old.kill() if how == "kill" else old.close()
-        if old.left_behind:  # a manager built without a shared-memory key names none that outlives it
-            raise Broken(ERROR, f"{MANAGERS[n]}, {'killed' if how == 'kill' else 'closed'}, left {', '.join(old.left_behind[:3])} in shared memory: "
-                                "no process holds it now, and each restart adds more")
+        left = _left_behind(old)  # a manager built without a shared-memory key names none that outlives it
+        if left:
+            raise Broken(ERROR, f"{MANAGERS[n]}, {'killed' if how == 'kill' else 'closed'}, left "
+                                f"{', '.join(left[:3])} in shared memory: no process holds it now, and each restart "
+                                "adds more")
     else:
         w.lib.close_manager(old)
     seeds = [seed + layer for layer in range(len(w.blocks[n]))]
@@ -380,6 +383,13 @@ def _replace(session: Session, w: PullWorld, n: int, how: str, key: kvref.ShapeK
                             f"(port {port or 'its own'}, {key}): {first_line(e)}") from e
     w.keys[n], w.caches[n] = key, None
     w.blocks[n] = [session.blocks_of(key, random_host(key, s, finite=True)) for s in seeds]
+
+
+def _left_behind(gone: ManagerProcess) -> list[str]:
+    """The named shared memory a gone manager's process left, once whatever
+    cleans up after a dead process (a resource tracker) had LEFT_BEHIND_S."""
+    wait_for(lambda: not gone.left_behind, LEFT_BEHIND_S, 0.05)
+    return gone.left_behind
 
 
 def close_pull_managers(w: PullWorld) -> None:

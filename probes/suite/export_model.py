@@ -142,7 +142,10 @@ class ExportModel:
     # --- what the rules tell it --------------------------------------------
 
     def begun(self, key, d2h: bool, nbytes: int) -> None:
-        """A transfer the manager accepted: its bytes count once it lands."""
+        """A transfer the manager accepted: its bytes count once it lands.
+        One of no bytes (a save of no blocks) may be timed or not."""
+        if nbytes == 0:
+            return self.maybe(d2h, 0)
         self._open(key, d2h, nbytes, 1)
 
     def ended(self, key, landed: bool) -> None:
@@ -194,11 +197,14 @@ class ExportModel:
         self.ended(key, landed)
 
     def may_cross(self, nbytes: int) -> None:
-        """Bytes a host-to-host transfer moves: the network counters may count them."""
+        """Bytes a host-to-host transfer moves: the network counters may count
+        them, and the pull histogram its time."""
         key = ("maybe", next(self._keys))
         for name in NETWORK:
             if name in self.counters:
                 self.counters[name].open[key] = nbytes
+        if PULL_TIME.name in self.samples:
+            self._sampled(PULL_TIME.name, key, 1)
 
     def pool(self, key, nbytes: int | None) -> None:
         """A manager built (its pool's bytes), or dropped (None)."""

@@ -30,12 +30,28 @@ def build_missing(declared: IUT) -> str:
     return f"the build is not installed ({BUILDS_DIR}); `kvprobe run` installs it first"
 
 
+ENVIRON_READS = 100  # tries at a copy of os.environ that no other thread changed midway
+
+
+def environ_now() -> dict:
+    """A copy of os.environ. pytest sets and unsets PYTEST_CURRENT_TEST from
+    its main thread while the plugin prepares cases on others, and a copy
+    lists the keys before it reads each: a key gone in between is a
+    KeyError, so the copy is read again."""
+    for _ in range(ENVIRON_READS - 1):
+        try:
+            return dict(os.environ)
+        except KeyError:
+            continue
+    return dict(os.environ)
+
+
 def environment(declared: IUT) -> dict:
     """The environment every process of this IUT runs with (its workers, and
     `kvprobe iuts` asking whether it can start). One that owns the TPU is
     given what its TPU runtime needs (probes.iut.hardware.device_env);
     TpuUnavailable where that cannot be read."""
-    env = device_env(dict(os.environ)) if declared.owns_device else dict(os.environ)
+    env = device_env(environ_now()) if declared.owns_device else environ_now()
     env.update(declared.environment)
     if declared.build:  # the build first on the path, over the pinned library, sharing its jax
         path = str(build_dir(declared.library.distribution, declared.build))

@@ -301,3 +301,23 @@ def test_a_side_that_cannot_start_lets_the_other_stop_waiting_at_once(monkeypatc
     found = watched.run_case(case)
     assert found.outcome.verdict != "PASS"
     assert "the consumer finished its side without posting" in found.outcome.detail, found.outcome.detail[-2000:]
+
+
+def test_a_copy_of_the_environment_survives_a_key_going_while_it_is_read(monkeypatch):
+    """pytest unsets PYTEST_CURRENT_TEST from its main thread while the
+    plugin prepares cases on others: the copy is read again, never a KeyError."""
+    import os
+
+    from probes.iut import launch
+
+    real, calls = os.environ.__class__.__getitem__, []
+
+    def vanishing(self, key):  # the first read of one key finds it gone, as if unset midway
+        if key == "KVPROBE_GOING" and not calls:
+            calls.append(key)
+            raise KeyError(key)
+        return real(self, key)
+
+    monkeypatch.setenv("KVPROBE_GOING", "1")
+    monkeypatch.setattr(os.environ.__class__, "__getitem__", vanishing)
+    assert launch.environ_now()["KVPROBE_GOING"] == "1" and calls == ["KVPROBE_GOING"]

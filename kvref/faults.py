@@ -195,6 +195,12 @@ class Faults:
     keyless_pool_in_shared_memory: bool = _fault(
         "a manager built without a shm_key still keeps its pool in a named /dev/shm segment, removed "
         "when it closes: a killed manager's pool stays in memory, held by no process, for good")
+    helper_process_outlives_manager: bool = _fault(
+        "a manager starts a helper process that nothing tells when the manager goes: a killed or "
+        "closed manager's helper runs on, and each restart adds one")
+    socket_file_left: bool = _fault(
+        "a manager binds a Unix socket file for local peers and never removes it: a killed or closed "
+        "manager's file stays in the temporary directory, and each restart adds one")
     # What managers export (kvref.metrics).
     counts_requested_bytes: bool = _fault(
         "a transfer's bytes are counted when it is asked for, not once it completed successfully: "

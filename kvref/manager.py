@@ -29,6 +29,7 @@ from kvref.addressing import plan_host
 from kvref.buffers import DeviceBufferView, check_live, is_simulated, is_still, split_shards, unpack_buffer
 from kvref.errors import HostBudgetError
 from kvref.faults import Faults
+from kvref.leftover_faults import started_leftovers
 from kvref.limits import check_allocation, memory_available
 from kvref.futures import TransferFuture
 from kvref.host_transfers import HostTransfers
@@ -70,6 +71,7 @@ class KVCacheManager:
             if self._attachment is not None:
                 self._attachment.release()
             raise
+        self._leftovers = started_leftovers(self.faults)
         metrics.LEDGER.pool_opened(id(self), self.host_bytes, self.faults)
         self._close = weakref.finalize(self, _closer(self._listener, self._pulls, self._host_transfers,
                                                      self._attachment, id(self)))  # runs once

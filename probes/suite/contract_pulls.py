@@ -369,8 +369,8 @@ def _replace(session: Session, w: PullWorld, n: int, how: str, key: kvref.ShapeK
         old.kill() if how == "kill" else old.close()
         left = _left_behind(old)  # a manager built without a shared-memory key names none that outlives it
         if left:
-            raise Broken(ERROR, f"{MANAGERS[n]}, {'killed' if how == 'kill' else 'closed'}, left "
-                                f"{', '.join(left[:3])} in shared memory: no process holds it now, and each restart "
+            raise Broken(ERROR, f"{MANAGERS[n]}, {'killed' if how == 'kill' else 'closed'}, left behind "
+                                f"{'; '.join(left[:3])}: nothing of its library's reclaims it now, and each restart "
                                 "adds more")
     else:
         w.lib.close_manager(old)
@@ -386,8 +386,8 @@ def _replace(session: Session, w: PullWorld, n: int, how: str, key: kvref.ShapeK
 
 
 def _left_behind(gone: ManagerProcess) -> list[str]:
-    """The named shared memory a gone manager's process left, once whatever
-    cleans up after a dead process (a resource tracker) had LEFT_BEHIND_S."""
+    """What a gone manager's process left behind (probes.suite.leftovers),
+    once whatever cleans up after a dead process (a resource tracker) had LEFT_BEHIND_S."""
     wait_for(lambda: not gone.left_behind, LEFT_BEHIND_S, 0.05)
     return gone.left_behind
 

@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 
 import kvref
+from probes.suite.leftovers import Holdings
 
 MODULE = "probes.suite.manager_process"
 START_S = 120.0  # the child's imports, its device runtime and its manager's start (a loaded machine)
 ANSWER_S = 30.0  # one call's answer
 EXIT_S = 10.0  # a closed child's exit, before it is killed
-SHARED_MEMORY = "/dev/shm/"  # where a process's named shared memory lives (shm_open, and files made there)
 ROOT = str(Path(__file__).resolve().parents[2])  # where `probes` is imported from, for the child
 
 
@@ -50,7 +50,7 @@ class ManagerProcess:
 
     def __init__(self, iut, key: kvref.ShapeKey, seeds: list[int], port: int, timeout_s: float, max_blocks: int):
         self.key = key
-        self._held: set[str] = set()  # the named shared memory it held as it went (_note_shared_memory)
+        self._holdings: Holdings | None = None  # what it held as it went (_note_holdings)
         self._stderr = tempfile.TemporaryFile()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
         self._child = subprocess.Popen([sys.executable, "-m", MODULE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -94,7 +94,7 @@ class ManagerProcess:
 
     def close(self) -> None:
         """A clean exit: the manager closed as its library closes one, then the process ends."""
-        self._note_shared_memory()
+        self._note_holdings()
         if self._child.poll() is None:
             try:
                 self._call({"op": "close"})
@@ -105,7 +105,7 @@ class ManagerProcess:
 
     def kill(self) -> None:
         """SIGKILL: nothing of the library runs again in that process."""
-        self._note_shared_memory()
+        self._note_holdings()
         if self._child.poll() is None:
             self._child.send_signal(signal.SIGKILL)
         self._child.wait()
@@ -115,29 +115,14 @@ class ManagerProcess:
 
     @property
     def left_behind(self) -> list[str]:
-        """The named shared memory (/dev/shm) the process held as it went
-        that is still there now it is gone: memory no process holds, which
-        nothing reclaims but a reboot."""
-        return sorted(path for path in self._held if os.path.exists(path)) if self._child.poll() is not None else []
+        """What the process held as it went (probes.suite.leftovers) that is
+        still there now it is gone."""
+        return self._holdings.left() if self._holdings is not None and self._child.poll() is not None else []
 
-    def _note_shared_memory(self) -> None:
-        """What named shared memory the process maps or holds open, while it still lives."""
-        if self._child.poll() is not None or self._held:
-            return
-        proc = Path(f"/proc/{self._child.pid}")
-        try:
-            mapped = {line.split(maxsplit=5)[-1].strip() for line in (proc / "maps").read_text().splitlines()
-                      if len(line.split(maxsplit=5)) == 6}
-            opened = set()
-            for fd in (proc / "fd").iterdir():
-                try:
-                    opened.add(os.readlink(fd))
-                except OSError:  # closed meanwhile
-                    pass
-        except OSError:  # it ended meanwhile: what it held is read no more
-            return
-        self._held = {path for path in mapped | opened if path.startswith(SHARED_MEMORY) and
-                      not path.endswith("(deleted)")}
+    def _note_holdings(self) -> None:
+        """What the process holds, while it still lives (once: a second going finds it gone)."""
+        if self._child.poll() is None and self._holdings is None:
+            self._holdings = Holdings.of(self._child.pid)
 
     def _call(self, message: dict, seconds: float = ANSWER_S) -> dict:
         try:

@@ -4,6 +4,7 @@ place, and the fault models of a consumer that does not survive its
 producer's death are found; the producer's process answers within its
 bounds, or says it is gone."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,9 @@ from tests.batch import BATCH_SECONDS
 
 pytestmark = pytest.mark.timeout(BATCH_SECONDS)
 SPEC = {"shape": "bf16[32,8,128]", "layers": 2, "host_blocks": 8, "mode": "put"}
+LEFT_BEHIND = {"keyless_pool_in_shared_memory": r"named shared memory /dev/shm/kvref-pool-keyless-",
+               "helper_process_outlives_manager": r"process \d+ \(sleep\), which it started, still running",
+               "socket_file_left": r"the socket file (\S+/kvref-local-\d+-\d+\.sock)"}
 
 
 def register(req, uuid, blocks):
@@ -82,7 +86,7 @@ def ran():
              "kvref-compat": sequence_case("kvref-compat", "cpu"),
              "pull_route_reused": sequence_case("kvref-sim", "tpu7x", ["pull_route_reused"]),
              "lost_pull_unsettled": sequence_case("kvref-sim", "tpu7x", ["lost_pull_unsettled"]),
-             "keyless_pool_in_shared_memory": sequence_case("kvref-sim", "tpu7x", ["keyless_pool_in_shared_memory"])}
+             **{fault: sequence_case("kvref-sim", "tpu7x", [fault]) for fault in LEFT_BEHIND}}
     return dict(zip(cases, run_cases(list(cases.values()), jobs=2)))
 
 
@@ -102,10 +106,13 @@ def test_a_consumer_that_does_not_survive_its_producers_death_is_found(ran, faul
     assert outcome.verdict == "ERROR" and said in outcome.detail, outcome.detail
 
 
-def test_a_killed_manager_that_leaves_named_shared_memory_behind_is_found(ran):
-    outcome = ran["keyless_pool_in_shared_memory"].outcome
-    assert outcome.verdict == "ERROR" and "killed, left /dev/shm/kvref-pool-keyless-" in outcome.detail, \
-        outcome.detail
+@pytest.mark.parametrize("fault", LEFT_BEHIND)
+def test_a_killed_manager_that_leaves_something_behind_is_found(ran, fault):
+    outcome = ran[fault].outcome
+    found = re.search(f"killed, left behind {LEFT_BEHIND[fault]}", outcome.detail)
+    if found and found.groups():
+        Path(found[1]).unlink()  # the socket file this case left
+    assert outcome.verdict == "ERROR" and found, outcome.detail
 
 
 def test_a_killed_producer_is_gone_at_once_and_its_successor_on_its_port_answers():

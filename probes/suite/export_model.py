@@ -199,12 +199,7 @@ class ExportModel:
     def may_cross(self, nbytes: int) -> None:
         """Bytes a host-to-host transfer moves: the network counters may count
         them, and the pull histogram its time."""
-        key = ("maybe", next(self._keys))
-        for name in NETWORK:
-            if name in self.counters:
-                self.counters[name].open[key] = nbytes
-        if PULL_TIME.name in self.samples:
-            self._sampled(PULL_TIME.name, key, 1)
+        self.pull_begun(("maybe", next(self._keys)), nbytes, True, True)  # open, as a pull both ways in flight
 
     def pool(self, key, nbytes: int | None) -> None:
         """A manager built (its pool's bytes), or dropped (None)."""

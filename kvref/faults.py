@@ -214,6 +214,12 @@ class Faults:
     transfer_time_on_two_clocks: bool = _fault(
         "a transfer's time is its end on the monotonic clock less its start on the wall clock: "
         "every sample is hugely negative, and the histogram's sum falls")
+    dma_time_per_stage: bool = _fault(
+        "a transfer's copy time is observed once per stage it passes (the device read, the host "
+        "write): the DMA histogram holds two samples per transfer, one transfer apparently twice")
+    landed_pull_counts_failure: bool = _fault(
+        "a pull that landed counts a failure too (its streams' end taken for a failure): the failure "
+        "counter grows with every pull, and an alert on it fires on a healthy host")
     times_failed_transfers: bool = _fault(
         "a failed transfer's time is observed in its histogram, as if it landed: the histogram's "
         "count runs past the transfers its byte counter counts")

@@ -11,7 +11,8 @@ read when the metrics are (a scrape), so a count never runs ahead of what
 landed, and a time is from the transfer's issue until it was seen done.
 A pull's bytes count as each run of blocks goes out of its producer and
 into its consumer (a pull that fails partway counts what crossed); its
-time is observed once it landed."""
+time is observed once it landed. A transfer or pull that failed counts one
+failure (on the consumer's side)."""
 
 from __future__ import annotations
 
@@ -47,8 +48,14 @@ POOL_BYTES = Metric("buffer_allocated_bytes", "gauge", "Host bytes of the pools 
 SENT_BYTES = Metric("sent_bytes_total", "counter", "Bytes of blocks producers sent to pulls, as each run went out.")
 RECEIVED_BYTES = Metric("received_bytes_total", "counter", "Bytes of blocks pulls received, as each run came in.")
 PULL_TIME = Metric("transfer_duration_ms", "histogram", "Milliseconds from a pull's start until it landed.")
-METRICS = (D2H_BYTES, H2D_BYTES, D2H_TIME, H2D_TIME, POOL_BYTES, SENT_BYTES, RECEIVED_BYTES, PULL_TIME)
+# kvref copies a transfer's blocks in one stage, so the copies' time is the transfer's.
+D2H_DMA_TIME = Metric("d2h_dma_time_ms", "histogram", "Milliseconds a device-to-host transfer's copies took.")
+H2D_DMA_TIME = Metric("h2d_dma_time_ms", "histogram", "Milliseconds a host-to-device transfer's copies took.")
+FAILURES = Metric("transfer_failures_total", "counter", "Transfers and pulls that failed (a refused call is none).")
+METRICS = (D2H_BYTES, H2D_BYTES, D2H_TIME, H2D_TIME, POOL_BYTES, SENT_BYTES, RECEIVED_BYTES, PULL_TIME,
+           D2H_DMA_TIME, H2D_DMA_TIME, FAILURES)
 TIME_OF = {D2H_BYTES.name: D2H_TIME.name, H2D_BYTES.name: H2D_TIME.name}  # a transfer's counter -> its histogram
+DMA_OF = {D2H_TIME.name: D2H_DMA_TIME.name, H2D_TIME.name: H2D_DMA_TIME.name}  # a transfer's histogram -> its copies'
 BUCKETS_MS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, math.inf)
 SWEEP_AT = 64  # transfers tracked before the completed ones are counted without a scrape
 
@@ -143,7 +150,8 @@ class Ledger:
                 continue
             try:
                 core.rethrow()
-            except Exception:  # a failed transfer counts nothing
+            except Exception:  # a failed transfer counts nothing but its failure
+                self._totals[FAILURES.name] += 1
                 if faults.times_failed_transfers:
                     self._observe(name, issued, faults)
                 continue
@@ -157,7 +165,10 @@ class Ledger:
         # transfer_time_on_two_clocks: the start read from the wall clock, the end from the monotonic one
         start = time.time() - (time.monotonic() - issued) if faults.transfer_time_on_two_clocks else issued
         per_second = 1e6 if faults.transfer_time_in_microseconds else 1000.0  # what the name says: milliseconds
-        self._times[TIME_OF[counter]].observe((time.monotonic() - start) * per_second)
+        took = (time.monotonic() - start) * per_second
+        self._times[TIME_OF[counter]].observe(took)
+        for _ in range(2 if faults.dma_time_per_stage else 1):  # the fault: its device read's, its host write's
+            self._times[DMA_OF[TIME_OF[counter]]].observe(took)
 
 
 LEDGER = Ledger()

@@ -386,6 +386,8 @@ class PullService:
                 pull.record.stamp("settled")
             if self._pulls.get(pull.req_id) is pull:
                 del self._pulls[pull.req_id]
+            if not done or self._faults.landed_pull_counts_failure:
+                metrics.LEDGER.count(metrics.FAILURES, 1)
             if not done:
                 self._note_failure(pull.req_id, reason)
             else:

@@ -252,7 +252,7 @@ def _may_count(exports, session: Session, w: PullWorld, blocks: int, consumer: i
     for d2h, n in ((True, 0), (False, 1 + consumer)):
         if w.caches[n] is not None:  # a producer in a process of its own counts there
             layers = len(w.caches[n])  # its time: up to a sample per block of each layer
-            exports.maybe(d2h, blocks * session.block_bytes(w.keys[n]) * layers, blocks * layers)
+            exports.maybe(d2h, blocks * session.block_bytes(w.keys[n]) * layers, blocks * layers, may_fail=False)
 
 
 def _late_by(step: dict) -> float:

@@ -22,6 +22,12 @@ host-to-host transfer may count its bytes there too. The pull histogram:
 one sample per pull that landed on a consumer in the process, none for
 one that failed.
 
+The copies' histograms (`d2h_dma_time_ms`, `h2d_dma_time_ms`): one
+sample per sample of their transfer's histogram, their sum no more than
+its. The failure counter: at most one per transfer that failed (or whose
+end the model leaves open), and per side in the process of a pull that
+failed; a transfer or pull that landed counts none.
+
 The pool gauge: the host pools of every manager alive in the process (the
 sequence's, and its host managers'). A pull manager's pool is the
 library's to size, so while a sequence has pull managers the gauge is not
@@ -49,7 +55,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from kvref.metrics import D2H_BYTES, H2D_BYTES, POOL_BYTES, PULL_TIME, RECEIVED_BYTES, SENT_BYTES, TIME_OF
+from kvref.metrics import (D2H_BYTES, DMA_OF, FAILURES, H2D_BYTES, POOL_BYTES, PULL_TIME, RECEIVED_BYTES, SENT_BYTES,
+                           TIME_OF)
 from kvref.polling import wait_for
 
 LAG_S = 2.0
@@ -133,7 +140,9 @@ class ExportModel:
         self.baseline = read()
         self.last = self.baseline  # the last scrape read
         self.counters = {name: Span() for name in COUNTERS if name in exported}
-        self.samples = {name: Span() for name in (*TIME_OF.values(), PULL_TIME.name) if name in exported}
+        self.samples = {name: Span() for name in (*TIME_OF.values(), *DMA_OF.values(), PULL_TIME.name)
+                        if name in exported}
+        self.failures = Span() if FAILURES.name in exported else None  # one at most per transfer or pull side
         self.durations = {name: Durations() for name in self.samples}
         self.pools: dict[object, int] | None = {} if POOL_BYTES.name in exported else None
         self.pools_known = True
@@ -153,6 +162,8 @@ class ExportModel:
             amount = span.open.pop(key, 0)
             if landed:
                 span.settled += amount
+        if self.failures is not None and (failed := self.failures.open.pop(key, 0)) and not landed:
+            self.failures.open[("failed", next(self._keys))] = failed  # may be counted, for good
         for durations in self.durations.values():
             began = durations.began.pop(key, None)
             if landed and began is not None:
@@ -164,11 +175,12 @@ class ExportModel:
         self.begun(key, d2h, nbytes)
         self.ended(key, True)
 
-    def maybe(self, d2h: bool, nbytes: int, samples: int = 1) -> None:
+    def maybe(self, d2h: bool, nbytes: int, samples: int = 1, may_fail: bool = True) -> None:
         """A transfer the model leaves open for good, counted or not: its
         bytes, and up to `samples` samples of its time (a pull's device side
-        is the library's to split)."""
-        self._open(("maybe", next(self._keys)), d2h, nbytes, samples)
+        is the library's to split); `may_fail`: it may count a failure (a
+        pull's device side does not: its failure is the pull's)."""
+        self._open(("maybe", next(self._keys)), d2h, nbytes, samples, may_fail)
 
     def pull_begun(self, key, nbytes: int, sent_here: bool, received_here: bool) -> None:
         """A pull accepted: its `nbytes` cross the network once, counted sent
@@ -177,6 +189,8 @@ class ExportModel:
         for name, here in zip(NETWORK, (sent_here, received_here)):
             if here and name in self.counters:
                 self.counters[name].open[key] = nbytes
+        if self.failures is not None:
+            self.failures.open[key] = sent_here + received_here
         if received_here and PULL_TIME.name in self.samples:
             self._sampled(PULL_TIME.name, key, 1)
 
@@ -212,13 +226,16 @@ class ExportModel:
     def pools_unknown(self) -> None:
         self.pools_known = False
 
-    def _open(self, key, d2h: bool, nbytes: int, samples: int) -> None:
+    def _open(self, key, d2h: bool, nbytes: int, samples: int, may_fail: bool = True) -> None:
         """A transfer one way, open: its bytes, and samples of its time."""
         name = D2H_BYTES.name if d2h else H2D_BYTES.name
         if name in self.counters:
             self.counters[name].open[key] = nbytes
-        if TIME_OF[name] in self.samples:
-            self._sampled(TIME_OF[name], key, samples)
+        for histogram in (TIME_OF[name], DMA_OF[TIME_OF[name]]):  # the copies' time: one per transfer's
+            if histogram in self.samples:
+                self._sampled(histogram, key, samples)
+        if self.failures is not None and may_fail:
+            self.failures.open[key] = 1
 
     def _sampled(self, histogram: str, key, samples: int) -> None:
         self.samples[histogram].open[key] = samples
@@ -253,6 +270,18 @@ class ExportModel:
                 return f"{name}'s samples sum to {took:,.3f} ms more, over the {durations.bound_ms(at):,.3f} ms " \
                        f"the transfers they time can have taken (from before each was issued until a scrape " \
                        f"held it): not milliseconds?", False
+        for transfer, copies in DMA_OF.items():
+            if transfer in self.samples and copies in self.samples:
+                took, copied = (now.get(f"{name}_sum", 0) - self.baseline.get(f"{name}_sum", 0)
+                                for name in (transfer, copies))
+                if copied > took + 1.0:  # a millisecond for rounding; the transfer's sample may yet arrive
+                    return f"{copies}'s samples sum to {copied:,.3f} ms more, over the {took:,.3f} ms of the " \
+                           f"transfers whose copies they time ({transfer})", True
+        if self.failures is not None:
+            grew = now.get(FAILURES.name, 0) - self.baseline.get(FAILURES.name, 0)
+            if grew > self.failures.high:
+                return f"{FAILURES.name} grew by {grew:,.0f}, more than the {self.failures.high:,} transfers and " \
+                       f"pulls that failed or may yet (each side of a pull in the process counted once)", False
         if self.pools is not None and self.pools_known:
             gauge, pools = now.get(POOL_BYTES.name, 0), sum(self.pools.values())
             if gauge != pools:

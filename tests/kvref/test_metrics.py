@@ -91,3 +91,19 @@ def test_the_pool_gauge_is_the_pools_of_every_manager_alive(dev, faults):
 def test_the_facade_scrapes_the_same_registry(dev):
     from kvref.compat import tpu_sync
     assert tpu_sync.get_raiden_metrics_prometheus_text is metrics.prometheus_text
+
+
+@pytest.mark.parametrize("faults, copies", [((), 2), (("dma_time_per_stage",), 4)])
+def test_each_transfer_that_landed_is_one_sample_of_its_copies_time_and_one_that_failed_a_failure(dev, faults,
+                                                                                                  copies):
+    layer = caches(dev, 2)
+    m = kvref.KVCacheManager(layer, 8, faults=faults)
+    before = scrape()
+    m.d2h([0, 1, 2], [0, 1, 2]).result()
+    m.d2h([3], [3]).result()
+    layer[0].fail_dma_in(0, BLOCK)
+    with pytest.raises(kvref.DeviceError):
+        m.d2h([0], [4]).result()
+    assert grew(before, "d2h_dma_time_ms_count") == copies
+    assert grew(before, "d2h_dma_time_ms_sum") == pytest.approx(grew(before, "d2h_transfer_time_ms_sum") * copies / 2)
+    assert grew(before, "transfer_failures_total") == 1

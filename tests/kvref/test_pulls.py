@@ -672,3 +672,18 @@ def test_a_pull_counts_its_bytes_sent_and_received_once_and_its_time_once_it_lan
     assert grew(before, "sent_bytes_total") == pulled
     assert grew(before, "received_bytes_total") == pulled * (streams if faults else 1)
     assert grew(before, "transfer_duration_ms_count") == 1
+
+
+@pytest.mark.parametrize("faults, failures", [((), 1), (("landed_pull_counts_failure",), 2)])
+def test_a_pull_that_failed_counts_one_failure_and_one_that_landed_none(device, faults, failures):
+    from tests.kvref.test_metrics import grew, scrape
+
+    (producer, _, _), _ = pair(device)
+    consumer = kvref.KVCacheManager(caches(device, 9)[0], 8, timeout_s=5.0, slice_policy="per_layer", faults=faults)
+    endpoint = producer.get_local_endpoints()[0]["endpoint"]
+    before = scrape()
+    producer.register_read("r", 7, [5, 3])
+    consumer.start_read("r", 7, endpoint, [5, 3], [0, 1])
+    consumer.start_read("never", 8, endpoint, [1], [4])  # nothing registered under 8: it fails
+    assert sorted(settle(consumer, ["r", "never"])[1]) == ["r"]
+    assert grew(before, "transfer_failures_total") == failures

@@ -53,7 +53,7 @@ FOUND_BY_SEQUENCES = {
     # What the process exports, judged after every step.
     "counts_requested_bytes": "ERROR", "gauge_of_last_pool": "ERROR", "counts_drop_with_manager": "ERROR",
     "transfer_time_on_two_clocks": "ERROR", "times_failed_transfers": "ERROR", "pull_bytes_per_stream": "ERROR",
-    "transfer_time_in_microseconds": "ERROR",
+    "transfer_time_in_microseconds": "ERROR", "dma_time_per_stage": "ERROR", "landed_pull_counts_failure": "ERROR",
     # Time past a bound the API states.
     "registrations_never_expire": "ERROR",
 }
@@ -515,3 +515,18 @@ def test_a_store_that_lost_what_the_model_stores_is_a_finding_at_its_pin():
     with pytest.raises(contract_rules.Broken, match=r"store pin \[7, 0\]: pin: a hash is not stored") as broken:
         contract_rules.store_call(session, 3, {"call": "pin", "hashes": [7, 0]})
     assert broken.value.verdict == "ERROR"
+
+
+def test_a_landed_pull_counted_as_a_failure_is_found():
+    steps = [{"rule": "register", "req": "req-1", "uuid": 77, "blocks": [1, 2]},
+             {"rule": "pull", "req": "p-1", "uuid": 77, "pick": [0, 1], "remote": [1, 2], "local": [3, 4],
+              "consumer": 0, "parallelism": 1}, {"rule": "settle"}]
+    sequence = {"spec": {"shape": "bf16[32,8,128]", "layers": 2, "host_blocks": 8, "mode": "put"}, "seed": 5,
+                "steps": steps}
+    cases = [fuzz_command.contract_case("kvref-sim", "tpu7x", kvref.Faults.parse(faults, environ={}),
+                                        CASE_SECONDS / 2, 0, calls=sequence)
+             for faults in ([], ["landed_pull_counts_failure"])]
+    clean, faulty = (result.outcome for result in run_cases(cases, jobs=2))
+    assert clean.verdict == "PASS", clean.detail
+    assert faulty.verdict == "ERROR" and "transfer_failures_total grew by 1, more than the 0" in faulty.detail, \
+        faulty.detail

@@ -149,3 +149,41 @@ def test_samples_that_sum_past_the_time_their_transfers_can_have_taken_are_a_fin
     assert m.problem(scrape(), at) is None
     scrape.values[f"{name}_sum"] = 0.5 + 20.0
     assert "samples sum to 20.500 ms more, over the 10.000 ms" in m.problem(scrape(), at)[0]
+
+
+def test_the_copies_histogram_holds_one_sample_per_transfer_and_no_more_time_than_it():
+    took, copies = "h2d_transfer_time_ms", "h2d_dma_time_ms"
+    scrape = Scrape(**{f"{name}_{part}": 0.0 for name in (took, copies) for part in ("count", "sum")})
+    m = model(scrape, (H2D, took, copies))
+    at = m.scraped_at + 0.010
+    m.moved(False, 512)
+    scrape.values.update({H2D: 512.0, f"{took}_count": 1.0, f"{took}_sum": 2.0, f"{copies}_count": 1.0,
+                          f"{copies}_sum": 2.0})
+    assert m.problem(scrape(), at) is None
+    scrape.values[f"{copies}_sum"] = 4.0
+    problem, low = m.problem(scrape(), at)
+    assert low and "h2d_dma_time_ms's samples sum to 4.000 ms more, over the 2.000 ms" in problem
+    scrape.values.update({f"{copies}_count": 2.0, f"{copies}_sum": 2.0})
+    problem, low = m.problem(scrape(), at)
+    assert not low and "h2d_dma_time_ms holds 2 more samples, not one per transfer" in problem
+
+
+def test_failures_count_only_what_failed_or_may_yet():
+    failures = "transfer_failures_total"
+    scrape = Scrape(**{failures: 3.0})
+    m = model(scrape, (failures,))
+    m.moved(True, 512)  # landed: no failure
+    m.begun(1, True, 512)  # in flight: may fail
+    m.pull_begun("p", 1024, sent_here=True, received_here=True)
+    m.pull_ended("p", landed=True, crossed_some=True)
+    scrape.values[failures] = 4.0
+    assert m.problem(scrape()) is None
+    m.ended(1, landed=True)
+    problem, low = m.problem(scrape())
+    assert not low and "transfer_failures_total grew by 1, more than the 0" in problem
+    m.pull_begun("q", 1024, sent_here=True, received_here=True)
+    m.pull_ended("q", landed=False, crossed_some=True)  # failed: each side may count it, for good
+    scrape.values[failures] = 5.0
+    assert m.problem(scrape()) is None
+    scrape.values[failures] = 6.0
+    assert "grew by 3, more than the 2" in m.problem(scrape())[0]

@@ -217,6 +217,9 @@ class Faults:
     dma_time_per_stage: bool = _fault(
         "a transfer's copy time is observed once per stage it passes (the device read, the host "
         "write): the DMA histogram holds two samples per transfer, one transfer apparently twice")
+    p2p_time_per_stream: bool = _fault(
+        "a producer observes a pull's crossing time once per stream it served, not once per pull: "
+        "a pull of parallelism 4 is four pulls in the p2p histogram")
     landed_pull_counts_failure: bool = _fault(
         "a pull that landed counts a failure too (its streams' end taken for a failure): the failure "
         "counter grows with every pull, and an alert on it fires on a healthy host")

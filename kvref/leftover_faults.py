@@ -11,12 +11,13 @@ import socket
 import subprocess
 import tempfile
 
-HELPER_SECONDS = 60  # the stray helper's life: the fault leaves it running, the host does not keep it for good
+HELPER_SECONDS = 30  # the stray helper's life: the fault leaves it running, the host does not keep it for good
 _SOCKETS = itertools.count()  # the socket files' names, one per manager
 
 
 def started_leftovers(faults) -> list:
-    """What the fault models switched on start now, for the manager to hold (a socket closes when it goes)."""
+    """What the fault models switched on start now, for the manager to hold (a socket closes with its last
+    reference)."""
     held: list = []
     if faults.helper_process_outlives_manager:
         held.append(subprocess.Popen(["sleep", str(HELPER_SECONDS)], start_new_session=True,

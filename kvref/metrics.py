@@ -51,9 +51,12 @@ PULL_TIME = Metric("transfer_duration_ms", "histogram", "Milliseconds from a pul
 # kvref copies a transfer's blocks in one stage, so the copies' time is the transfer's.
 D2H_DMA_TIME = Metric("d2h_dma_time_ms", "histogram", "Milliseconds a device-to-host transfer's copies took.")
 H2D_DMA_TIME = Metric("h2d_dma_time_ms", "histogram", "Milliseconds a host-to-device transfer's copies took.")
+P2P_TIME = Metric("p2p_transfer_time_ms", "histogram",
+                  "Milliseconds a producer took to send a pull, from its first stream until the pull landed: one "
+                  "sample per layer.")
 FAILURES = Metric("transfer_failures_total", "counter", "Transfers and pulls that failed (a refused call is none).")
 METRICS = (D2H_BYTES, H2D_BYTES, D2H_TIME, H2D_TIME, POOL_BYTES, SENT_BYTES, RECEIVED_BYTES, PULL_TIME,
-           D2H_DMA_TIME, H2D_DMA_TIME, FAILURES)
+           D2H_DMA_TIME, H2D_DMA_TIME, P2P_TIME, FAILURES)
 TIME_OF = {D2H_BYTES.name: D2H_TIME.name, H2D_BYTES.name: H2D_TIME.name}  # a transfer's counter -> its histogram
 DMA_OF = {D2H_TIME.name: D2H_DMA_TIME.name, H2D_TIME.name: H2D_DMA_TIME.name}  # a transfer's histogram -> its copies'
 BUCKETS_MS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, math.inf)
@@ -113,6 +116,12 @@ class Ledger:
         """A pull that began at `started` (time.monotonic()) has landed."""
         with self._lock:
             self._times[PULL_TIME.name].observe((time.monotonic() - started) * 1000.0)
+
+    def pull_sent(self, started: float, layers: int) -> None:
+        """A producer's pull, whose first stream began at `started`, landed: each of its `layers` crossed."""
+        with self._lock:
+            for _ in range(layers):
+                self._times[P2P_TIME.name].observe((time.monotonic() - started) * 1000.0)
 
     def pool_opened(self, token: int, nbytes: int, faults: Faults) -> None:
         with self._lock:

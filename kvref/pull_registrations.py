@@ -36,6 +36,7 @@ class Registration:
     # Each part's blocks some Pull stream sent whole: a consumer's word that a part landed counts
     # only for a part every block of which was sent (a stranger's Settled moves nothing).
     sent: dict = field(default_factory=dict)
+    streams: list = field(default_factory=list)  # when each Pull stream began to send (time.monotonic())
 
     def sent_whole(self, part: int) -> bool:
         return self.sent.get(part, set()) >= set(self.block_ids)
@@ -154,6 +155,8 @@ class Registrations:
         deadline = time.monotonic() + min(context.time_remaining() or self.timeout_s, self.timeout_s)
         # own_parts: its own parts go out labelled as the ones asked for
         labels = dict(zip(served, wanted)) if own_parts else {part: part for part in wanted}
+        with self._lock:
+            registration.streams.append(time.monotonic())
         for (layer, part, position), data in self._staging.read(list(request.block_ids), list(labels), deadline):
             yield PullReply(block=BlockBytes(layer=layer, shard=labels[part], position=position, data=data))
             metrics.LEDGER.count(metrics.SENT_BYTES, len(data))  # taken by gRPC: it went out
@@ -168,8 +171,14 @@ class Registrations:
             if registration is not None and request.landed:
                 registration.landed_parts |= {part for part in parts if registration.sent_whole(part)}
                 if registration.landed_parts >= set(range(self.layer_parts[0])):
+                    self._observe_sent(registration)
                     self._settle(registration)
         return PullSettledReply()
+
+    def _observe_sent(self, registration: Registration) -> None:
+        """A landed pull's crossing time, from its first stream, once per layer."""
+        for began in registration.streams if self._faults.p2p_time_per_stream else registration.streams[:1]:
+            metrics.LEDGER.pull_sent(began, len(self.layer_parts))
 
     def _settle(self, registration: Registration) -> None:
         if self._faults.settled_registration_served and registration.deadline > time.monotonic():

@@ -92,7 +92,8 @@ def host_move(session: Session, index: int, step: dict) -> None:
     if answer is REFUSED:
         return
     chunks, pending = answer
-    exported(session, lambda e: e.may_cross(_row_bytes(session, source) * len(blocks)))
+    exported(session, lambda e: e.may_cross(_row_bytes(session, source) * len(blocks),
+                                            len(session.hosts.caches[source])))
     chunks = check_handed_out(what, chunks, len(blocks), receiver)
     done = landed(pending, judgment, what)
     if done or step["read"]:  # a write that failed leaves the chunks the peer took free

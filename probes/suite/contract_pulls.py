@@ -63,7 +63,7 @@ EXPIRY_DRAWN = 0.03  # of the pull steps drawn while registrations wait, once a 
 MAX_BLOCKS = 8  # the most blocks one pull moves
 SETTLE_S = TIMEOUT_S + 10.0  # beyond which a pull that never settled is a finding (a loaded machine is slow)
 POLL_S = 0.005
-LEFT_BEHIND_S = 2.0  # for what cleans up after a dead process (a resource tracker) before its leftovers count
+LEFT_BEHIND_S = 10.0  # for what cleans up after a dead process (a resource tracker) before its leftovers count
 DONE, FAILED, EITHER = "done", "failed", "done or failed"
 
 
@@ -174,6 +174,8 @@ def register(session: Session, index: int, step: dict) -> None:
     w.pulled.discard(uuid)
     w.registrations[uuid] = list(step["blocks"])
     w.registered_at[uuid], w.registered_by[uuid] = called, step["req"]
+    if w.caches[0] is not None:  # the producer is in this process: a registration no pull lands may count as failed
+        exported(session, lambda e: e.registered(("registered", uuid)))
 
 
 def pull(session: Session, index: int, step: dict) -> None:
@@ -223,7 +225,8 @@ def pull(session: Session, index: int, step: dict) -> None:
     exported(session, lambda e: _may_count(e, session, w, len(step["local"]), consumer))
     crossing = len(step["remote"]) * session.block_bytes(w.keys[0]) * len(w.blocks[0])  # as the device counters
     exported(session, lambda e: e.pull_begun(("pull", index), crossing, w.caches[0] is not None,
-                                             w.caches[1 + consumer] is not None))
+                                             w.caches[1 + consumer] is not None,
+                                             (len(w.blocks[0]), len(w.blocks[1 + consumer]))))
     if registered is not None and expect != FAILED:
         w.pulled.add(uuid)
         del w.registrations[uuid]
@@ -367,11 +370,6 @@ def _replace(session: Session, w: PullWorld, n: int, how: str, key: kvref.ShapeK
     old = w.managers[n]
     if isinstance(old, ManagerProcess):
         old.kill() if how == "kill" else old.close()
-        left = _left_behind(old)  # a manager built without a shared-memory key names none that outlives it
-        if left:
-            raise Broken(ERROR, f"{MANAGERS[n]}, {'killed' if how == 'kill' else 'closed'}, left behind "
-                                f"{'; '.join(left[:3])}: nothing of its library's reclaims it now, and each restart "
-                                "adds more")
     else:
         w.lib.close_manager(old)
     seeds = [seed + layer for layer in range(len(w.blocks[n]))]
@@ -383,13 +381,20 @@ def _replace(session: Session, w: PullWorld, n: int, how: str, key: kvref.ShapeK
                             f"(port {port or 'its own'}, {key}): {first_line(e)}") from e
     w.keys[n], w.caches[n] = key, None
     w.blocks[n] = [session.blocks_of(key, random_host(key, s, finite=True)) for s in seeds]
+    # A manager built without a shared-memory key names none that outlives it; what the newcomer takes
+    # over (a fixed name it binds again) is not left behind.
+    if isinstance(old, ManagerProcess) and (left := _left_behind(old, w.managers[n])):
+        raise Broken(ERROR, f"{MANAGERS[n]}, {'killed' if how == 'kill' else 'closed'}, left behind "
+                            f"{'; '.join(left[:3])}: nothing of its library's reclaims it now, and each restart "
+                            "adds more")
 
 
-def _left_behind(gone: ManagerProcess) -> list[str]:
-    """What a gone manager's process left behind (probes.suite.leftovers),
-    once whatever cleans up after a dead process (a resource tracker) had LEFT_BEHIND_S."""
-    wait_for(lambda: not gone.left_behind, LEFT_BEHIND_S, 0.05)
-    return gone.left_behind
+def _left_behind(gone: ManagerProcess, successor: ManagerProcess) -> list[str]:
+    """What a gone manager's process left behind (probes.suite.leftovers) that
+    its successor did not take over, once whatever cleans up after a dead
+    process (a resource tracker) had LEFT_BEHIND_S."""
+    wait_for(lambda: not gone.left_behind(successor), LEFT_BEHIND_S, 0.05)
+    return gone.left_behind(successor)
 
 
 def close_pull_managers(w: PullWorld) -> None:
@@ -504,7 +509,8 @@ def _poll(session: Session, w: PullWorld) -> None:
                 raise Broken(ERROR, f"{req} (uuid {p.uuid}, {p.remote} -> {p.local}) reported {how}{why}; "
                                     f"the model says {p.expect}")
             p.settled = how
-            exported(session, lambda e: e.pull_ended(("pull", p.index), how == DONE, p.served))
+            exported(session, lambda e: e.pull_ended(("pull", p.index), how == DONE, p.served,
+                                                     ("registered", p.uuid)))
             if how == DONE:
                 for layer, blocks in enumerate(w.blocks[1 + consumer]):
                     for row, l in zip(p.source[layer], p.local):

@@ -55,14 +55,15 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from kvref.metrics import (D2H_BYTES, DMA_OF, FAILURES, H2D_BYTES, POOL_BYTES, PULL_TIME, RECEIVED_BYTES, SENT_BYTES,
-                           TIME_OF)
+from kvref.metrics import (D2H_BYTES, DMA_OF, FAILURES, H2D_BYTES, P2P_TIME, POOL_BYTES, PULL_TIME, RECEIVED_BYTES,
+                           SENT_BYTES, TIME_OF)
 from kvref.polling import wait_for
 
 LAG_S = 2.0
 POLL_S = 0.01
 COUNTERS = (D2H_BYTES.name, H2D_BYTES.name, SENT_BYTES.name, RECEIVED_BYTES.name)
 NETWORK = (SENT_BYTES.name, RECEIVED_BYTES.name)
+COPIES = tuple(DMA_OF.values())
 BUCKET = re.compile(r'^(?P<base>.+)_bucket\{le="(?P<le>[^"]+)"\}$')  # as probes.iut.exports names a bucket
 SIZES = re.compile(r"_(ms|us|seconds|bytes)$")  # a histogram of durations or sizes: no sample is below zero
 
@@ -140,7 +141,7 @@ class ExportModel:
         self.baseline = read()
         self.last = self.baseline  # the last scrape read
         self.counters = {name: Span() for name in COUNTERS if name in exported}
-        self.samples = {name: Span() for name in (*TIME_OF.values(), *DMA_OF.values(), PULL_TIME.name)
+        self.samples = {name: Span() for name in (*TIME_OF.values(), *DMA_OF.values(), PULL_TIME.name, P2P_TIME.name)
                         if name in exported}
         self.failures = Span() if FAILURES.name in exported else None  # one at most per transfer or pull side
         self.durations = {name: Durations() for name in self.samples}
@@ -182,10 +183,17 @@ class ExportModel:
         pull's device side does not: its failure is the pull's)."""
         self._open(("maybe", next(self._keys)), d2h, nbytes, samples, may_fail)
 
-    def pull_begun(self, key, nbytes: int, sent_here: bool, received_here: bool) -> None:
+    def pull_begun(self, key, nbytes: int, sent_here: bool, received_here: bool, layers: tuple[int, int]) -> None:
         """A pull accepted: its `nbytes` cross the network once, counted sent
         where its producer is in this process, received where its consumer
-        is; once it lands, its time is one sample on the consumer's side."""
+        is; once it lands, its time is one sample on the consumer's side.
+        Its layers' crossing times (`layers`: the producer's and the
+        consumer's) are up to a sample per layer on each side here, landed or
+        not, and may come late (the wheel's come from the producer, at times
+        only when it closes): open for good."""
+        if P2P_TIME.name in self.samples:
+            crossing = layers[0] * sent_here + layers[1] * received_here
+            self._sampled(P2P_TIME.name, ("maybe", next(self._keys)), crossing)
         for name, here in zip(NETWORK, (sent_here, received_here)):
             if here and name in self.counters:
                 self.counters[name].open[key] = nbytes
@@ -194,11 +202,20 @@ class ExportModel:
         if received_here and PULL_TIME.name in self.samples:
             self._sampled(PULL_TIME.name, key, 1)
 
-    def pull_ended(self, key, landed: bool, crossed_some: bool) -> None:
-        """A pull settled. Landed: every byte crossed, and one sample. Failed:
-        no sample, and of its bytes what crossed before it failed, which the
-        model leaves open; none where the producer had nothing it asked for
+    def registered(self, key) -> None:
+        """A registration on a producer in this process: until a pull of it
+        lands, it may expire unpulled, and a library may count that a failure."""
+        if self.failures is not None:
+            self.failures.open[key] = 1
+
+    def pull_ended(self, key, landed: bool, crossed_some: bool, registration=None) -> None:
+        """A pull settled. Landed: every byte crossed, and one sample, and its
+        `registration` (registered's key) is no failure. Failed: no sample,
+        and of its bytes what crossed before it failed, which the model
+        leaves open; none where the producer had nothing it asked for
         (`crossed_some` False)."""
+        if landed and self.failures is not None:
+            self.failures.open.pop(registration, None)
         for name in NETWORK:
             span = self.counters.get(name)
             if span is None:
@@ -210,10 +227,11 @@ class ExportModel:
                 span.open[("maybe", next(self._keys))] = amount
         self.ended(key, landed)
 
-    def may_cross(self, nbytes: int) -> None:
-        """Bytes a host-to-host transfer moves: the network counters may count
-        them, and the pull histogram its time."""
-        self.pull_begun(("maybe", next(self._keys)), nbytes, True, True)  # open, as a pull both ways in flight
+    def may_cross(self, nbytes: int, layers: int) -> None:
+        """Bytes a host-to-host transfer moves between pools of `layers`
+        layers: the network counters may count them, and the pull histograms
+        its time."""
+        self.pull_begun(("maybe", next(self._keys)), nbytes, True, True, (layers, layers))  # open, both ways
 
     def pool(self, key, nbytes: int | None) -> None:
         """A manager built (its pool's bytes), or dropped (None)."""
@@ -258,11 +276,12 @@ class ExportModel:
                        f"that landed", True
         for name, span in self.samples.items():
             grew = now.get(f"{name}_count", 0) - self.baseline.get(f"{name}_count", 0)
-            if not span.settled <= grew <= span.high:
+            settled = 0 if name in COPIES else span.settled  # a library may time no copy (none on its device)
+            if not settled <= grew <= span.high:
                 return f"{name} holds {grew:,.0f} more samples, not one per transfer or pull that landed " \
-                       f"({span.settled:,}" \
-                       f"{'' if span.high == span.settled else f' to {span.high:,} with those in flight or open'})", \
-                    grew < span.settled
+                       f"({settled:,}" \
+                       f"{'' if span.high == settled else f' to {span.high:,} with those in flight or open'})", \
+                    grew < settled
             durations = self.durations[name]
             durations.held(at)
             took = now.get(f"{name}_sum", 0) - self.baseline.get(f"{name}_sum", 0)
@@ -272,9 +291,12 @@ class ExportModel:
                        f"held it): not milliseconds?", False
         for transfer, copies in DMA_OF.items():
             if transfer in self.samples and copies in self.samples:
-                took, copied = (now.get(f"{name}_sum", 0) - self.baseline.get(f"{name}_sum", 0)
-                                for name in (transfer, copies))
-                if copied > took + 1.0:  # a millisecond for rounding; the transfer's sample may yet arrive
+                timed, took, copied_n, copied = (now.get(f"{name}_{part}", 0) - self.baseline.get(f"{name}_{part}", 0)
+                                                 for name in (transfer, copies) for part in ("count", "sum"))
+                if copied_n > timed:  # the transfer's samples may yet arrive
+                    return f"{copies} holds {copied_n:,.0f} more samples, more than the {timed:,.0f} of the " \
+                           f"transfers whose copies they time ({transfer})", True
+                if copied > took + 1.0 + 0.01 * copied_n:  # for rounding, and clocks read apart
                     return f"{copies}'s samples sum to {copied:,.3f} ms more, over the {took:,.3f} ms of the " \
                            f"transfers whose copies they time ({transfer})", True
         if self.failures is not None:

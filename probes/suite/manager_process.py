@@ -113,11 +113,13 @@ class ManagerProcess:
             pipe.close()
         self._stderr.close()
 
-    @property
-    def left_behind(self) -> list[str]:
+    def left_behind(self, successor: ManagerProcess | None = None) -> list[str]:
         """What the process held as it went (probes.suite.leftovers) that is
-        still there now it is gone."""
-        return self._holdings.left() if self._holdings is not None and self._child.poll() is not None else []
+        still there now it is gone, and that `successor` (the process that
+        took its place) does not hold."""
+        if self._holdings is None or self._child.poll() is None:
+            return []
+        return self._holdings.left(None if successor is None else Holdings.of(successor.pid))
 
     def _note_holdings(self) -> None:
         """What the process holds, while it still lives (once: a second going finds it gone)."""

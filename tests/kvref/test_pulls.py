@@ -687,3 +687,17 @@ def test_a_pull_that_failed_counts_one_failure_and_one_that_landed_none(device, 
     consumer.start_read("never", 8, endpoint, [1], [4])  # nothing registered under 8: it fails
     assert sorted(settle(consumer, ["r", "never"])[1]) == ["r"]
     assert grew(before, "transfer_failures_total") == failures
+
+
+@pytest.mark.parametrize("faults, streams, samples", [((), 3, 3), (("p2p_time_per_stream",), 3, 9)])
+def test_a_producer_times_a_landed_pull_once_per_layer(device, faults, streams, samples):
+    from tests.kvref.test_metrics import grew, scrape
+
+    (producer, _, _), (consumer, _, _) = pair(device, faults=faults)
+    endpoint = producer.get_local_endpoints()[0]["endpoint"]
+    before = scrape()
+    producer.register_read("r", 7, [5, 3, 9])
+    consumer.start_read("r", 7, endpoint, [5, 3, 9], [0, 1, 2], parallelism=streams)
+    assert sorted(settle(consumer, ["r"])[1]) == ["r"]
+    assert wait_for(lambda: "r" in producer.poll_stats()[0], 5.0, 0.01)  # the consumer's word reached it
+    assert grew(before, "p2p_transfer_time_ms_count") == samples  # three layers

@@ -54,6 +54,7 @@ FOUND_BY_SEQUENCES = {
     "counts_requested_bytes": "ERROR", "gauge_of_last_pool": "ERROR", "counts_drop_with_manager": "ERROR",
     "transfer_time_on_two_clocks": "ERROR", "times_failed_transfers": "ERROR", "pull_bytes_per_stream": "ERROR",
     "transfer_time_in_microseconds": "ERROR", "dma_time_per_stage": "ERROR", "landed_pull_counts_failure": "ERROR",
+    "p2p_time_per_stream": "ERROR",
     # Time past a bound the API states.
     "registrations_never_expire": "ERROR",
 }

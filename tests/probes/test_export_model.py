@@ -121,9 +121,9 @@ def test_a_pull_that_landed_counts_its_bytes_and_one_sample_and_one_that_failed_
     sent, received, samples = "sent_bytes_total", "received_bytes_total", "transfer_duration_ms_count"
     scrape = Scrape()
     m = model(scrape, (sent, received, "transfer_duration_ms"))
-    m.pull_begun("a", 4096, sent_here=True, received_here=True)
-    m.pull_begun("b", 2048, sent_here=False, received_here=True)
-    m.pull_begun("c", 1024, sent_here=True, received_here=True)
+    m.pull_begun("a", 4096, sent_here=True, received_here=True, layers=(2, 2))
+    m.pull_begun("b", 2048, sent_here=False, received_here=True, layers=(2, 2))
+    m.pull_begun("c", 1024, sent_here=True, received_here=True, layers=(2, 2))
     scrape.values.update({sent: 5120.0, received: 7168.0, samples: 1.0})  # in flight: any of it may have counted
     assert m.problem(scrape()) is None
     m.pull_ended("a", landed=True, crossed_some=True)
@@ -174,16 +174,51 @@ def test_failures_count_only_what_failed_or_may_yet():
     m = model(scrape, (failures,))
     m.moved(True, 512)  # landed: no failure
     m.begun(1, True, 512)  # in flight: may fail
-    m.pull_begun("p", 1024, sent_here=True, received_here=True)
+    m.pull_begun("p", 1024, sent_here=True, received_here=True, layers=(2, 2))
     m.pull_ended("p", landed=True, crossed_some=True)
     scrape.values[failures] = 4.0
     assert m.problem(scrape()) is None
     m.ended(1, landed=True)
     problem, low = m.problem(scrape())
     assert not low and "transfer_failures_total grew by 1, more than the 0" in problem
-    m.pull_begun("q", 1024, sent_here=True, received_here=True)
+    m.pull_begun("q", 1024, sent_here=True, received_here=True, layers=(2, 2))
     m.pull_ended("q", landed=False, crossed_some=True)  # failed: each side may count it, for good
     scrape.values[failures] = 5.0
     assert m.problem(scrape()) is None
     scrape.values[failures] = 6.0
     assert "grew by 3, more than the 2" in m.problem(scrape())[0]
+    m.registered(("registered", 9))  # may expire unpulled, and count as failed
+    assert m.problem(scrape()) is None
+    m.pull_begun("r", 1024, sent_here=True, received_here=False, layers=(2, 2))
+    m.pull_ended("r", landed=True, crossed_some=True, registration=("registered", 9))  # it landed: no failure
+    assert "grew by 3, more than the 2" in m.problem(scrape())[0]
+
+
+def test_a_pulls_crossing_times_are_up_to_one_sample_per_layer_on_each_side_here_landed_or_not():
+    p2p = "p2p_transfer_time_ms"
+    scrape = Scrape(**{f"{p2p}_count": 0.0, f"{p2p}_sum": 0.0})
+    m = model(scrape, (p2p,))
+    m.pull_begun("a", 4096, sent_here=True, received_here=False, layers=(2, 3))
+    m.pull_ended("a", landed=False, crossed_some=True)  # its samples may still come (the producer's, late)
+    scrape.values.update({f"{p2p}_count": 2.0, f"{p2p}_sum": 0.5})
+    assert m.problem(scrape(), m.scraped_at + 0.010) is None
+    scrape.values[f"{p2p}_count"] = 3.0
+    problem, low = m.problem(scrape(), m.scraped_at + 0.010)
+    assert not low and "p2p_transfer_time_ms holds 3 more samples" in problem
+    m.may_cross(1024, layers=2)  # a host-to-host transfer: up to a sample per layer on each side
+    scrape.values[f"{p2p}_count"] = 6.0
+    assert m.problem(scrape(), m.scraped_at + 0.010) is None
+
+
+def test_copies_are_never_ahead_of_their_transfers_and_may_be_untimed():
+    took, copies = "d2h_transfer_time_ms", "d2h_dma_time_ms"
+    scrape = Scrape(**{f"{name}_{part}": 0.0 for name in (took, copies) for part in ("count", "sum")})
+    m = model(scrape, (took, copies))
+    at = m.scraped_at + 0.010
+    m.moved(True, 512)
+    m.begun(2, True, 512)  # in flight: its samples may be there, or not yet
+    scrape.values.update({f"{took}_count": 1.0, f"{took}_sum": 2.0})
+    assert m.problem(scrape(), at) is None  # a library that times no copy
+    scrape.values.update({f"{copies}_count": 2.0, f"{copies}_sum": 2.0})
+    problem, low = m.problem(scrape(), at)
+    assert low and "d2h_dma_time_ms holds 2 more samples, more than the 1 of the transfers" in problem

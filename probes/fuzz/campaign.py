@@ -79,7 +79,7 @@ def run_category(spec: str, count: int, seed: int, log_dir: Path) -> Tally:
 # Input categories beside kvref's API: addresses peers dial, run files a user holds.
 INPUT_CATEGORIES = ["probes.fuzz.addresses:PeerAddresses", "probes.report.run_file_inputs:RunFiles",
                     "probes.fuzz.store_tables:RecoveredStoreTables", "probes.fuzz.metadata:MetadataFields",
-                    "probes.fuzz.thread_starts:ThreadStarts"]
+                    "probes.fuzz.thread_starts:ThreadStarts", "probes.run.finding_inputs:FindingFiles"]
 LIFECYCLE = "probes.fuzz.lifecycle:Lifecycle"
 LISTENER = "probes.fuzz.listener:HostilePeer"
 IMPORTS = "probes.fuzz.outside_imports:OutsideImports"

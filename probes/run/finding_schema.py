@@ -5,9 +5,12 @@ shared between teams; a file from elsewhere is data to check, never trusted."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jsonschema
 
 import kvref
+from probes.suite.cases import Case
 
 MOST_CACHE_BYTES = 64 << 20  # one layer's cache a replayed sequence may ask for (the drawn ones are KiBs)
 MOST_LAYERS = 16
@@ -32,6 +35,7 @@ _CALLS = {"type": "object", "required": ["shape", "layers", "host_blocks", "mode
           "properties": {**_SPEC["properties"], "calls": {"type": "array", "maxItems": MOST_STEPS,
                                                           "items": {"type": "object"}}}}
 _CASE = {"type": "object", "required": ["probe", "generation", "iut", "name", "shape", "faults", "timeout", "calls"],
+         "propertyNames": {"enum": [field.name for field in dataclasses.fields(Case)]},  # a case's fields only
          "properties": {"probe": {"enum": ["call_sequence", "contract_sequences"]},
                         "generation": {"type": "string", "maxLength": 100}, "iut": {"type": "string", "maxLength": 200},
                         "name": {"type": "string", "maxLength": 200}, "shape": {"type": "string", "maxLength": 200},

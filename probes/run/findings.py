@@ -69,8 +69,8 @@ def write_finding(case: Case, verdict: str, detail: str, iut_version: str, found
 def _readable(path: Path) -> dict | None:
     """A finding's fields, or None for a file that is not one (torn, or someone else's)."""
     try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
+        known = read_json(path)
+    except ValueError:
         return None
     return known if isinstance(known, dict) and isinstance(known.get("case"), dict) else None
 
@@ -99,16 +99,23 @@ def add_option_set(path: Path, case: Case) -> None:
         os.replace(part, path)  # whole: a reader never sees it half written
 
 
-def read_finding(path: Path, *models: str) -> dict:
-    """A finding of one of `models` written by write_finding, or ValueError naming what is wrong with it."""
+def read_json(path: Path, what: str = "finding") -> object:
+    """A finding's (or a sequence's) JSON value, read bounded, or ValueError naming the file."""
     try:
         with open(path, "rb") as file:
             text = file.read(MOST_FINDING_BYTES + 1)
         if len(text) > MOST_FINDING_BYTES:
-            raise ValueError(f"longer than the {MOST_FINDING_BYTES:,} bytes a finding may be")
-        finding = json.loads(text)
+            raise ValueError(f"longer than the {MOST_FINDING_BYTES:,} bytes a {what} may be")
+        return json.loads(text)
+    except RecursionError:  # arrays or objects nested past the parser's depth
+        raise ValueError(f"{path}: not a readable JSON {what} (nested too deep)") from None
     except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not a readable JSON finding ({e})") from None
+        raise ValueError(f"{path}: not a readable JSON {what} ({e})") from None
+
+
+def read_finding(path: Path, *models: str) -> dict:
+    """A finding of one of `models` written by write_finding, or ValueError naming what is wrong with it."""
+    finding = read_json(path)
     if not isinstance(finding, dict) or finding.get("model") not in models or not FIELDS <= set(finding):
         named = " or ".join(f"`kvprobe fuzz --model {model}`" for model in models)
         raise ValueError(f"{path}: expected a finding of {named} with {sorted(FIELDS)}")

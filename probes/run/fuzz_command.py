@@ -16,7 +16,6 @@ or contract finding as a standalone script (probes.run.reproducers)."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 from dataclasses import dataclass, replace
@@ -30,7 +29,7 @@ from probes.iut import iut
 from probes.run import options, reproducers
 from probes.run.campaign import Campaign, known_in, run_lanes
 from probes.run.finding_schema import check_sequence
-from probes.run.findings import read_finding, write_finding
+from probes.run.findings import read_finding, read_json, write_finding
 from probes.run.runner import CaseResult, run_case, run_cases
 from probes.run.subcommand import Command
 from probes.suite.cases import Case
@@ -174,10 +173,7 @@ def replay(path: Path, name: str | None, generation: str | None, faults: kvref.F
            seconds: float) -> CaseResult:
     """One finding's (or a bare sequence's) sequence, replayed on `name`
     (default: the IUT it was found on) in a worker."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"--replay {path}: not a readable JSON sequence ({e})") from e
+    data = read_json(Path(path), "sequence")
     found = data if isinstance(data, dict) and data.get("model") == "contract" else None
     if found is not None:
         found = read_finding(path, "contract")

@@ -247,8 +247,17 @@ def _reproducer_python(interpreter) -> str:
 
 def render(path: Path, option_set: int = 0) -> str:
     """The standalone reproducer of the finding at `path`, under its
-    `option_set`-th way of building the manager."""
+    `option_set`-th way of building the manager; ValueError in one line
+    naming the file where the finding names what cannot be replayed."""
     finding = read_finding(path, "blocks", "contract")
+    try:
+        return _rendered(path, finding, option_set)
+    except ValueError as e:
+        said = " ".join(str(e).split())
+        raise ValueError(said if said.startswith(f"{path}:") else f"{path}: {said}") from None
+
+
+def _rendered(path: Path, finding: dict, option_set: int) -> str:
     sets = finding["option_sets"]
     if not 0 <= option_set < len(sets):
         raise ValueError(f"{path}: option set {option_set}; it has {len(sets)} (0 to {len(sets) - 1})")

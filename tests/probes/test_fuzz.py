@@ -25,7 +25,7 @@ def test_a_short_campaign_finds_nothing():
     tallies = campaign.campaign(total=1800, seed=2024)
     assert sum(t.inputs for t in tallies) >= 1800
     assert {t.category for t in tallies} == set(CATEGORIES) | {"addresses", "run_files", "store_tables", "metadata",
-                                                                  "thread_starts"}
+                                                                  "thread_starts", "finding_files"}
     for t in tallies:
         assert not t.failures, campaign.render(tallies, 1.0)
         assert t.refused and t.accepted, f"{t.category} exercised only one side"
@@ -64,6 +64,27 @@ def test_the_run_files_category_finds_a_reader_that_does_not_refuse_by_name(monk
     found = mismatches(run_files.RunFiles(), 5, 300)
     assert any("not in one line naming the file" in f for f in found), found[:5]
     assert any(" from read_run: " in f for f in found), found[:5]
+
+
+def test_the_finding_files_category_finds_a_reader_that_lets_a_parsers_error_out(monkeypatch):
+    import json as json_module
+
+    from probes.run import findings
+    from probes.run.finding_inputs import FindingFiles
+
+    # As the reader was: a file nested past the parser's depth raised RecursionError, not one ValueError.
+    monkeypatch.setattr(findings, "read_json", lambda path, what="finding": json_module.loads(path.read_bytes()))
+    found = mismatches(FindingFiles(), 1, 300)
+    assert any("RecursionError from read_finding" in f for f in found), found[:5]
+
+
+def test_the_finding_files_category_finds_a_reproducer_that_pastes_a_field_as_code(monkeypatch):
+    from probes.run import reproducers
+    from probes.run.finding_inputs import FindingFiles
+
+    monkeypatch.setattr(reproducers, "_inert", lambda text: text)  # a field pasted into the docstring as it is
+    found = mismatches(FindingFiles(), 1, 3000, first=True)  # a text field given a quote: about 1 input in 200
+    assert any("a field got out of its string" in f for f in found), found[:5]
 
 
 def test_the_store_tables_category_finds_a_recovery_that_takes_any_json_as_an_id(monkeypatch):

@@ -156,6 +156,7 @@ def _kept_finding(tmp_path, change):
     (lambda f: f["case"]["calls"]["spec"].update(shape="f32[65536,65536]"),
      r"at spec/shape: f32\[65536,65536\] is a cache of 17,179,869,184 bytes a layer"),
     (lambda f: f.update(option_sets="all"), r"at option_sets: 'all' is not of type 'array'"),
+    (lambda f: f["case"].update(extra=1), r"at case: 'extra' is not one of \['probe'"),  # no case has it
 ])
 def test_a_shared_finding_of_the_wrong_form_is_refused_naming_where(tmp_path, change, said):
     """A finding from another team's campaign is checked whole before any of it is used."""
@@ -178,3 +179,12 @@ def test_a_finding_file_too_long_is_refused_without_reading_it_whole(tmp_path, m
     path.write_text('{"model": "contract", "detail": "' + "x" * 5000 + '"}')
     with pytest.raises(ValueError, match="long.json: not a readable JSON finding .*longer than the 1,000 bytes"):
         findings.read_finding(path, "contract")
+
+
+def test_a_file_nested_past_the_parsers_depth_is_refused_naming_it(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match="deep.json: not a readable JSON finding .nested too deep"):
+        findings.read_finding(path, "contract")
+    with pytest.raises(ValueError, match="deep.json: not a readable JSON sequence .nested too deep"):
+        fuzz_command.replay(path, None, None, kvref.Faults(), 10)

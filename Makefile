@@ -108,7 +108,7 @@ connectors: $(PEER_STAMP)
 # worker: the tests of a module share its costly fixtures (a whole run, a cluster).
 test: $(STAMP)
 	$(MAKE) -j2 $(PEER_STAMP) $(XLA_STAMP) $(ENGINE_STAMP)
-	$(BIN)/python -m pytest -n auto --dist loadfile
+	$(BIN)/python -m pytest -n auto --dist loadfile --durations=40
 
 # The inner loop: what a change to one room needs (ROOM=tests/kvref, ...; default every room), without the
 # modules marked slow (tests/conftest.py) or the environments they build. CI runs `make test`.

@@ -119,9 +119,10 @@ class Ledger:
 
     def pull_sent(self, started: float, layers: int) -> None:
         """A producer's pull, whose first stream began at `started`, landed: each of its `layers` crossed."""
+        took_ms = (time.monotonic() - started) * 1000.0
         with self._lock:
             for _ in range(layers):
-                self._times[P2P_TIME.name].observe((time.monotonic() - started) * 1000.0)
+                self._times[P2P_TIME.name].observe(took_ms)
 
     def pool_opened(self, token: int, nbytes: int, faults: Faults) -> None:
         with self._lock:

@@ -393,8 +393,9 @@ def _left_behind(gone: ManagerProcess, successor: ManagerProcess) -> list[str]:
     """What a gone manager's process left behind (probes.suite.leftovers) that
     its successor did not take over, once whatever cleans up after a dead
     process (a resource tracker) had LEFT_BEHIND_S."""
-    wait_for(lambda: not gone.left_behind(successor), LEFT_BEHIND_S, 0.05)
-    return gone.left_behind(successor)
+    taken = successor.holdings()  # read once, not on every poll of the wait
+    wait_for(lambda: not gone.left_behind(taken), LEFT_BEHIND_S, 0.05)
+    return gone.left_behind(taken)
 
 
 def close_pull_managers(w: PullWorld) -> None:

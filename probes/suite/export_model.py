@@ -22,11 +22,17 @@ host-to-host transfer may count its bytes there too. The pull histogram:
 one sample per pull that landed on a consumer in the process, none for
 one that failed.
 
-The copies' histograms (`d2h_dma_time_ms`, `h2d_dma_time_ms`): one
-sample per sample of their transfer's histogram, their sum no more than
-its. The failure counter: at most one per transfer that failed (or whose
-end the model leaves open), and per side in the process of a pull that
-failed; a transfer or pull that landed counts none.
+The copies' histograms (`d2h_dma_time_ms`, `h2d_dma_time_ms`): at most
+one sample per transfer that landed (a library may time none), never more
+samples than their transfer's histogram, their sum no more than its. The
+crossing times (`p2p_transfer_time_ms`): up to a sample per layer on each
+side in the process of a pull or host-to-host transfer, landed or not, open
+for good (a library may time a pull only when its producer closes). The
+failure counter, an upper bound: at most one per transfer that failed (or
+whose end the model leaves open), per side in the process of a pull that
+failed or is in flight (a pull's device side opens none), and per
+registration in the process that no pull landed (it may expire unpulled);
+a transfer or pull that landed counts none.
 
 The pool gauge: the host pools of every manager alive in the process (the
 sequence's, and its host managers'). A pull manager's pool is the

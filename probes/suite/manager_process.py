@@ -113,13 +113,17 @@ class ManagerProcess:
             pipe.close()
         self._stderr.close()
 
-    def left_behind(self, successor: ManagerProcess | None = None) -> list[str]:
+    def holdings(self) -> Holdings:
+        """What the process holds now (probes.suite.leftovers)."""
+        return Holdings.of(self._child.pid)
+
+    def left_behind(self, besides: Holdings | None = None) -> list[str]:
         """What the process held as it went (probes.suite.leftovers) that is
-        still there now it is gone, and that `successor` (the process that
-        took its place) does not hold."""
+        still there now it is gone, and not among `besides` (what the process
+        that took its place holds)."""
         if self._holdings is None or self._child.poll() is None:
             return []
-        return self._holdings.left(None if successor is None else Holdings.of(successor.pid))
+        return self._holdings.left(besides)
 
     def _note_holdings(self) -> None:
         """What the process holds, while it still lives (once: a second going finds it gone)."""

@@ -27,6 +27,8 @@ class Faults:
         "slice size from the old formula, with no addressability check")
     str_only_plan_binding: bool = _fault(
         "the plan binding takes std::string, so it refuses the bytes it is given")
+    plan_again_kept_first: bool = _fault(
+        "a plan registered again under a uuid already active is taken, and the plan before it kept")
     allow_mixed_slices: bool = _fault(
         "host allocation and host block offsets all come from layer 0's slice")
     no_await_before_transfer: bool = _fault(
@@ -36,6 +38,8 @@ class Faults:
     leaky_refused_allocation: bool = _fault(
         "d2h_auto_allocate takes its chunks before checking the request, and a refused "
         "allocation keeps every chunk it took")
+    unlock_until_refused: bool = _fault(
+        "an unlock of several chunks gives back those before the first it refuses")
     unchecked_unlock: bool = _fault(
         "unlock_blocks frees any id without checking it is locked: an id unlocked twice is "
         "handed out twice")

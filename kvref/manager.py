@@ -186,7 +186,9 @@ class KVCacheManager:
         is handed out again), or FREE if its save failed. An id that is not
         locked, is repeated, or is still being saved is refused, and then no
         id is unlocked."""
-        self._mover.unlock(block_list(chunk_ids, "chunk_ids"))
+        ids = block_list(chunk_ids, "chunk_ids")
+        for part in ([ids[i:i + 1] for i in range(len(ids))] if self.faults.unlock_until_refused else [ids]):
+            self._mover.unlock(part)
 
     def adopt_saved(self, chunk_ids) -> None:
         """Lock chunks of a recovered pool (`recovered`: attached under a
@@ -237,7 +239,10 @@ class KVCacheManager:
             payload = request.SerializeToString() if hasattr(request, "SerializeToString") else request
             self._plans.add_str(uuid, payload, bool(is_sender))
             return
-        self._plans.add(uuid, request_bytes(request), bool(is_sender))
+        payload = request_bytes(request)
+        if self.faults.plan_again_kept_first and uuid in self._plans:
+            return
+        self._plans.add(uuid, payload, bool(is_sender))
 
     def unregister_active_plan(self, uuid: str) -> None:
         self._plans.remove(uuid)

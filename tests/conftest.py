@@ -48,12 +48,17 @@ FIRST = ("test_ray.py", "test_engine.py", "test_peer.py", "test_outside_iuts.py"
 # Each of these modules takes a minute or more of a worker (its fixtures' runs, environments, clusters, engines):
 # marked slow, so that `make test-quick` (pytest -m "not slow") leaves them to the whole suite.
 SLOW = (*FIRST, "test_contract_restarts.py", "test_contract_long.py", "test_exit_codes.py", "test_reports.py",
-        "test_probe_suite.py", "test_earned_verdicts.py", "test_zygote.py", "test_cli_misuse.py")
+        "test_probe_suite.py", "test_earned_verdicts.py", "test_zygote.py", "test_cli_misuse.py", "test_under_load.py")
+
+
+# Modules started last: test_under_load runs two CPU-bound loops beside its cases, which the other
+# worker's modules would share.
+LAST = ("test_under_load.py",)
 
 
 def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each module keeps its order
+    rank = {name: i for i, name in enumerate(FIRST)} | {name: len(FIRST) + 1 + i for i, name in enumerate(LAST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: each module keeps its order
     for item in items:
         if item.path.name in SLOW:
             item.add_marker(pytest.mark.slow)

@@ -6,6 +6,8 @@ incremented is absent, which reads as zero."""
 
 from __future__ import annotations
 
+import functools
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvref.metrics import METRICS, PREFIX
@@ -14,6 +16,11 @@ KV_EXPORTS = tuple(m.name for m in METRICS)  # what the contract model judges, w
 
 
 def scraped(text: str) -> dict[str, float]:
+    return dict(_parsed(text))
+
+
+@functools.lru_cache(maxsize=8)  # a model judges after every step: most steps leave the scrape as it was
+def _parsed(text: str) -> tuple[tuple[str, float], ...]:
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -21,4 +28,4 @@ def scraped(text: str) -> dict[str, float]:
             if "le" in sample.labels:
                 name += f'{{le="{sample.labels["le"]}"}}'
             values[name] = values.get(name, 0.0) + sample.value
-    return values
+    return tuple(values.items())

@@ -97,7 +97,7 @@ def draw_step(rng, session: Session, parts: Parts, only: tuple[str, ...] = ()) -
                "fill": 0.6, "model_step": 1.5, "rebuild": 25.0 if model.storage_moved else 0.2, "hold": 0.8 if parts.hold else 0.0,
                "fail_copies": 0.25 if parts.fail_copies and len(model.failing_blocks()) < 2 else 0.0,
                "check": 1.5, "concurrent": 0.8, "store_call": 4.0 if parts.store else 0.0,
-               "plan": 0.3 if parts.plans else 0.0, "build_refused": 0.2 if parts.interleaved else 0.0,
+               "plan": 1.0 if parts.plans else 0.0, "build_refused": 0.2 if parts.interleaved else 0.0,
                "pulls": 3.0 if parts.pulls else 0.0, "hosts": 2.0 if parts.hosts else 0.0}
     for rule in session.spec.get("without", ()):
         weights[rule] = 0.0
@@ -169,8 +169,10 @@ def _save(rng, session: Session, parts: Parts) -> dict:
     model = session.model
     free = model.free_chunks
     if rng.random() < 0.15 or free == 0:
-        blocks = [int(b) for b in rng.integers(0, model.rows, free + 1)] if rng.random() < 0.5 else \
-            [int(rng.choice([-1, model.rows, 2**63 - 1]))]
+        bad = int(rng.choice([-1, model.rows, 2**63 - 1]))
+        kind = rng.random()
+        blocks = [int(b) for b in rng.integers(0, model.rows, free + 1)] if kind < 0.4 else [bad] if kind < 0.7 \
+            else _among([int(b) for b in rng.choice(model.rows, min(3, model.rows), replace=False)], bad, rng)
         return {"blocks": blocks, "sizes": None, "wait": True}
     n = int(rng.integers(1, min(4, free) + 1))
     blocks = [int(b) for b in rng.choice(model.rows, n, replace=False)]
@@ -203,7 +205,15 @@ def _unlock(rng, session: Session, parts: Parts) -> dict:
     free = [c for c in range(model.host_blocks) if c not in model.locked]
     bad = [model.host_blocks, -1] + free[:1] + ([next(iter(model.locked))] * 2 if model.locked else [])
     pick = bad[int(rng.integers(len(bad)))]
+    if model.locked and not isinstance(pick, list) and rng.random() < 0.5:  # locked ones, and one not, anywhere
+        return {"ids": _among(sorted(model.locked)[:3], pick, rng)}
     return {"ids": pick if isinstance(pick, list) else [pick]}
+
+
+def _among(good: list[int], bad: int, rng) -> list[int]:
+    """`good` with `bad` put in at a drawn place: a call refused part-way through its list."""
+    at = int(rng.integers(len(good) + 1))
+    return good[:at] + [bad] + good[at:]
 
 
 def _fill(rng, session: Session, parts: Parts) -> dict:
@@ -274,8 +284,11 @@ def _build_refused(rng, session: Session, parts: Parts) -> dict:
 
 
 def _plan(rng, session: Session, parts: Parts) -> dict:
-    return {"uuid": f"plan-{int(rng.integers(2**31))}", "src": int(rng.integers(session.model.rows)),
-            "dst": int(rng.integers(session.model.rows))}
+    """A new uuid, or now and then one already active (registered again with other blocks)."""
+    active = sorted(session.plans)
+    uuid = active[int(rng.integers(len(active)))] if active and rng.random() < 0.5 else \
+        f"plan-{int(rng.integers(2**31))}"
+    return {"uuid": uuid, "src": int(rng.integers(session.model.rows)), "dst": int(rng.integers(session.model.rows))}
 
 
 DRAWS = {"transfer": _transfer, "save": _save, "wait": _wait, "load": _load, "unlock": _unlock, "fill": _fill,

@@ -72,6 +72,7 @@ class Session:
         self.hosts = None  # the host managers (probes.suite.contract_hosts), made at the first host rule
         self.closers: list = []  # what closing the session closes besides
         self.burst = ("", 0)  # drawing: the rule a burst repeats, and how many more (contract_draws)
+        self.plans: dict[str, dict] = {}  # uuid -> the fields of the plan active under it (plan)
         # step -> how its transfer must end, what it was, what a failure leaves unknown, the device blocks it touches
         self.judgments: dict[int, tuple[Judgment, str, object, set[int]]] = {}
 
@@ -342,6 +343,7 @@ def rebuild(session: Session, index: int, step: dict) -> None:
     session.manager = None
     session.manager = session.build()
     session.model.rebuilt()
+    session.plans.clear()  # a manager's plans are its own
 
 
 def build_refused(session: Session, index: int, step: dict) -> None:
@@ -503,19 +505,36 @@ def store_call(session: Session, index: int, step: dict) -> None:
 
 
 def plan(session: Session, index: int, step: dict) -> None:
-    """A transfer plan registered (as bytes, as the serving stack passes it) and read back."""
-    request = session.iut.plan_request(step["uuid"], step["src"], step["dst"])
+    """A transfer plan registered (as bytes, as the serving stack passes it)
+    and read back. Under a uuid already active, the registration may be
+    refused (the plan before it stays) or replace it; it may not be taken
+    and leave the plan before it in place."""
+    uuid = step["uuid"]
+    request = session.iut.plan_request(uuid, step["src"], step["dst"])
+    want, before = session.iut.library.plan_fields(request, True), session.plans.get(uuid)
+    payload = request.SerializeToString()
     try:
-        session.manager.register_active_plan(step["uuid"], request.SerializeToString(), True)
-        got = session.manager.active_plan(step["uuid"])
-    except Exception as e:  # the binding must take the bytes it is given
-        raise Broken(ERROR, f"plan {step['uuid']} registered as bytes: {first_line(e)}") from e
-    want = session.iut.library.plan_fields(request, True)
-    read = {k: (list(got[k]) if isinstance(got, dict) else list(getattr(got, k)))
+        session.manager.register_active_plan(uuid, payload, True)
+    except Exception as e:  # the binding must take the bytes it is given; only a uuid already active is refused
+        if before is None or not session.iut.refuses(e):
+            raise Broken(ERROR, f"plan {uuid} registered as bytes: {first_line(e)}") from e
+        want = before
+    read = _plan_read(session, uuid, want, "refused again" if want is before else "registered")
+    if read != want:
+        raise Broken(ERROR, f"plan {uuid} read back as {read}, " + (
+            f"registered as {want}" if want is not before else f"the registration before it ({want}) "
+            f"after registering it again as {session.iut.library.plan_fields(request, True)} was refused"))
+    session.plans[uuid] = want
+
+
+def _plan_read(session: Session, uuid: str, want: dict, how: str) -> dict:
+    try:
+        got = session.manager.active_plan(uuid)
+    except Exception as e:
+        raise Broken(ERROR, f"plan {uuid} {how}, then not read back: {first_line(e)}") from e
+    return {k: (list(got[k]) if isinstance(got, dict) else list(getattr(got, k)))
             if isinstance(want[k], list) else (got[k] if isinstance(got, dict) else getattr(got, k))
             for k in want}
-    if read != want:
-        raise Broken(ERROR, f"plan {step['uuid']} read back as {read}, registered as {want}")
 
 
 def _named(hashes) -> list:

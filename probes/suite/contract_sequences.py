@@ -45,6 +45,10 @@ MAX_REPLAYS = 120  # shrinking: replays of shorter sequences
 HELD = "kvprobe-contract-held"  # the worker's output line, after each sequence: steps held per rule, draws steered
 PULL_RULES = contract_pulls.RULES | contract_restarts.RULES  # drawn as one family
 RULES = rules.RULES | PULL_RULES | contract_hosts.RULES
+AGAIN = 0.1  # of drawn steps, those that repeat the step before (again)
+# The offload manager's rules a step may be repeated of: not a wait or a check (a judgment's end, a comparison),
+# nor a rebuild; a pull's and a host's steps name the registrations and transfers they make.
+REPEATABLE = rules.RULES.keys() - {"wait", "check", "rebuild"}
 
 
 def contract_sequences(case: Case, iut: Adapter) -> Outcome:
@@ -169,11 +173,13 @@ def run_sequence(iut: Adapter, sequence: dict, parts: Parts, rng=None,
     except Broken as e:
         return -1, e
     steps = sequence["steps"] if rng is None else []
+    repeats = np.random.default_rng([sequence["seed"], 1])  # its own stream: the other draws stay as they were
     index = 0
     try:
         while index < (len(steps) if rng is None else STEPS):
             if rng is not None:
-                step = (known or Known()).draw(lambda only: draw_step(rng, session, parts, only),
+                step = (known or Known()).draw(lambda only: again(repeats, steps, session, parts, only)
+                                               or draw_step(rng, session, parts, only),
                                                sequence["spec"]["mode"], [signature(s) for s in steps],
                                                tuple(DRAWS), family)
                 if step is None:
@@ -204,6 +210,20 @@ def run_sequence(iut: Adapter, sequence: dict, parts: Parts, rng=None,
         return index, Broken(ERROR, f"the harness failed at this step: {type(e).__name__}: {first_line(e)}")
     finally:
         session.close()
+    return None
+
+
+def again(rng, steps: list[dict], session: Session, parts: Parts, only: tuple[str, ...] = ()) -> dict | None:
+    """Now and then, the step before drawn once more, verbatim, where its
+    precondition still holds: the same call twice (a save of the same
+    blocks, a load into the same blocks, an insert of the same hashes), and
+    a call made again after it was refused or its copies failed. Random
+    draws alone almost never repeat a step."""
+    if not steps or rng.random() >= AGAIN:
+        return None
+    last = steps[-1]
+    if last["rule"] in REPEATABLE and (not only or family(last["rule"]) in only) and applies(session, last, parts):
+        return dict(last)
     return None
 
 

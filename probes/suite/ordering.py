@@ -20,6 +20,7 @@ LAYERS = 2
 SAVED = 8  # blocks saved while the step runs
 CHECKED = 16  # host blocks read back after a d2h of every block
 UNHELD_ROUNDS = 8  # rounds where copies cannot be held in flight
+STEP_ROUNDS = 3  # inflight_step's tries at a save while its step still runs
 # How long the simulated link holds a copy in flight: longer than a step
 # computes, with room for a loaded machine to be slow issuing the next call.
 HOLD_SECONDS = 2.0
@@ -36,17 +37,24 @@ def inflight_step(case: Case, iut: Adapter) -> Outcome:
     with d2h_auto_allocate; the chunks must hold what the step leaves, not
     the bytes before it, or the save is refused by name. Then the chunks are
     loaded into other blocks and, without awaiting the load, the next step
-    reads the cache: it must see the loaded blocks."""
-    pairs = iut.make_caches(case.shape, [case.seed + i for i in range(LAYERS)], finite=True)
+    reads the cache: it must see the loaded blocks. Where the step had
+    already ended (a device whose steps cannot be held), a round is tried
+    again on fresh caches, up to STEP_ROUNDS, then ERROR: nothing in flight."""
     rows = case.shape.dims[0]
-    try:
-        manager = iut.manager([c for c, _ in pairs], rows)
-    except Exception as e:  # a clean refusal, or the worker's ERROR
-        return refused(iut, e)
     new = [random_host(case.shape, case.seed + 100 + i, finite=True) for i in range(LAYERS)]
-    caches = [iut.dispatch_step(cache, n) for (cache, _), n in zip(pairs, new)]
-    if not all(iut.is_pending(c) for c in caches):
-        return Outcome(ERROR, "nothing in flight: the dispatched step had ended before the save")
+    overlapped = []
+    for _ in range(STEP_ROUNDS):  # where no step can be held, a round whose step ended first is tried again
+        pairs = iut.make_caches(case.shape, [case.seed + i for i in range(LAYERS)], finite=True)
+        try:
+            manager = iut.manager([c for c, _ in pairs], rows)
+        except Exception as e:  # a clean refusal, or the worker's ERROR
+            return refused(iut, e)
+        caches = [iut.dispatch_step(cache, n) for (cache, _), n in zip(pairs, new)]
+        overlapped.append(all(iut.is_pending(c) for c in caches))
+        if overlapped[-1]:
+            break
+    else:
+        return Outcome(ERROR, nothing_in_flight(overlapped, "the dispatched step had ended before the save"))
     blocks = [int(b) for b in np.random.default_rng(case.seed).choice(rows, SAVED, replace=False)]
     try:
         chunks, pending = iut.save(manager, blocks)

@@ -41,6 +41,7 @@ FOUND_BY_SEQUENCES = {
     "no_await_before_transfer": "ERROR|CORRUPT", "no_materialize_before_await": "HANG",
     "store_lookup_skips_misses": "ERROR", "store_evicts_pinned": "ERROR", "store_partial_insert": "ERROR",
     "store_fifo_eviction": "ERROR", "store_unchecked_lengths": "ERROR", "str_only_plan_binding": "ERROR",
+    "plan_again_kept_first": "ERROR", "unlock_until_refused": "ERROR",
     "legacy_slice_formula": "ERROR|CORRUPT", "allow_mixed_slices": "CORRUPT|ERROR",
     # Pulls between managers, and the consumer's telemetry of them.
     "pull_pairs_sorted": "CORRUPT", "pull_never_reports": "ERROR", "duplicate_reports": "ERROR",
@@ -531,3 +532,21 @@ def test_a_landed_pull_counted_as_a_failure_is_found():
     assert clean.verdict == "PASS", clean.detail
     assert faulty.verdict == "ERROR" and "transfer_failures_total grew by 1, more than the 0" in faulty.detail, \
         faulty.detail
+
+
+@pytest.mark.parametrize("steps, fault, found", [
+    # A plan registered again under its uuid, with other blocks: refused (the reference) or replacing it.
+    ([{"rule": "plan", "uuid": "plan-1", "src": 8, "dst": 2}, {"rule": "plan", "uuid": "plan-1", "src": 3, "dst": 5}],
+     "plan_again_kept_first", "plan plan-1 read back as"),
+    # An unlock refused part-way through its list (chunk 7 is not locked) gives nothing back: the
+    # reference hands a pool's chunks out from 0, so the save's are 0 and 1 (else the clean case fails).
+    ([{"rule": "save", "blocks": [1, 2], "sizes": None, "wait": True}, {"rule": "unlock", "ids": [0, 7, 1]},
+      {"rule": "fill", "seed": 3, "extra": 1}], "unlock_until_refused", "accepted; it must be refused")])
+def test_a_call_made_again_or_refused_part_way_is_judged(steps, fault, found):
+    sequence = {"spec": {"shape": "bf16[32,8,128]", "layers": 1, "host_blocks": 8, "mode": "put"}, "seed": 5,
+                "steps": steps}
+    cases = [fuzz_command.contract_case("kvref-sim", "v5e", kvref.Faults.parse(faults, environ={}),
+                                        CASE_SECONDS / 2, 0, calls=sequence) for faults in ([], [fault])]
+    clean, faulty = (result.outcome for result in run_cases(cases, jobs=2))
+    assert clean.verdict == "PASS", clean.detail
+    assert faulty.verdict == "ERROR" and found in faulty.detail, faulty.detail

@@ -327,6 +327,26 @@ def test_a_save_against_a_step_that_has_ended_is_an_error():
 
     outcome = inflight_step(case("inflight_step"), stand_in(DoneSteps))
     assert outcome.verdict == "ERROR" and outcome.detail.startswith("nothing in flight"), outcome.detail
+    assert "in each of 3 round(s)" in outcome.detail, outcome.detail
+
+
+def test_a_step_that_ended_first_is_tried_again_on_fresh_caches():
+    """Where no step can be held (JAX), a loaded machine may let the first
+    one end before the save: the next round's step still runs, and is probed."""
+    from probes.suite.ordering import inflight_step
+
+    class FirstStepsDone(SimArrays):
+        ended = 0
+
+        def dispatch_step(self, cache, new):
+            cache = super().dispatch_step(cache, new)
+            if FirstStepsDone.ended < 2:  # both layers of the first round
+                FirstStepsDone.ended += 1
+                cache.await_buffer()
+            return cache
+
+    outcome = inflight_step(case("inflight_step"), stand_in(FirstStepsDone))
+    assert FirstStepsDone.ended == 2 and outcome.verdict == "PASS", outcome.detail
 
 
 class ZeroedSaveLibrary(KvrefLibrary):

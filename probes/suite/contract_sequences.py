@@ -58,7 +58,7 @@ def contract_sequences(case: Case, iut: Adapter) -> Outcome:
     failing sequence is shrunk and given as JSON. With case.calls, a
     sequence ({spec, seed, steps}) is replayed, {"sequences": N} are drawn
     for 0.4 of the case's timeout (`kvprobe fuzz`), or {"count": N} take the
-    place of SEQUENCES."""
+    place of SEQUENCES; {"shrink_seconds": S} bounds shrinking a finding."""
     parts = Parts.of(iut)
     if case.calls is not None and "spec" in case.calls:
         spec = case.calls["spec"]
@@ -102,6 +102,8 @@ def contract_sequences(case: Case, iut: Adapter) -> Outcome:
         # A probe's case ends at its first finding; `kvprobe fuzz` goes on for other kinds.
         # Shrinking ends with room left for a last replay and the worker's exit (pull managers closing).
         deadline = start + case.timeout * 0.8 if not drawn else min(start + budget, time.monotonic() + 30)
+        if "shrink_seconds" in (case.calls or {}):
+            deadline = min(deadline, time.monotonic() + case.calls["shrink_seconds"])
         shrunk = shrink(iut, sequence, failure, parts, deadline=deadline)
         again = run_sequence(iut, shrunk, parts) or failure
         drawn_key = key  # where it arose in the sequence drawn; shrinking may move it to another step

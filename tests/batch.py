@@ -1,4 +1,4 @@
-"""What a module's selected tests read, run together (two at a time) before
+"""What a module's selected tests read, run together (two at a time, unless the module says otherwise) before
 the first of them: the cases of their parameters, in one run_cases call, so
 that a case that waits (a hang's deadline, a pull's, a copy held in flight)
 overlaps the others instead of holding up the tests after it. Each test

@@ -105,16 +105,16 @@ def contract_sequences(case: Case, iut: Adapter) -> Outcome:
         if "shrink_seconds" in (case.calls or {}):
             deadline = min(deadline, time.monotonic() + case.calls["shrink_seconds"])
         shrunk = shrink(iut, sequence, failure, parts, deadline=deadline)
-        again = run_sequence(iut, shrunk, parts) or failure
+        replayed = run_sequence(iut, shrunk, parts) or failure
         drawn_key = key  # where it arose in the sequence drawn; shrinking may move it to another step
-        key = key_of(again[1].verdict, again[1].detail, shrunk, again[0]) if again is not failure else key
-        pattern = Pattern.of(shrunk, again[0])
+        key = key_of(replayed[1].verdict, replayed[1].detail, shrunk, replayed[0]) if replayed is not failure else key
+        pattern = Pattern.of(shrunk, replayed[0])
         new = known.add(key, pattern)  # not drawn again by this worker
         if drawn_key != key:
             known.add(drawn_key, None)
         if not new:  # shrunk to a failure known already
             continue
-        outcome = _outcome(again, shrunk, sequence, sequences)
+        outcome = _outcome(replayed, shrunk, sequence, sequences)
         found[key] = outcome
         if not drawn:
             break
@@ -175,7 +175,7 @@ def run_sequence(iut: Adapter, sequence: dict, parts: Parts, rng=None,
     except Broken as e:
         return -1, e
     steps = sequence["steps"] if rng is None else []
-    repeats = np.random.default_rng([sequence["seed"], 1])  # its own stream: the other draws stay as they were
+    repeats = np.random.default_rng([sequence["seed"], 1])  # its own stream: draws before the first repeat stay
     index = 0
     try:
         while index < (len(steps) if rng is None else STEPS):
